@@ -1,0 +1,439 @@
+/* engine.c: worker pool, job queue, in-order hand-off (see engine.h).
+ *
+ * Design notes
+ * - Jobs live in one singly linked list per state: `pending` (FIFO) and
+ *   `done`.  Windows are small (prefetch_factor x num_workers jobs), so a
+ *   linear scan to find a job by seq or a pinned job is cheaper than any index.
+ * - A running job is referenced only by its worker; when it finishes the
+ *   worker re-takes the lock and either appends it to `done` (current
+ *   generation) or destroys it outside the lock (abandoned generation).
+ * - Every exit path of a worker wakes the waiters, so a consumer never
+ *   sleeps on a job that nobody will finish.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct fl_job {
+    struct fl_job *next;
+    uint64_t gen;       /* generation it belongs to */
+    int64_t seq;        /* delivery order within the generation */
+    int worker;         /* pinned worker, or -1 */
+    int ran_on;         /* worker that ran it */
+    void *payload;      /* owned by the job until run; destroyed via ops */
+    void *result;       /* owned by the job once done, until collected */
+    volatile int cancelled;
+} fl_job;
+
+typedef struct {
+    fl_engine *e;
+    int id;
+    pthread_t thread;
+    int started;
+    uint64_t busy_ns;   /* written by the worker, read racily for stats */
+    uint64_t jobs;
+    fl_job *current;    /* job being run (guarded by mu), for cancellation */
+} fl_worker;
+
+struct fl_engine {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* workers wait here for jobs */
+    pthread_cond_t done_cv;   /* the consumer waits here for results */
+    fl_job *pending_head, *pending_tail;
+    fl_job *done_head;
+    int nrunning_cur;         /* running jobs of the current generation */
+    uint64_t gen;
+    int stopping;
+    int nworkers;
+    fl_worker *workers;
+    fl_engine_ops ops;
+    void *ctx;
+};
+
+uint64_t
+fl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t
+fl_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Take the first pending job this worker may run.  Caller holds mu. */
+static fl_job *
+take_job_locked(fl_engine *e, int worker_id)
+{
+    fl_job *prev = NULL;
+    for (fl_job *j = e->pending_head; j; prev = j, j = j->next) {
+        if (j->worker >= 0 && j->worker != worker_id)
+            continue;
+        if (prev)
+            prev->next = j->next;
+        else
+            e->pending_head = j->next;
+        if (e->pending_tail == j)
+            e->pending_tail = prev;
+        j->next = NULL;
+        return j;
+    }
+    return NULL;
+}
+
+static void
+destroy_job(fl_engine *e, fl_job *j)
+{
+    if (j->payload && e->ops.destroy_payload)
+        e->ops.destroy_payload(e->ctx, j->payload);
+    if (j->result && e->ops.destroy_result)
+        e->ops.destroy_result(e->ctx, j->result);
+    free(j);
+}
+
+static void *
+worker_main(void *arg)
+{
+    fl_worker *w = (fl_worker *)arg;
+    fl_engine *e = w->e;
+    char name[16];
+    snprintf(name, sizeof name, "fl-worker-%d", w->id);
+    pthread_setname_np(pthread_self(), name);
+
+    void *wstate = e->ops.thread_start ? e->ops.thread_start(e->ctx, w->id) : NULL;
+
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        fl_job *j = NULL;
+        while (!e->stopping && (j = take_job_locked(e, w->id)) == NULL)
+            pthread_cond_wait(&e->work_cv, &e->mu);
+        if (e->stopping) {
+            if (j) { /* put it back so fl_engine_free destroys it */
+                j->next = e->pending_head;
+                e->pending_head = j;
+                if (!e->pending_tail)
+                    e->pending_tail = j;
+            }
+            break;
+        }
+        if (j->gen != e->gen) {
+            /* left over from an abandoned generation: never run it */
+            pthread_mutex_unlock(&e->mu);
+            destroy_job(e, j);
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        e->nrunning_cur++;
+        w->current = j;
+        pthread_mutex_unlock(&e->mu);
+
+        uint64_t t0 = fl_now_ns();
+        void *payload = j->payload;
+        j->payload = NULL;  /* ownership passes to run() */
+        j->result = e->ops.run(e->ctx, w->id, wstate, payload, &j->cancelled);
+        j->ran_on = w->id;
+        w->busy_ns += fl_now_ns() - t0;
+        w->jobs++;
+
+        pthread_mutex_lock(&e->mu);
+        w->current = NULL;
+        if (j->gen == e->gen) {
+            e->nrunning_cur--;
+            j->next = e->done_head;
+            e->done_head = j;
+            pthread_cond_broadcast(&e->done_cv);
+        } else {
+            /* abandoned generation (reset already zeroed nrunning_cur):
+             * destroy the result outside the lock */
+            pthread_mutex_unlock(&e->mu);
+            destroy_job(e, j);
+            pthread_mutex_lock(&e->mu);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (e->ops.thread_exit)
+        e->ops.thread_exit(e->ctx, w->id, wstate);
+    /* wake a consumer that might wait on a job only this worker could run */
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+fl_engine *
+fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size_t msglen)
+{
+    if (nworkers < 1 || !ops || !ops->run) {
+        snprintf(msg, msglen, "invalid engine arguments (nworkers=%d)", nworkers);
+        return NULL;
+    }
+    fl_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(msg, msglen, "out of memory");
+        return NULL;
+    }
+    e->workers = calloc((size_t)nworkers, sizeof *e->workers);
+    if (!e->workers) {
+        free(e);
+        snprintf(msg, msglen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work_cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    e->ops = *ops;
+    e->ctx = ctx;
+    e->nworkers = nworkers;
+    for (int i = 0; i < nworkers; i++) {
+        fl_worker *w = &e->workers[i];
+        w->e = e;
+        w->id = i;
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0) {
+            snprintf(msg, msglen, "pthread_create failed for worker %d: %s", i, strerror(rc));
+            fl_engine_free(e);
+            return NULL;
+        }
+        w->started = 1;
+    }
+    return e;
+}
+
+int
+fl_engine_submit(fl_engine *e, int64_t seq, int worker, void *payload)
+{
+    fl_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        if (payload && e->ops.destroy_payload)
+            e->ops.destroy_payload(e->ctx, payload);
+        return -1;
+    }
+    j->seq = seq;
+    j->worker = worker;
+    j->payload = payload;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        destroy_job(e, j);
+        return -1;
+    }
+    j->gen = e->gen;
+    if (e->pending_tail)
+        e->pending_tail->next = j;
+    else
+        e->pending_head = j;
+    e->pending_tail = j;
+    /* a pinned job must reach its worker: wake everyone in that case */
+    if (worker >= 0)
+        pthread_cond_broadcast(&e->work_cv);
+    else
+        pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+/* Find (and unlink) a done job of the current generation.  Caller holds mu. */
+static fl_job *
+take_done_locked(fl_engine *e, int64_t seq)
+{
+    fl_job *best = NULL, *best_prev = NULL, *prev = NULL;
+    for (fl_job *j = e->done_head; j; prev = j, j = j->next) {
+        if (seq >= 0 ? j->seq == seq : (!best || j->seq < best->seq)) {
+            best = j;
+            best_prev = prev;
+            if (seq >= 0)
+                break;
+        }
+    }
+    if (best) {
+        if (best_prev)
+            best_prev->next = best->next;
+        else
+            e->done_head = best->next;
+    }
+    return best;
+}
+
+static int
+exists_locked(fl_engine *e, int64_t seq)
+{
+    for (fl_job *j = e->pending_head; j; j = j->next)
+        if (j->gen == e->gen && (seq < 0 || j->seq == seq))
+            return 1;
+    for (int i = 0; i < e->nworkers; i++) {
+        fl_job *j = e->workers[i].current;
+        if (j && j->gen == e->gen && (seq < 0 || j->seq == seq))
+            return 1;
+    }
+    return 0;
+}
+
+int
+fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
+               int64_t *seq_out, int *worker_out)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    int rc = FL_WAIT_TIMEOUT;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        fl_job *j = take_done_locked(e, seq);
+        if (j) {
+            *result = j->result;
+            j->result = NULL;
+            if (seq_out)
+                *seq_out = j->seq;
+            if (worker_out)
+                *worker_out = j->ran_on;
+            free(j);
+            rc = FL_WAIT_DONE;
+            break;
+        }
+        if (!exists_locked(e, seq)) {
+            rc = FL_WAIT_NONE;
+            break;
+        }
+        if (pthread_cond_timedwait(&e->done_cv, &e->mu, &deadline) == ETIMEDOUT) {
+            j = take_done_locked(e, seq);
+            if (j) {
+                *result = j->result;
+                j->result = NULL;
+                if (seq_out)
+                    *seq_out = j->seq;
+                if (worker_out)
+                    *worker_out = j->ran_on;
+                free(j);
+                rc = FL_WAIT_DONE;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+uint64_t
+fl_engine_reset(fl_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->gen++;
+    uint64_t gen = e->gen;
+    fl_job *pending = e->pending_head, *done = e->done_head;
+    e->pending_head = e->pending_tail = NULL;
+    e->done_head = NULL;
+    e->nrunning_cur = 0;
+    for (int i = 0; i < e->nworkers; i++)
+        if (e->workers[i].current)
+            e->workers[i].current->cancelled = 1;
+    pthread_mutex_unlock(&e->mu);
+    while (pending) {
+        fl_job *n = pending->next;
+        destroy_job(e, pending);
+        pending = n;
+    }
+    while (done) {
+        fl_job *n = done->next;
+        destroy_job(e, done);
+        done = n;
+    }
+    return gen;
+}
+
+int
+fl_engine_outstanding(fl_engine *e)
+{
+    int n = 0;
+    pthread_mutex_lock(&e->mu);
+    for (fl_job *j = e->pending_head; j; j = j->next)
+        n += j->gen == e->gen;
+    for (fl_job *j = e->done_head; j; j = j->next)
+        n++;
+    n += e->nrunning_cur;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int
+fl_engine_nworkers(const fl_engine *e)
+{
+    return e->nworkers;
+}
+
+int
+fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n)
+{
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->nworkers && i < n; i++) {
+        busy_ns[i] = e->workers[i].busy_ns;
+        jobs[i] = e->workers[i].jobs;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return e->nworkers;
+}
+
+int
+fl_engine_free(fl_engine *e)
+{
+    if (!e)
+        return 0;
+    pthread_t self = pthread_self();
+    int on_worker = 0;
+    for (int i = 0; i < e->nworkers; i++)
+        if (e->workers[i].started && pthread_equal(e->workers[i].thread, self))
+            on_worker = 1;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    for (int i = 0; i < e->nworkers; i++)
+        if (e->workers[i].current)
+            e->workers[i].current->cancelled = 1;
+    pthread_cond_broadcast(&e->work_cv);
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
+    if (on_worker) {
+        /* A worker cannot join itself.  The threads stop at their next job
+         * boundary and exit detached; the engine (a few hundred bytes) is
+         * deliberately leaked because they still reference it. */
+        for (int i = 0; i < e->nworkers; i++)
+            if (e->workers[i].started)
+                pthread_detach(e->workers[i].thread);
+        return 1;
+    }
+    for (int i = 0; i < e->nworkers; i++)
+        if (e->workers[i].started)
+            pthread_join(e->workers[i].thread, NULL);
+    /* all threads are gone: no lock needed from here */
+    fl_job *j = e->pending_head;
+    while (j) {
+        fl_job *n = j->next;
+        destroy_job(e, j);
+        j = n;
+    }
+    j = e->done_head;
+    while (j) {
+        fl_job *n = j->next;
+        destroy_job(e, j);
+        j = n;
+    }
+    pthread_cond_destroy(&e->work_cv);
+    pthread_cond_destroy(&e->done_cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e->workers);
+    free(e);
+    return 0;
+}

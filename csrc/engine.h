@@ -1,0 +1,97 @@
+/* engine.h: the worker pool (no Python in here).
+ *
+ * An engine owns N pthreads and a FIFO of jobs.  The consumer submits jobs
+ * tagged with a sequence number (delivery order) and waits for them by
+ * sequence number; workers run a caller-supplied function on each job.  The
+ * engine never looks inside a job's payload or result: the caller's ops
+ * table creates, runs and destroys them.
+ *
+ * Generations: fl_engine_reset() starts a new generation (a new epoch or a
+ * new iterator over persistent workers).  Jobs of older generations that are
+ * still pending are dropped, and results of older generations that finish
+ * later are destroyed as soon as they arrive, so an abandoned epoch never
+ * blocks the next one.
+ *
+ * Locking: one mutex guards the queue and the done list.  Callbacks
+ * (run, destroy, thread start/exit) are never called with that mutex held,
+ * so they may take the GIL without any lock-order problem.
+ *
+ * None of these functions needs the GIL; fl_engine_wait() and
+ * fl_engine_free() must be called WITHOUT it when the ops take the GIL
+ * (the binding releases it around them).
+ */
+#ifndef FL_ENGINE_H
+#define FL_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fl_engine fl_engine;
+
+typedef struct {
+    /* Called once in each worker thread when it starts, before any job.
+     * Returns the thread's private state (may be NULL).  May take the GIL. */
+    void *(*thread_start)(void *ctx, int worker_id);
+    /* Run one job on a worker thread; returns its result (opaque, may be
+     * NULL).  `cancelled` points to a flag that turns non-zero when the job's
+     * generation has been abandoned; long jobs should poll it between samples. */
+    void *(*run)(void *ctx, int worker_id, void *wstate, void *payload,
+                 const volatile int *cancelled);
+    /* Destroy a payload that will never run, or a result that will never be
+     * collected (called on any thread, without the engine lock). */
+    void (*destroy_payload)(void *ctx, void *payload);
+    void (*destroy_result)(void *ctx, void *result);
+    /* Called once in each worker thread just before it exits. */
+    void (*thread_exit)(void *ctx, int worker_id, void *wstate);
+} fl_engine_ops;
+
+/* Start `nworkers` (>= 1) threads named "fl-worker-<i>".  `ctx` is passed to
+ * every op and must outlive the engine.  Returns NULL on failure (threads
+ * already started are stopped and joined), with a reason in msg. */
+fl_engine *fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx,
+                         char *msg, size_t msglen);
+
+/* Queue a job of the current generation.  worker = -1 lets any worker take
+ * it; worker >= 0 pins it to that worker (iterable datasets keep one iterator
+ * per worker).  The engine owns `payload` from now on.  Returns 0, or -1 if
+ * the engine is stopping or out of memory (payload is destroyed then). */
+int fl_engine_submit(fl_engine *e, int64_t seq, int worker, void *payload);
+
+enum { FL_WAIT_DONE = 0, FL_WAIT_TIMEOUT = 1, FL_WAIT_NONE = 2 };
+
+/* Wait up to timeout_ms for job `seq` of the current generation (seq = -1:
+ * the finished job with the lowest seq).  On FL_WAIT_DONE the caller owns
+ * *result and gets the job's seq and worker in *seq_out / *worker_out.
+ * FL_WAIT_NONE: no job with that seq is queued, running or done (a caller
+ * bug or an empty queue for seq = -1).  Call without the GIL. */
+int fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
+                   int64_t *seq_out, int *worker_out);
+
+/* Start a new generation: pending jobs are destroyed, running ones are told
+ * to cancel and their results destroyed when they finish.  Returns the new
+ * generation number. */
+uint64_t fl_engine_reset(fl_engine *e);
+
+/* Number of jobs of the current generation queued, running or done but not
+ * collected. */
+int fl_engine_outstanding(fl_engine *e);
+
+/* Counters for stats(): per-worker busy nanoseconds and jobs run.  Copies
+ * at most `n` entries; returns the number of workers. */
+int fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n);
+int fl_engine_nworkers(const fl_engine *e);
+
+/* Stop every worker at its next job boundary (running jobs see `cancelled`),
+ * join them, destroy what is left, free the engine.  NULL is ignored.  Call
+ * without the GIL when the ops take it.  Returns 0, or 1 when called from one
+ * of the engine's own workers: then the threads are detached instead of
+ * joined and the engine and its ctx must be leaked (they still use them). */
+int fl_engine_free(fl_engine *e);
+
+/* CPU time consumed by the calling thread, in nanoseconds. */
+uint64_t fl_thread_cpu_ns(void);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t fl_now_ns(void);
+
+#endif

@@ -1,0 +1,90 @@
+/* module.c: the fastloader._C module object.
+ *
+ * Multi-phase init; all state (exception objects, heap types) lives in the
+ * module state, so there are no C globals holding Python objects.  The other
+ * binding files register their functions through fl_register_* (binding.h).
+ */
+#include "binding.h"
+#include <numpy/arrayobject.h>
+#include <jpeglib.h>
+
+#define FL_STR2(x) #x
+#define FL_STR(x) FL_STR2(x)
+
+fl_module_state *
+fl_get_state(PyObject *m)
+{
+    return (fl_module_state *)PyModule_GetState(m);
+}
+
+static int
+fl_exec(PyObject *m)
+{
+    fl_module_state *st = fl_get_state(m);
+    if (_import_array() < 0)
+        return -1;
+    st->DecodeError = PyErr_NewExceptionWithDoc(
+        "fastloader.DecodeError",
+        "An image could not be decoded. The message names the file (or the "
+        "sample index) and libjpeg's reason.",
+        PyExc_ValueError, NULL);
+    if (st->DecodeError == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(m, "DecodeError", st->DecodeError) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(m, "libjpeg_turbo_version", FL_STR(LIBJPEG_TURBO_VERSION)) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
+        return -1;
+    if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0)
+        return -1;
+    return 0;
+}
+
+static int
+fl_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    fl_module_state *st = fl_get_state(m);
+    Py_VISIT(st->DecodeError);
+    Py_VISIT(st->EngineType);
+    Py_VISIT(st->BufferType);
+    return 0;
+}
+
+static int
+fl_clear(PyObject *m)
+{
+    fl_module_state *st = fl_get_state(m);
+    Py_CLEAR(st->DecodeError);
+    Py_CLEAR(st->EngineType);
+    Py_CLEAR(st->BufferType);
+    return 0;
+}
+
+static void
+fl_free(void *m)
+{
+    fl_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot fl_slots[] = {
+    {Py_mod_exec, fl_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef fl_moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fastloader._C",
+    .m_doc = "fastloader's C core: worker pool, JPEG pipeline, DLPack export.",
+    .m_size = sizeof(fl_module_state),
+    .m_slots = fl_slots,
+    .m_traverse = fl_traverse,
+    .m_clear = fl_clear,
+    .m_free = fl_free,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    return PyModuleDef_Init(&fl_moduledef);
+}

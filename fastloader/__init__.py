@@ -1,0 +1,40 @@
+"""fastloader: a drop-in replacement for torch.utils.data.DataLoader.
+
+    from fastloader import DataLoader
+
+Workers are C threads in this process; image datasets (ImageFolder,
+ImageList) decode and transform JPEGs in C with no Python per sample.
+"""
+from __future__ import annotations
+
+from . import _C
+from ._C import DecodeError
+from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
+
+__version__ = "0.1.0"
+
+decode_jpeg = _C.decode_jpeg
+
+
+def build_info() -> dict:
+    """Versions and features of this build: fastloader, libjpeg-turbo, CUDA."""
+    from . import _cuda
+
+    return {
+        "fastloader": __version__,
+        "libjpeg_turbo": _C.libjpeg_turbo_version,
+        "jpeg_lib_version": _C.jpeg_lib_version,
+        "cuda": _cuda.probe(),
+    }
+
+
+__all__ = [
+    "DataLoader",
+    "DecodeError",
+    "PerformanceWarning",
+    "WorkerInfo",
+    "build_info",
+    "decode_jpeg",
+    "get_worker_info",
+    "sample_rng",
+]

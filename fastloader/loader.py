@@ -1,0 +1,674 @@
+"""fastloader.DataLoader: torch's DataLoader API on a pool of C worker threads.
+
+Data flow (see ../shared/ARCHITECTURE.md):
+
+    consumer thread (this module)              worker threads (csrc/engine.c)
+    ----------------------------------        ---------------------------------
+    sampler -> index lists                     take a job, GIL only for Python:
+    Engine.submit(seq, (epoch, seq, idx)) -->    dataset[i] / __getitems__ / next(it)
+    Engine.wait(seq) (GIL released,             collate (_C.stack copies without
+      wakes every 50 ms for Ctrl-C)  <--         the GIL), result -> done list
+    yield batches in sampler order
+
+Nothing here runs per sample on the consumer side.  Worker threads share one
+dataset object (no pickling, no copies) and hold the GIL only inside
+`_WorkerHost.fetch`.
+
+Objects and references (no cycles, so iterators die by refcount and their
+threads are joined on the consumer thread):
+    DataLoader -> _Iter (persistent workers only) -> Engine -> _WorkerHost
+    _Iter -> _Epoch;  jobs carry (_Epoch, seq, indices)
+"""
+from __future__ import annotations
+
+import atexit
+import collections.abc
+import itertools
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from . import _C
+
+try:  # torch is optional: without it the loader yields NumPy arrays
+    import torch
+    import torch.utils.data as _tud
+    from torch.utils.data import _utils as _tud_utils
+    from torch.utils.data._utils import collate as _torch_collate
+except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
+    torch = None
+
+__all__ = ["DataLoader", "get_worker_info", "sample_rng", "WorkerInfo", "PerformanceWarning"]
+
+
+class PerformanceWarning(UserWarning):
+    """Loading is slower than it could be, and the message says why and what to do."""
+
+
+# --------------------------------------------------------------------------
+# worker info and reproducible per-sample randomness
+
+_tls = threading.local()
+
+
+class WorkerInfo:
+    """What `get_worker_info()` returns inside a worker thread.
+
+    Attributes match torch's WorkerInfo (id, num_workers, seed, dataset),
+    plus `epoch` and `rng(index)`, a NumPy Generator keyed by
+    (base seed, epoch, sample index): the same numbers for a sample whatever
+    num_workers or thread scheduling is.
+    """
+
+    __slots__ = ("id", "num_workers", "seed", "dataset", "epoch", "base_seed", "worker_method")
+
+    def __init__(self, id, num_workers, seed, dataset, epoch, base_seed):
+        self.id = id
+        self.num_workers = num_workers
+        self.seed = seed
+        self.dataset = dataset
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self.worker_method = "thread"
+
+    def rng(self, index) -> np.random.Generator:
+        return _make_rng(self.base_seed, self.epoch, index)
+
+    def __repr__(self):
+        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, epoch={self.epoch})"
+
+
+def _make_rng(base_seed, epoch, index):
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([base_seed, epoch, int(index)])))
+
+
+def get_worker_info():
+    """Like torch.utils.data.get_worker_info(): a WorkerInfo in a worker thread, else None."""
+    return getattr(_tls, "info", None)
+
+
+def sample_rng(index) -> np.random.Generator:
+    """A NumPy Generator for this sample, keyed by (seed, epoch, index).
+
+    Works in worker threads and, with num_workers=0, in the main thread while
+    the loader calls the dataset.  Outside a loader it raises RuntimeError.
+    """
+    ctx = getattr(_tls, "epoch_ctx", None)
+    if ctx is None:
+        raise RuntimeError("fastloader.sample_rng() is only available while a fastloader.DataLoader loads a sample")
+    return _make_rng(ctx[0], ctx[1], index)
+
+
+def _patched_get_worker_info():  # pragma: no cover - its code runs inside torch's module
+    info = _fastloader_get_worker_info()  # noqa: F821  (a global of torch's worker module)
+    if info is not None:
+        return info
+    return _worker_info  # noqa: F821
+
+
+_patch_lock = threading.Lock()
+
+
+def _patch_torch_worker_info():
+    """Make torch.utils.data.get_worker_info() see fastloader's worker threads.
+
+    torch keeps worker info in a process global; our workers are threads of
+    one process, so we give torch's function a body that asks our
+    thread-local first.  Replacing __code__ (not the attribute) also covers
+    `from torch.utils.data import get_worker_info` done before fastloader was
+    imported.  In torch's own worker processes our thread-local is empty, so
+    their behaviour is unchanged.
+    """
+    if torch is None:
+        return
+    with _patch_lock:
+        mod = _tud_utils.worker
+        fn = mod.get_worker_info
+        if getattr(mod, "_fastloader_get_worker_info", None) is get_worker_info:
+            return
+        mod._fastloader_get_worker_info = get_worker_info
+        fn.__code__ = _patched_get_worker_info.__code__
+
+
+# --------------------------------------------------------------------------
+# collation
+
+def _annotate(exc, where):
+    note = f"fastloader: raised while loading {where}"
+    if sys.version_info >= (3, 11):
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        return exc
+    try:  # Python 3.10: chain a copy that carries the note
+        new = type(exc)(f"{exc} ({note})")
+    except Exception:
+        new = RuntimeError(note)
+    new.__cause__ = exc
+    return new
+
+
+if torch is not None:
+
+    def _fast_tensor_fn(batch, *, collate_fn_map=None):
+        elem = batch[0]
+        if type(elem) is torch.Tensor and elem.layout == torch.strided and not elem.is_nested:
+            buf = _C.stack(batch)
+            if buf is not None:
+                return torch.from_dlpack(buf)
+        if elem.is_nested or elem.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr,
+                                              torch.sparse_csc, torch.sparse_bsc):
+            # torch's own checks and messages
+            return _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        # torch.stack directly: torch's collate_tensor_fn would put the batch in
+        # shared memory (/dev/shm) because get_worker_info() is set in our threads
+        return torch.stack(batch, 0)
+
+    def _fast_numpy_fn(batch, *, collate_fn_map=None):
+        elem = batch[0]
+        if elem.dtype.kind not in "SaUOV":
+            buf = _C.stack(batch)
+            if buf is not None:
+                return torch.from_dlpack(buf)
+        return _torch_collate.collate_numpy_array_fn(batch, collate_fn_map=collate_fn_map)
+
+    _FAST_MAP = dict(_torch_collate.default_collate_fn_map)
+    _FAST_MAP[torch.Tensor] = _fast_tensor_fn
+    _FAST_MAP[np.ndarray] = _fast_numpy_fn
+
+    def fast_default_collate(batch):
+        """torch.utils.data.default_collate with arrays and tensors stacked in C without the GIL."""
+        return _torch_collate.collate(batch, collate_fn_map=_FAST_MAP)
+
+    _DEFAULT_COLLATES = (_torch_collate.default_collate, _tud.default_collate)
+else:
+
+    def fast_default_collate(batch):
+        """default_collate's rules, producing NumPy arrays (torch is not installed)."""
+        elem = batch[0]
+        if isinstance(elem, np.ndarray):
+            if elem.dtype.kind in "SaUOV":
+                raise TypeError(f"default_collate: batch must contain numbers, dicts or lists; found {elem.dtype}")
+            buf = _C.stack(batch)
+            return np.from_dlpack(buf) if buf is not None else np.stack(batch)
+        if isinstance(elem, np.generic):
+            return np.array(batch)
+        if isinstance(elem, bool):
+            return np.array(batch, dtype=np.bool_)
+        if isinstance(elem, int):
+            return np.array(batch, dtype=np.int64)
+        if isinstance(elem, float):
+            return np.array(batch, dtype=np.float64)
+        if isinstance(elem, (str, bytes)):
+            return batch
+        if isinstance(elem, collections.abc.Mapping):
+            out = {key: fast_default_collate([d[key] for d in batch]) for key in elem}
+            try:
+                return type(elem)(out)
+            except TypeError:
+                return out
+        if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+            return type(elem)(*(fast_default_collate(list(s)) for s in zip(*batch)))
+        if isinstance(elem, collections.abc.Sequence):
+            if any(len(e) != len(elem) for e in batch):
+                raise RuntimeError("each element in list of batch should be of equal size")
+            cols = [fast_default_collate(list(s)) for s in zip(*batch)]
+            if isinstance(elem, tuple):
+                return cols
+            try:
+                return type(elem)(cols)
+            except TypeError:
+                return cols
+        raise TypeError(f"default_collate: batch must contain arrays, numbers, dicts or lists; found {type(elem)}")
+
+    def _default_convert(data):
+        return data
+
+    _DEFAULT_COLLATES = ()
+
+
+# --------------------------------------------------------------------------
+# worker side
+
+_OK, _ERR, _CANCELLED, _EXHAUSTED = 0, 1, 2, 3
+
+
+class _Epoch:
+    """Everything a worker needs for one pass over the data.  Holds no
+    reference to the iterator or the engine."""
+
+    def __init__(self, *, dataset, iterable, auto_collation, batch_size, drop_last, collate_fn,
+                 base_seed, epoch, num_workers):
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.base_seed = base_seed
+        self.epoch = epoch
+        self.num_workers = num_workers
+        self.cancelled = False
+        self.iters = {}       # worker id -> iterator over an IterableDataset
+        self.ended = set()    # worker ids whose iterator is exhausted
+        getitems = getattr(dataset, "__getitems__", None) if not iterable else None
+        self.getitems = getitems if getitems else None
+
+
+def _fetch(ep: _Epoch, wid, seq, indices):
+    """Load and collate one batch.  Returns (status, value); never raises."""
+    _tls.epoch_ctx = (ep.base_seed, ep.epoch)
+    where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
+    try:
+        if ep.iterable:
+            if wid in ep.ended:
+                return (_EXHAUSTED, None)
+            it = ep.iters.get(wid)
+            if it is None:
+                it = ep.iters[wid] = iter(ep.dataset)
+            if ep.auto_collation:
+                data = []
+                for _ in range(ep.batch_size):
+                    if ep.cancelled:
+                        return (_CANCELLED, None)
+                    try:
+                        data.append(next(it))
+                    except StopIteration:
+                        ep.ended.add(wid)
+                        break
+                if not data or (ep.drop_last and len(data) < ep.batch_size):
+                    return (_EXHAUSTED, None)
+            else:
+                try:
+                    data = next(it)
+                except StopIteration:
+                    ep.ended.add(wid)
+                    return (_EXHAUSTED, None)
+        elif ep.auto_collation:
+            if ep.getitems is not None:
+                try:
+                    data = ep.getitems(indices)
+                except Exception as e:
+                    return (_ERR, _annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
+            else:
+                data = []
+                dataset = ep.dataset
+                for idx in indices:
+                    if ep.cancelled:
+                        return (_CANCELLED, None)
+                    try:
+                        data.append(dataset[idx])
+                    except Exception as e:
+                        return (_ERR, _annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
+        else:
+            try:
+                data = ep.dataset[indices]
+            except Exception as e:
+                return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
+        try:
+            return (_OK, ep.collate_fn(data))
+        except Exception as e:
+            return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
+    except Exception as e:
+        return (_ERR, _annotate(e, f"batch {seq} in {where_worker}"))
+
+
+def _short(indices):
+    s = list(indices)
+    return s if len(s) <= 8 else f"{s[:8]}..."
+
+
+class _WorkerHost:
+    """The engine's view of Python: init / fetch / finish, run on worker threads."""
+
+    def __init__(self, num_workers, dataset, seed_base, epoch, worker_init_fn):
+        self.num_workers = num_workers
+        self.dataset = dataset
+        self.seed_base = seed_base
+        self.epoch = epoch
+        self.worker_init_fn = worker_init_fn
+        self.init_errors = {}
+
+    def init(self, wid):
+        _tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, self.dataset, self.epoch, self.seed_base)
+        if self.worker_init_fn is not None:
+            try:
+                self.worker_init_fn(wid)
+            except Exception as e:
+                self.init_errors[wid] = _annotate(e, f"worker_init_fn({wid}) in worker {wid}")
+
+    def fetch(self, wid, payload):
+        ep, seq, indices = payload
+        err = self.init_errors.get(wid)
+        if err is not None:
+            return (_ERR, err)
+        info = _tls.info
+        info.epoch = ep.epoch
+        info.base_seed = ep.base_seed
+        return _fetch(ep, wid, seq, indices)
+
+    def finish(self, wid):
+        for attr in ("info", "epoch_ctx"):
+            if hasattr(_tls, attr):
+                delattr(_tls, attr)
+
+
+# --------------------------------------------------------------------------
+# consumer side
+
+_live_iters: "weakref.WeakSet[_Iter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    """Interpreter exit: stop every worker at its next sample and join it."""
+    for it in list(_live_iters):
+        try:
+            it._shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+def _usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+class _Iter:
+    """Iterator over one epoch (or, with persistent workers, reset per epoch)."""
+
+    # GIL-bound detection: look after this much loading time
+    _GIL_CHECK_AFTER_S = 0.5
+
+    def __init__(self, loader):
+        self._num_workers = loader.num_workers
+        self._dataset = loader.dataset
+        self._timeout = loader.timeout
+        self._in_order = getattr(loader, "in_order", True)
+        self._engine = None
+        self._host = None
+        self._ep = None
+        self._loader_ref = weakref.ref(loader)
+        self._persistent = loader.persistent_workers
+        self._reset(loader, first_iter=True)
+        _live_iters.add(self)
+
+    # -- setup ------------------------------------------------------------------
+    def _reset(self, loader, first_iter=False):
+        if self._ep is not None:
+            self._ep.cancelled = True
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        # Same draw, in the same order, as torch's _BaseDataLoaderIter, so a
+        # seeded generator gives the same shuffle and seeds as torch's loader.
+        if torch is not None:
+            self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        else:
+            gen = loader.generator if loader.generator is not None else np.random.default_rng()
+            self._base_seed = int(gen.integers(0, 2**63 - 1))
+        self._num_yielded = 0
+        epoch = loader._fl_epochs
+        loader._fl_epochs += 1
+        loader._fl_check_pin_memory()
+        collate_fn = loader.collate_fn
+        if collate_fn in _DEFAULT_COLLATES:
+            collate_fn = fast_default_collate
+        iterable = loader._dataset_kind_iterable
+        self._ep = _Epoch(
+            dataset=loader.dataset, iterable=iterable, auto_collation=loader._auto_collation,
+            batch_size=loader.batch_size, drop_last=loader.drop_last, collate_fn=collate_fn,
+            base_seed=self._base_seed, epoch=epoch, num_workers=self._num_workers,
+        )
+        self._send = 0            # jobs submitted
+        self._rcvd = 0            # next seq to hand out (in order)
+        self._done = 0            # jobs collected
+        self._sampler_done = False
+        self._finished = False
+        self._t_start = time.perf_counter()
+        self._wait_s = 0.0
+        self._gil_checked = False
+        if self._num_workers == 0:
+            return
+        _patch_torch_worker_info()
+        if self._engine is None or self._engine.closed:
+            self._host = _WorkerHost(self._num_workers, loader.dataset, self._base_seed, epoch, loader.worker_init_fn)
+            self._engine = _C.Engine(self._num_workers, self._host.fetch, self._host.init, self._host.finish)
+            self._stats0 = None
+        else:
+            self._engine.reset()
+        self._stats0 = self._engine.worker_stats()
+        self._window = loader.prefetch_factor * self._num_workers
+        self._active = [True] * self._num_workers
+        self._cycle = itertools.cycle(range(self._num_workers))
+        self._pinned = {}         # seq -> worker for iterable datasets
+        self._top_up()
+
+    def _next_worker(self):
+        for _ in range(self._num_workers):
+            w = next(self._cycle)
+            if self._active[w]:
+                return w
+        return None
+
+    def _top_up(self):
+        ep = self._ep
+        while not self._sampler_done and self._send - self._done < self._window:
+            if ep.iterable:
+                w = self._next_worker()
+                if w is None:
+                    self._sampler_done = True
+                    break
+                try:
+                    indices = next(self._sampler_iter)
+                except StopIteration:
+                    self._sampler_done = True
+                    break
+                self._engine.submit(self._send, (ep, self._send, indices), w)
+            else:
+                try:
+                    indices = next(self._sampler_iter)
+                except StopIteration:
+                    self._sampler_done = True
+                    break
+                self._engine.submit(self._send, (ep, self._send, indices))
+            self._send += 1
+
+    # -- iteration ----------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._index_sampler)
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        try:
+            if self._num_workers == 0:
+                return self._next_inline()
+            return self._next_threaded()
+        except StopIteration:
+            self._finish_epoch()
+            raise
+        except KeyboardInterrupt:
+            self._shutdown()
+            raise
+
+    def _next_inline(self):
+        ep = self._ep
+        while True:
+            try:
+                indices = next(self._sampler_iter)
+            except StopIteration:
+                raise
+            seq = self._send
+            self._send += 1
+            status, value = _fetch(ep, -1, seq, indices)
+            if status == _EXHAUSTED:
+                raise StopIteration
+            self._num_yielded += 1
+            if status == _ERR:
+                raise value
+            return value
+
+    def _next_threaded(self):
+        while True:
+            self._top_up()
+            if self._done >= self._send:
+                raise StopIteration
+            t0 = time.perf_counter()
+            r = self._engine.wait(self._rcvd if self._in_order else -1,
+                                  self._timeout if self._timeout > 0 else None)
+            self._wait_s += time.perf_counter() - t0
+            if r is None:
+                raise RuntimeError(
+                    f"DataLoader timed out after {self._timeout} seconds waiting for batch {self._rcvd} "
+                    f"(timeout={self._timeout})")
+            seq, wid, result = r
+            self._done += 1
+            if self._in_order:
+                self._rcvd += 1
+            status, value = result
+            if status == _EXHAUSTED:
+                self._active[wid] = False
+                continue
+            if status == _CANCELLED:  # pragma: no cover - only old generations are cancelled
+                continue
+            self._num_yielded += 1
+            if not self._gil_checked:
+                self._maybe_warn_gil()
+            if status == _ERR:
+                raise value
+            return value
+
+    # -- GIL-bound detection ---------------------------------------------------------
+    def gil_report(self):
+        """Per-epoch summary of how the workers spent their time (see README, 'GIL')."""
+        if self._engine is None:
+            return None
+        now = self._engine.worker_stats()
+        base = self._stats0 or [dict.fromkeys(now[0], 0)] * len(now)
+        wall = max(time.perf_counter() - self._t_start, 1e-9)
+        py_cpu = sum(n["python_cpu_s"] - b["python_cpu_s"] for n, b in zip(now, base))
+        py_wall = sum(n["python_s"] - b["python_s"] for n, b in zip(now, base))
+        return {
+            "elapsed_s": wall,
+            "consumer_wait_s": self._wait_s,
+            "workers": len(now),
+            "python_cpu_cores": py_cpu / wall,       # CPU cores kept busy by Python code in workers
+            "worker_busy_fraction": py_wall / (wall * len(now)),
+        }
+
+    def _maybe_warn_gil(self):
+        wall = time.perf_counter() - self._t_start
+        if wall < self._GIL_CHECK_AFTER_S:
+            return
+        self._gil_checked = True
+        loader = self._loader_ref()
+        if loader is None or loader._fl_gil_warned or self._num_workers < 2 or _usable_cpus() < 2:
+            return
+        rep = self.gil_report()
+        starved = rep["consumer_wait_s"] / rep["elapsed_s"]
+        # Workers want to run (busy) and the consumer waits for them, yet only
+        # about one core's worth of Python executes: the GIL serialises them.
+        if starved > 0.5 and rep["worker_busy_fraction"] > 0.8 and 0.6 < rep["python_cpu_cores"] < 1.3:
+            loader._fl_gil_warned = True
+            warnings.warn(
+                f"fastloader: the dataset's Python code holds the GIL, so its {self._num_workers} worker threads "
+                f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy, consumer waiting "
+                f"{100 * starved:.0f}% of the time). Remedies: do the per-sample work in NumPy/torch/PIL calls "
+                "that release the GIL, use fastloader.ImageFolder/ImageList (native, no Python per sample), "
+                "or use torch.utils.data.DataLoader, whose worker processes each have their own GIL.",
+                PerformanceWarning, stacklevel=4)
+
+    # -- shutdown -----------------------------------------------------------------
+    def _finish_epoch(self):
+        self._finished = True
+        if self._ep is not None:
+            self._ep.cancelled = True
+        if not self._persistent:
+            self._close_engine()
+
+    def _close_engine(self):
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.close()
+
+    def _shutdown(self):
+        self._finished = True
+        if self._ep is not None:
+            self._ep.cancelled = True
+        self._close_engine()
+
+    def __del__(self):
+        try:
+            self._shutdown()
+        except Exception:  # pragma: no cover
+            pass
+
+
+# --------------------------------------------------------------------------
+# DataLoader
+
+if torch is not None:
+    _Base = _tud.DataLoader
+else:
+    from ._nptorch import NumpyDataLoaderBase as _Base
+
+
+class DataLoader(_Base):
+    """Drop-in replacement for torch.utils.data.DataLoader, with worker threads.
+
+    Same signature, defaults, attributes and validation as torch's.  Differences:
+    workers are threads of this process (nothing is pickled or copied; the
+    dataset object is shared), `multiprocessing_context` is accepted and
+    ignored, and batches of arrays/tensors are stacked in C without the GIL.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True):
+        if multiprocessing_context is not None:
+            warnings.warn(
+                "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
+                "process, so there is no start method to choose.", UserWarning, stacklevel=2)
+        kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                      pin_memory_device=pin_memory_device, in_order=in_order)
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+                         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context,
+                         generator, **kwargs)
+        if self.prefetch_factor is None and self.num_workers > 0:  # torch sets 2 itself; keep it explicit
+            self.prefetch_factor = 2
+        self._fl_epochs = 0
+        self._fl_gil_warned = False
+        self._fl_pin_warned = False
+
+    @property
+    def _dataset_kind_iterable(self):
+        if torch is not None:
+            return isinstance(self.dataset, _tud.IterableDataset)
+        return self._is_iterable
+
+    def _fl_check_pin_memory(self):
+        if self.pin_memory and not self._fl_pin_warned:
+            accel = torch is not None and torch.accelerator.is_available() if hasattr(torch, "accelerator") else False
+            if not accel:
+                self._fl_pin_warned = True
+                warnings.warn(
+                    "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                    "memory won't be used.", UserWarning, stacklevel=4)
+
+    def _get_iterator(self):
+        return _Iter(self)
+
+    def check_worker_number_rationality(self):
+        # torch warns about too many worker *processes*; threads share one
+        # process and fastloader's own advice lives in stats()/doctor.
+        return None

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up everything fastloader needs on a fresh Debian machine (root), idempotently:
+# libjpeg-turbo headers, a virtual environment in .venv, torch/torchvision from the
+# local wheel cache, and an in-place build of the C extension.
+#   FASTLOADER_VENV=path    use another virtual environment location
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${FASTLOADER_VENV:-.venv}"
+
+need_apt=()
+[ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg62-turbo-dev)
+command -v gcc >/dev/null || need_apt+=(gcc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating virtual environment $VENV"
+    "$PY" -m venv "$VENV"
+fi
+# torch 2.14.1 + torchvision 0.29.1 come from this machine's local wheel cache
+# (see DEVELOPERS.md); pip does nothing when they are already installed.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" \
+    "setuptools>=61" wheel
+echo "setup: building fastloader._C"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+"$VENV/bin/python" -c "import fastloader, json; print('setup: ok', json.dumps(fastloader.build_info()))"

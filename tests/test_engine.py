@@ -1,0 +1,168 @@
+"""The C worker pool (_C.Engine) and batch buffers (_C.Buffer, _C.stack) on their own."""
+import gc
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fastloader import _C
+
+torch = pytest.importorskip("torch")
+
+
+def test_engine_runs_jobs_in_worker_threads_and_returns_results_by_seq():
+    seen = []
+
+    def fetch(wid, payload):
+        seen.append((threading.get_ident(), wid))
+        return payload * 2
+
+    eng = _C.Engine(3, fetch)
+    try:
+        for seq in range(20):
+            eng.submit(seq, seq)
+        out = [eng.wait(seq) for seq in range(20)]
+    finally:
+        eng.close()
+    assert [r[0] for r in out] == list(range(20))
+    assert [r[2] for r in out] == [2 * s for s in range(20)]
+    assert all(0 <= r[1] < 3 for r in out)
+    assert threading.get_ident() not in {t for t, _ in seen}
+
+
+def test_engine_pinned_jobs_run_on_their_worker():
+    def fetch(wid, payload):
+        return wid
+
+    eng = _C.Engine(4, fetch)
+    try:
+        for seq in range(16):
+            eng.submit(seq, None, seq % 4)
+        got = [eng.wait(seq)[2] for seq in range(16)]
+    finally:
+        eng.close()
+    assert got == [s % 4 for s in range(16)]
+
+
+def test_engine_wait_times_out_and_unknown_seq_is_an_error():
+    ev = threading.Event()
+
+    def fetch(wid, payload):
+        ev.wait(5)
+        return payload
+
+    eng = _C.Engine(1, fetch)
+    try:
+        eng.submit(0, "x")
+        t0 = time.perf_counter()
+        assert eng.wait(0, 0.2) is None
+        assert time.perf_counter() - t0 < 2
+        with pytest.raises(LookupError):
+            eng.wait(99, 0.1)
+        ev.set()
+        assert eng.wait(0)[2] == "x"
+    finally:
+        ev.set()
+        eng.close()
+
+
+def test_engine_reset_drops_old_generation_and_close_is_idempotent():
+    gate = threading.Event()
+
+    def fetch(wid, payload):
+        gate.wait(5)
+        return payload
+
+    eng = _C.Engine(1, fetch)
+    for seq in range(5):
+        eng.submit(seq, [seq])
+    eng.reset()
+    gate.set()
+    eng.submit(0, ["new"])
+    assert eng.wait(0)[2] == ["new"]
+    eng.close()
+    eng.close()
+    assert eng.closed
+    with pytest.raises(RuntimeError):
+        eng.submit(1, None)
+
+
+def test_engine_init_and_finish_run_once_per_thread():
+    inits, finishes = [], []
+    eng = _C.Engine(3, lambda w, p: p, lambda w: inits.append((w, threading.get_ident())),
+                    lambda w: finishes.append((w, threading.get_ident())))
+    eng.submit(0, 1)
+    eng.wait(0)
+    eng.close()
+    assert sorted(w for w, _ in inits) == [0, 1, 2]
+    assert sorted(inits) == sorted(finishes)
+
+
+def test_engine_exception_escaping_fetch_is_returned_not_lost():
+    def fetch(wid, payload):
+        raise KeyError(payload)
+
+    eng = _C.Engine(1, fetch)
+    try:
+        eng.submit(0, "k")
+        status, exc = eng.wait(0)[2]
+    finally:
+        eng.close()
+    assert status == 1 and isinstance(exc, KeyError) and exc.__traceback__ is not None
+
+
+def test_stack_matches_torch_stack_for_dtypes_and_strides():
+    for dt in (torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool, torch.float16, torch.bfloat16,
+               torch.int16, torch.complex64):
+        xs = [((torch.arange(12) + i) % 3).to(dt).reshape(3, 4) for i in range(5)]
+        xs[1] = xs[1].t().contiguous().t()  # non-contiguous view
+        got = torch.from_dlpack(_C.stack(xs))
+        assert got.dtype == dt
+        assert torch.equal(got, torch.stack(xs))
+    arrs = [np.arange(24, dtype=np.float64).reshape(2, 3, 4)[:, ::2, ::-1] + i for i in range(3)]
+    assert np.array_equal(np.from_dlpack(_C.stack(arrs)), np.stack(arrs))
+
+
+def test_stack_declines_what_it_cannot_do_natively():
+    assert _C.stack([np.zeros(3), np.zeros(4)]) is None            # shape mismatch -> torch's error
+    assert _C.stack([np.zeros(3), np.zeros(3, np.float32)]) is None  # dtype mismatch -> torch promotes
+    assert _C.stack([torch.zeros(2, requires_grad=True)] * 2) is None
+    assert _C.stack([np.zeros(2, dtype=">f4")] * 2) is None         # big-endian
+
+
+def test_buffer_lives_until_last_consumer_dies():
+    buf = _C.empty_buffer(1 << 20)
+    t = torch.from_dlpack(buf)
+    a = np.from_dlpack(buf)
+    base = sys.getrefcount(buf)
+    del buf
+    gc.collect()
+    t += 7
+    assert int(a[123]) == 7 and int(t.sum()) == 7 * (1 << 20)
+    del t
+    assert int(a.sum()) == 7 * (1 << 20)
+    assert base >= 2
+
+
+def test_buffer_refcount_returns_to_baseline_after_exports():
+    buf = _C.empty_buffer(64)
+    before = sys.getrefcount(buf)
+    for _ in range(100):
+        t = torch.from_dlpack(buf)
+        del t
+        cap = buf.__dlpack__()  # never consumed: its destructor must release the ref
+        del cap
+        cap = buf.__dlpack__(max_version=(1, 0))
+        del cap
+    assert sys.getrefcount(buf) == before
+
+
+def test_buffer_dlpack_device_and_errors():
+    buf = _C.empty_buffer(8)
+    assert buf.__dlpack_device__() == (1, 0)
+    with pytest.raises(BufferError):
+        buf.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError):
+        buf.__dlpack__(copy=True)
