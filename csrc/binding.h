@@ -27,6 +27,8 @@ typedef struct {
     PyObject *DecodeError;     /* fastloader.DecodeError, a ValueError subclass */
     PyTypeObject *EngineType;  /* fastloader._C.Engine */
     PyTypeObject *BufferType;  /* fastloader._C.Buffer */
+    PyTypeObject *NativeDatasetType;  /* fastloader._C.NativeDataset */
+    PyTypeObject *NativeEngineType;   /* fastloader._C.NativeEngine */
 } fl_module_state;
 
 /* Return the module state of the fastloader._C module object `m`. */
@@ -37,5 +39,17 @@ int fl_register_engine(PyObject *m);     /* py_engine.c: Engine */
 int fl_register_buffer(PyObject *m);     /* py_buffer.c: Buffer, stack */
 int fl_register_image(PyObject *m);      /* py_image.c: decode_jpeg, DecodeError helpers */
 int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for tests/inspection */
+
+/* Wait for job `seq` of *engine (see fl_engine_wait) with the GIL released,
+ * in slices of at most 50 ms, running PyErr_CheckSignals after each so that
+ * Ctrl-C works.  timeout <= 0 waits forever.  Returns 1 when the job is done
+ * (result and its seq/worker filled), 0 on timeout, -1 with an exception set
+ * (a signal handler raised, the pool was closed, no such job).  Reads
+ * *engine after every slice because a signal handler may close it. */
+struct fl_engine;
+int fl_py_wait(struct fl_engine *const *engine, long long seq, double timeout, void **result,
+               int64_t *seq_out, int *worker_out);
+
+int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
 
 #endif

@@ -49,6 +49,7 @@ struct fl_engine {
     int nrunning_cur;         /* running jobs of the current generation */
     uint64_t gen;
     int stopping;
+    int nready;               /* workers past thread_start */
     int nworkers;
     fl_worker *workers;
     fl_engine_ops ops;
@@ -106,13 +107,16 @@ worker_main(void *arg)
 {
     fl_worker *w = (fl_worker *)arg;
     fl_engine *e = w->e;
-    char name[16];
-    snprintf(name, sizeof name, "fl-worker-%d", w->id);
+    char name[32];
+    snprintf(name, sizeof name, "fl-worker-%d", w->id % 100000);
+    name[15] = '\0';
     pthread_setname_np(pthread_self(), name);
 
     void *wstate = e->ops.thread_start ? e->ops.thread_start(e->ctx, w->id) : NULL;
 
     pthread_mutex_lock(&e->mu);
+    e->nready++;
+    pthread_cond_broadcast(&e->done_cv);
     for (;;) {
         fl_job *j = NULL;
         while (!e->stopping && (j = take_job_locked(e, w->id)) == NULL)
@@ -205,7 +209,18 @@ fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size
             return NULL;
         }
         w->started = 1;
+        /* name it from here too, so it carries its name before it first runs */
+        char name[32];
+        snprintf(name, sizeof name, "fl-worker-%d", i % 100000);
+        name[15] = '\0'; /* the kernel's limit */
+        pthread_setname_np(w->thread, name);
     }
+    /* Wait until every worker has run thread_start (worker_init_fn), as
+     * torch's workers are initialised before they load anything. */
+    pthread_mutex_lock(&e->mu);
+    while (e->nready < nworkers)
+        pthread_cond_wait(&e->done_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     return e;
 }
 
@@ -390,6 +405,12 @@ fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n)
 int
 fl_engine_free(fl_engine *e)
 {
+    return fl_engine_free_timed(e, -1);
+}
+
+int
+fl_engine_free_timed(fl_engine *e, int timeout_ms)
+{
     if (!e)
         return 0;
     pthread_t self = pthread_self();
@@ -414,9 +435,33 @@ fl_engine_free(fl_engine *e)
                 pthread_detach(e->workers[i].thread);
         return 1;
     }
-    for (int i = 0; i < e->nworkers; i++)
-        if (e->workers[i].started)
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    int stragglers = 0;
+    for (int i = 0; i < e->nworkers; i++) {
+        if (!e->workers[i].started)
+            continue;
+        if (timeout_ms < 0) {
             pthread_join(e->workers[i].thread, NULL);
+            continue;
+        }
+        if (pthread_timedjoin_np(e->workers[i].thread, NULL, &deadline) == 0)
+            continue;
+        /* still inside user code (a dataset call that does not return):
+         * let it finish on its own; it exits at its next job boundary */
+        pthread_detach(e->workers[i].thread);
+        stragglers++;
+    }
+    if (stragglers)
+        return 1; /* the engine stays allocated for the detached threads */
     /* all threads are gone: no lock needed from here */
     fl_job *j = e->pending_head;
     while (j) {

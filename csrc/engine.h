@@ -45,7 +45,8 @@ typedef struct {
     void (*thread_exit)(void *ctx, int worker_id, void *wstate);
 } fl_engine_ops;
 
-/* Start `nworkers` (>= 1) threads named "fl-worker-<i>".  `ctx` is passed to
+/* Start `nworkers` (>= 1) threads named "fl-worker-<i>" and wait until each
+ * has run thread_start (call without the GIL when thread_start takes it).  `ctx` is passed to
  * every op and must outlive the engine.  Returns NULL on failure (threads
  * already started are stopped and joined), with a reason in msg. */
 fl_engine *fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx,
@@ -87,6 +88,13 @@ int fl_engine_nworkers(const fl_engine *e);
  * of the engine's own workers: then the threads are detached instead of
  * joined and the engine and its ctx must be leaked (they still use them). */
 int fl_engine_free(fl_engine *e);
+
+/* Like fl_engine_free, but wait at most timeout_ms (< 0: no limit) for the
+ * workers; threads still busy then (inside a dataset call that has not
+ * returned) are detached and finish on their own, and 1 is returned: the
+ * engine and its ctx must then be leaked.  Used at interpreter exit and when
+ * an iterator is dropped mid-epoch, where blocking on user code is worse. */
+int fl_engine_free_timed(fl_engine *e, int timeout_ms);
 
 /* CPU time consumed by the calling thread, in nanoseconds. */
 uint64_t fl_thread_cpu_ns(void);

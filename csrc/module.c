@@ -36,7 +36,7 @@ fl_exec(PyObject *m)
         return -1;
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
         return -1;
-    if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0)
+    if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_native(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0)
         return -1;
     return 0;
 }
@@ -48,6 +48,8 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->DecodeError);
     Py_VISIT(st->EngineType);
     Py_VISIT(st->BufferType);
+    Py_VISIT(st->NativeDatasetType);
+    Py_VISIT(st->NativeEngineType);
     return 0;
 }
 
@@ -58,6 +60,8 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->DecodeError);
     Py_CLEAR(st->EngineType);
     Py_CLEAR(st->BufferType);
+    Py_CLEAR(st->NativeDatasetType);
+    Py_CLEAR(st->NativeEngineType);
     return 0;
 }
 

@@ -177,7 +177,7 @@ ctx_free(py_ctx *ctx)
 
 /* Stop and join the workers (GIL released while joining).  Idempotent. */
 static void
-engine_close(EngineObject *self)
+engine_close(EngineObject *self, int timeout_ms)
 {
     fl_engine *e = self->engine;
     if (e == NULL)
@@ -185,10 +185,11 @@ engine_close(EngineObject *self)
     self->engine = NULL;
     int deferred;
     Py_BEGIN_ALLOW_THREADS
-    deferred = fl_engine_free(e);
+    deferred = fl_engine_free_timed(e, timeout_ms);
     Py_END_ALLOW_THREADS
     if (deferred) {
-        /* closed from one of its own workers: threads still use ctx */
+        /* closed from one of its own workers, or workers still busy in
+         * user code after the timeout: those threads still use ctx */
         self->ctx = NULL;
         return;
     }
@@ -265,10 +266,42 @@ engine_submit(EngineObject *self, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+int
+fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **result, int64_t *seq_out,
+           int *worker_out)
+{
+    uint64_t start = fl_now_ns();
+    for (;;) {
+        int slice_ms = 50;
+        if (timeout > 0) {
+            double left = timeout - (double)(fl_now_ns() - start) * 1e-9;
+            if (left <= 0)
+                return 0;
+            if (left * 1000.0 < slice_ms)
+                slice_ms = (int)(left * 1000.0) + 1;
+        }
+        fl_engine *e = *engine;
+        if (e == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "the worker pool was closed while waiting");
+            return -1;
+        }
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fl_engine_wait(e, seq, slice_ms, result, seq_out, worker_out);
+        Py_END_ALLOW_THREADS
+        if (rc == FL_WAIT_DONE)
+            return 1;
+        if (rc == FL_WAIT_NONE) {
+            PyErr_Format(PyExc_LookupError, "no batch %lld is queued or running", seq);
+            return -1;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
 /* wait(seq, timeout=None) -> (seq, worker, result) | None on timeout
- * Sleeps without the GIL in slices of at most 50 ms, checking for signals
- * (Ctrl-C) after each slice.  seq = -1 takes the earliest finished job.
- * Raises LookupError when no such job is queued, running or finished. */
+ * seq = -1 takes the earliest finished job. */
 static PyObject *
 engine_wait(EngineObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -285,37 +318,18 @@ engine_wait(EngineObject *self, PyObject *args, PyObject *kwargs)
     }
     if (check_open(self) < 0)
         return NULL;
-    uint64_t start = fl_now_ns();
-    for (;;) {
-        void *res = NULL;
-        int64_t got_seq = -1;
-        int worker = -1;
-        int slice_ms = 50;
-        if (timeout > 0) {
-            double left = timeout - (double)(fl_now_ns() - start) * 1e-9;
-            if (left <= 0)
-                Py_RETURN_NONE;
-            if (left * 1000.0 < slice_ms)
-                slice_ms = (int)(left * 1000.0) + 1;
-        }
-        fl_engine *e = self->engine;
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = fl_engine_wait(e, seq, slice_ms, &res, &got_seq, &worker);
-        Py_END_ALLOW_THREADS
-        if (rc == FL_WAIT_DONE) {
-            PyObject *r = (PyObject *)res;
-            PyObject *out = Py_BuildValue("(LiO)", (long long)got_seq, worker, r);
-            Py_DECREF(r);
-            return out;
-        }
-        if (rc == FL_WAIT_NONE)
-            return PyErr_Format(PyExc_LookupError, "no batch %lld is queued or running", seq);
-        if (PyErr_CheckSignals() < 0)
-            return NULL;
-        if (self->engine == NULL) /* closed by a signal handler */
-            return PyErr_Format(PyExc_RuntimeError, "the worker pool was closed while waiting");
-    }
+    void *res = NULL;
+    int64_t got_seq = -1;
+    int worker = -1;
+    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got_seq, &worker);
+    if (rc < 0)
+        return NULL;
+    if (rc == 0)
+        Py_RETURN_NONE;
+    PyObject *r = (PyObject *)res;
+    PyObject *out = Py_BuildValue("(LiO)", (long long)got_seq, worker, r);
+    Py_DECREF(r);
+    return out;
 }
 
 static PyObject *
@@ -339,11 +353,24 @@ engine_outstanding(EngineObject *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong(fl_engine_outstanding(self->engine));
 }
 
+/* close(timeout=None): stop and join the workers; with a timeout, workers
+ * still inside a dataset call after `timeout` seconds are left to finish on
+ * their own (detached).  Returns True when every thread was joined. */
 static PyObject *
-engine_close_meth(EngineObject *self, PyObject *Py_UNUSED(ignored))
+engine_close_meth(EngineObject *self, PyObject *args)
 {
-    engine_close(self);
-    Py_RETURN_NONE;
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "|O:close", &timeout_obj))
+        return NULL;
+    int ms = -1;
+    if (timeout_obj != Py_None) {
+        double t = PyFloat_AsDouble(timeout_obj);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        ms = t < 0 ? 0 : (int)(t * 1000.0);
+    }
+    engine_close(self, ms);
+    return PyBool_FromLong(self->ctx != NULL);
 }
 
 /* worker_stats() -> list of dicts, one per worker */
@@ -404,7 +431,7 @@ static int
 engine_clear(EngineObject *self)
 {
     /* workers may be inside fetch: stop them before dropping references */
-    engine_close(self);
+    engine_close(self, -1);
     if (self->ctx) {
         ctx_free(self->ctx);
         self->ctx = NULL;
@@ -431,7 +458,8 @@ static PyMethodDef engine_methods[] = {
      "wait(seq, timeout=None) -> (seq, worker, result) or None on timeout."},
     {"reset", (PyCFunction)engine_reset, METH_NOARGS, "Start a new generation, dropping queued jobs."},
     {"outstanding", (PyCFunction)engine_outstanding, METH_NOARGS, "Jobs queued, running or not yet collected."},
-    {"close", (PyCFunction)engine_close_meth, METH_NOARGS, "Stop and join every worker thread."},
+    {"close", (PyCFunction)engine_close_meth, METH_VARARGS,
+     "close(timeout=None) -> bool: stop the workers and join them (True when all were joined)."},
     {"worker_stats", (PyCFunction)engine_worker_stats, METH_NOARGS, "Per-worker counters."},
     {NULL, NULL, 0, NULL},
 };

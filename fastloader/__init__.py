@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from . import _C
 from ._C import DecodeError
+from . import transforms
+from .datasets import ImageFolder, ImageList
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 
 __version__ = "0.1.0"
@@ -31,10 +33,13 @@ def build_info() -> dict:
 __all__ = [
     "DataLoader",
     "DecodeError",
+    "ImageFolder",
+    "ImageList",
     "PerformanceWarning",
     "WorkerInfo",
     "build_info",
     "decode_jpeg",
     "get_worker_info",
     "sample_rng",
+    "transforms",
 ]

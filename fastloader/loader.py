@@ -34,6 +34,7 @@ import weakref
 import numpy as np
 
 from . import _C
+from .datasets import NativeImageDataset
 
 try:  # torch is optional: without it the loader yields NumPy arrays
     import torch
@@ -368,7 +369,7 @@ def _shutdown_all():
     """Interpreter exit: stop every worker at its next sample and join it."""
     for it in list(_live_iters):
         try:
-            it._shutdown()
+            it._shutdown(timeout=1.0)
         except Exception:  # pragma: no cover - best effort at exit
             pass
 
@@ -405,13 +406,15 @@ class _Iter:
             self._ep.cancelled = True
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
-        # Same draw, in the same order, as torch's _BaseDataLoaderIter, so a
+        # Same draw, in the same order, as torch's _BaseDataLoaderIter (once per
+        # iterator: a persistent iterator keeps its seed across epochs), so a
         # seeded generator gives the same shuffle and seeds as torch's loader.
-        if torch is not None:
-            self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        else:
-            gen = loader.generator if loader.generator is not None else np.random.default_rng()
-            self._base_seed = int(gen.integers(0, 2**63 - 1))
+        if first_iter:
+            if torch is not None:
+                self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            else:
+                gen = loader.generator if loader.generator is not None else np.random.default_rng()
+                self._base_seed = int(gen.integers(0, 2**63 - 1))
         self._num_yielded = 0
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
@@ -433,9 +436,25 @@ class _Iter:
         self._t_start = time.perf_counter()
         self._wait_s = 0.0
         self._gil_checked = False
+        # Native image datasets with default collation: workers build whole
+        # batches in C without the GIL (csrc/native.c).
+        self._native = None
+        if (isinstance(loader.dataset, NativeImageDataset) and collate_fn is fast_default_collate
+                and loader._auto_collation and not iterable):
+            self._native = loader.dataset
+            self._native_seed = loader._fl_seed if loader._fl_seed is not None else self._base_seed
         if self._num_workers == 0:
             return
         _patch_torch_worker_info()
+        if self._native is not None:
+            if self._engine is None or self._engine.closed:
+                self._engine = _C.NativeEngine(self._num_workers, self._native._native)
+            else:
+                self._engine.reset()
+            self._stats0 = None
+            self._window = loader.prefetch_factor * self._num_workers
+            self._top_up()
+            return
         if self._engine is None or self._engine.closed:
             self._host = _WorkerHost(self._num_workers, loader.dataset, self._base_seed, epoch, loader.worker_init_fn)
             self._engine = _C.Engine(self._num_workers, self._host.fetch, self._host.init, self._host.finish)
@@ -459,7 +478,14 @@ class _Iter:
     def _top_up(self):
         ep = self._ep
         while not self._sampler_done and self._send - self._done < self._window:
-            if ep.iterable:
+            if self._native is not None:
+                try:
+                    indices = next(self._sampler_iter)
+                except StopIteration:
+                    self._sampler_done = True
+                    break
+                self._engine.submit(self._send, indices, ep.epoch, self._native_seed)
+            elif ep.iterable:
                 w = self._next_worker()
                 if w is None:
                     self._sampler_done = True
@@ -497,7 +523,13 @@ class _Iter:
             self._finish_epoch()
             raise
         except KeyboardInterrupt:
-            self._shutdown()
+            # stop at once: workers stop at their next sample; they are
+            # joined when the iterator goes away, not here, so Ctrl-C never
+            # waits for a slow __getitem__
+            self._finished = True
+            self._ep.cancelled = True
+            if self._engine is not None and not self._engine.closed:
+                self._engine.reset()
             raise
 
     def _next_inline(self):
@@ -509,6 +541,9 @@ class _Iter:
                 raise
             seq = self._send
             self._send += 1
+            if self._native is not None:
+                self._num_yielded += 1
+                return self._native.load_batch(indices, ep.epoch, self._native_seed, seq=seq)
             status, value = _fetch(ep, -1, seq, indices)
             if status == _EXHAUSTED:
                 raise StopIteration
@@ -534,6 +569,9 @@ class _Iter:
             self._done += 1
             if self._in_order:
                 self._rcvd += 1
+            if self._native is not None:
+                self._num_yielded += 1
+                return self._native._finish(result, self._ep.epoch, self._native_seed, seq)
             status, value = result
             if status == _EXHAUSTED:
                 self._active[wid] = False
@@ -541,7 +579,7 @@ class _Iter:
             if status == _CANCELLED:  # pragma: no cover - only old generations are cancelled
                 continue
             self._num_yielded += 1
-            if not self._gil_checked:
+            if not self._gil_checked and self._native is None:
                 self._maybe_warn_gil()
             if status == _ERR:
                 raise value
@@ -550,7 +588,7 @@ class _Iter:
     # -- GIL-bound detection ---------------------------------------------------------
     def gil_report(self):
         """Per-epoch summary of how the workers spent their time (see README, 'GIL')."""
-        if self._engine is None:
+        if self._engine is None or self._native is not None:
             return None
         now = self._engine.worker_stats()
         base = self._stats0 or [dict.fromkeys(now[0], 0)] * len(now)
@@ -595,16 +633,18 @@ class _Iter:
         if not self._persistent:
             self._close_engine()
 
-    def _close_engine(self):
+    def _close_engine(self, timeout=None):
         eng, self._engine = self._engine, None
         if eng is not None:
-            eng.close()
+            eng.close(timeout) if isinstance(eng, _C.Engine) else eng.close()
 
-    def _shutdown(self):
+    def _shutdown(self, timeout=5.0):
+        """Stop the workers at their next sample and join them; a worker still
+        inside a dataset call after `timeout` s finishes it on its own."""
         self._finished = True
         if self._ep is not None:
             self._ep.cancelled = True
-        self._close_engine()
+        self._close_engine(timeout)
 
     def __del__(self):
         try:
@@ -625,7 +665,9 @@ else:
 class DataLoader(_Base):
     """Drop-in replacement for torch.utils.data.DataLoader, with worker threads.
 
-    Same signature, defaults, attributes and validation as torch's.  Differences:
+    Same signature, defaults, attributes and validation as torch's, plus
+    `seed=`: the seed of the native pipeline's augmentation (by default drawn
+    from `generator` each epoch, as torch draws its base seed).  Differences:
     workers are threads of this process (nothing is pickled or copied; the
     dataset object is shared), `multiprocessing_context` is accepted and
     ignored, and batches of arrays/tensors are stacked in C without the GIL.
@@ -634,7 +676,8 @@ class DataLoader(_Base):
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
-                 prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True):
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
+                 seed=None):
         if multiprocessing_context is not None:
             warnings.warn(
                 "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
@@ -646,6 +689,7 @@ class DataLoader(_Base):
                          generator, **kwargs)
         if self.prefetch_factor is None and self.num_workers > 0:  # torch sets 2 itself; keep it explicit
             self.prefetch_factor = 2
+        self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False
         self._fl_pin_warned = False

@@ -13,10 +13,11 @@ rm -f "$tree"/fastloader/*.so
 (cd "$tree" && FASTLOADER_SANITIZE=1 "$VENV/bin/python" setup.py -q build_ext --inplace >/dev/null)
 libasan=$(gcc -print-file-name=libasan.so)
 libubsan=$(gcc -print-file-name=libubsan.so)
+# libstdc++ too: torch/triton abort under ASan without it preloaded
 echo "== pytest (ASan + UBSan build)"
 cd "$tree"
 # detect_leaks=0: CPython itself does not free everything at exit.
-LD_PRELOAD="$libasan $libubsan" \
+LD_PRELOAD="$libasan $libubsan $(gcc -print-file-name=libstdc++.so)" \
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:allocator_may_return_null=1" \
 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
 FASTLOADER_UNDER_ASAN=1 \

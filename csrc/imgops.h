@@ -1,0 +1,119 @@
+/* imgops.h: per-sample image transforms for the native pipeline.
+ *
+ * A worker thread (no GIL) decodes a JPEG, asks fl_plan_sample for the
+ * sample's random decisions (torchvision's algorithms, drawn from rng.h keyed
+ * by (seed, epoch, index)), then fl_render turns the decoded pixels into one
+ * output sample written straight into its batch slot: crop, antialiased
+ * bilinear resize (Pillow's fixed-point algorithm, bit-exact at full scale),
+ * window (CenterCrop, zero padded), flip, channel conversion, dtype
+ * conversion, Normalize and layout, fused into one pass over the output.
+ *
+ * Reference semantics: torchvision.datasets.ImageFolder (PIL RGB images) +
+ * torchvision.transforms(.v2) on PIL images + ToTensor / ToImage+ToDtype +
+ * Normalize.
+ *
+ * Nothing here touches Python; every function is safe without the GIL and
+ * re-entrant given distinct scratch objects.
+ */
+#ifndef FL_IMGOPS_H
+#define FL_IMGOPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { FL_DT_U8 = 0, FL_DT_F16 = 1, FL_DT_BF16 = 2, FL_DT_F32 = 3 };
+enum { FL_LAYOUT_CHW = 0, FL_LAYOUT_HWC = 1 };
+enum { FL_GEOM_NONE = 0, FL_GEOM_RRC = 1, FL_GEOM_RESIZE_CROP = 2 };
+/* fl_tspec.scale_to_unit: how uint8 becomes float.  The two torchvision
+ * spellings differ in the last bit for 126 of the 256 values. */
+enum {
+    FL_SCALE_NONE = 0,  /* x as float (ToDtype(float, scale=False)) */
+    FL_SCALE_DIV = 1,   /* x / 255.0f: ToTensor, v1 ConvertImageDtype */
+    FL_SCALE_MUL = 2,   /* x * (float)(1.0 / 255): v2 ToDtype(scale=True), v2 ConvertImageDtype */
+};
+
+/* Largest width/height accepted anywhere (source, resized, output). */
+#define FL_MAX_DIM (1 << 20)
+
+typedef struct {
+    int geom;                 /* FL_GEOM_* */
+    int out_h, out_w;         /* final sample size (RRC size; or crop size; or resize size if no crop).
+                                 For FL_GEOM_NONE out size = source size.  0 x 0 = "each sample's
+                                 natural size" (fl_plan.out_w/out_h; single-sample use only). */
+    double scale_lo, scale_hi, ratio_lo, ratio_hi;  /* RandomResizedCrop(scale, ratio) */
+    int resize_short;         /* Resize(int): shorter side -> resize_short (torchvision rule incl. max_size); 0 = none */
+    int resize_h, resize_w;   /* Resize((h, w)) exact; 0 = none */
+    int max_size;             /* Resize(max_size=...) or 0; alone (no size) = Resize(None, max_size) */
+    int crop_h, crop_w;       /* CenterCrop after the resize; 0 = none (pads with zeros as torchvision does if larger) */
+    double flip_p;            /* RandomHorizontalFlip(p); 0 = none */
+    int out_channels;         /* 1 or 3 */
+    int dtype;                /* FL_DT_* */
+    int scale_to_unit;        /* FL_SCALE_* (ignored for FL_DT_U8) */
+    int normalize; float mean[3], std[3];   /* (x - mean) / std in float32; float dtypes only */
+    int layout;               /* FL_LAYOUT_* */
+} fl_tspec;
+
+typedef struct {              /* one sample's decisions, all in full-resolution source pixel coordinates */
+    int box_x, box_y, box_w, box_h;   /* crop box applied first (RRC box, or the full image for Resize+CenterCrop) */
+    int rs_w, rs_h;                   /* the box is resized to rs_w x rs_h (== box size when no resize) */
+    int win_x, win_y;                 /* output window of size out_w x out_h inside the resized image; may extend
+                                         outside it (zero padding, as CenterCrop pads) */
+    int flip;                         /* horizontal flip after resize */
+    int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
+} fl_plan;
+
+/* Check a spec for consistency (ranges, normalize only with float dtypes,
+ * std != 0, max_size > resize_short, ...).  No GIL.  Returns 0, or -1 with a
+ * message naming the offending field in msg (msglen bytes, NUL-terminated). */
+int fl_tspec_check(const fl_tspec *t, char *msg, size_t msglen);
+
+/* Choose the sample's crop box/flip with torchvision's exact algorithms
+ * (RandomResizedCrop.get_params incl. the central fallback; Resize's
+ * _compute_resized_output_size incl. max_size; CenterCrop's
+ * int(round((H - ch) / 2.0)) offsets and padding), Python's round-half-even
+ * included, drawing from fl_rng keyed (seed, epoch, index): geometry first,
+ * then the flip.  No GIL.  Returns 0, or -1 with msg filled for invalid input
+ * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
+ * natural output size that differs from a nonzero t->out_w x t->out_h). */
+int fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
+                   fl_plan *out, char *msg, size_t msglen);
+
+/* Bytes one output sample takes: out_h * out_w * out_channels * dtype size.
+ * No GIL; pure. */
+size_t fl_tspec_sample_bytes(const fl_tspec *t);
+
+typedef struct {              /* a decoded buffer and where it sits in source coordinates */
+    const uint8_t *data; int w, h; size_t stride; int channels;  /* packed uint8 rows, channels 1 or 3 */
+    double origin_x, origin_y;  /* buffer pixel (0,0) is at this position in SCALED coordinates (region decode) */
+    double scale_x, scale_y;    /* scaled size / full source size (1.0 when decoded at full size) */
+} fl_view;
+
+/* Per-worker scratch memory for fl_render, grown with realloc and reused
+ * across calls.  The caller owns it: zero-initialise, then fl_scratch_free
+ * when done.  Not shared between threads. */
+typedef struct { void *p; size_t cap; } fl_scratch;
+
+/* Release a scratch's memory and reset it to empty.  No GIL.  NULL-safe. */
+void fl_scratch_free(fl_scratch *s);
+
+/* Render one sample into out (fl_tspec_sample_bytes(t) bytes, or, when
+ * t->out_w/out_h are 0, the plan's out_w x out_h), caller-owned; the source
+ * buffer is only read.
+ * Steps: crop (plan box mapped into the view: bx = box_x * scale_x - origin_x
+ * etc., exact integers at full scale; the filter is clipped at the box),
+ * antialiased bilinear resize to rs_w x rs_h computing only the rows/columns
+ * that land in the output window (Pillow's separable fixed-point resample:
+ * horizontal pass to uint8 first, then vertical; an axis whose size does not
+ * change is skipped), window with zero padding, flip, channel conversion
+ * (gray view -> replicated for 3 channels; RGB view -> Pillow's convert("L")
+ * before resizing for 1 channel), dtype conversion via a per-channel
+ * 256-entry table (float32 exactly as torch computes ToTensor/ToDtype then
+ * Normalize; float16/bfloat16 rounded to nearest even from that float32),
+ * layout.  At full scale (scale 1, origin 0) the uint8 result equals
+ * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window.
+ * No GIL.  Returns 0, or -1 with msg filled (out of memory; invalid plan).
+ * On error the contents of out are unspecified. */
+int fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
+              char *msg, size_t msglen);
+
+#endif

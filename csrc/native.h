@@ -1,0 +1,91 @@
+/* native.h: the native image pipeline for one batch (no Python).
+ *
+ * A worker thread turns a list of sample indices into a finished batch:
+ * read each file (pread into the worker's buffer), decode the JPEG region
+ * the sample needs (jpeg.c), render crop/resize/flip/normalize straight into
+ * the sample's slot of the batch buffer (imgops.c), write its label.  Bad
+ * files are handled by the dataset's on_error policy.  Files that are not
+ * JPEG but may be another image format are left for the binding to decode
+ * with Pillow (a "fix-up"), since that needs Python.
+ */
+#ifndef FL_NATIVE_H
+#define FL_NATIVE_H
+
+#include <stdint.h>
+
+#include "imgops.h"
+#include "jpeg.h"
+#include "pool.h"
+
+enum { FL_ON_ERROR_RAISE = 0, FL_ON_ERROR_SKIP = 1, FL_ON_ERROR_REPLACE = 2 };
+
+typedef struct {
+    char **paths;         /* n NUL-terminated paths (owned) */
+    int64_t *labels;      /* n labels (owned) */
+    int64_t n;
+    fl_tspec spec;
+    int on_error;         /* FL_ON_ERROR_* */
+    int dct_scaling;      /* may decode at a reduced libjpeg scale (M/8) */
+    uint64_t max_pixels;
+    size_t sample_bytes;  /* fl_tspec_sample_bytes(&spec) */
+} fl_native_ds;
+
+/* Per-worker state: decoder, file and decode buffers, render scratch. */
+typedef struct {
+    fl_jpeg *jpeg;
+    uint8_t *file;   size_t file_cap;
+    uint8_t *pix;    size_t pix_cap;
+    fl_scratch scratch;
+    /* stage counters (ns, bytes), for stats() */
+    uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
+} fl_native_worker;
+
+/* Create / destroy worker state.  NULL on out-of-memory.  No GIL. */
+fl_native_worker *fl_native_worker_new(const fl_native_ds *ds);
+void fl_native_worker_free(fl_native_worker *w);
+
+typedef struct {
+    int64_t index;        /* sample index that failed (or was replaced / needs Python) */
+    int64_t by;           /* replacement index, or the batch slot for a fix-up; -1 otherwise */
+    int code;             /* FL_ERR_* */
+    char msg[384];        /* "<path>: <reason>" */
+} fl_native_event;
+
+enum { FL_EV_ERROR = 0, FL_EV_SKIPPED = 1, FL_EV_REPLACED = 2, FL_EV_FIXUP = 3 };
+
+typedef struct {
+    void *images;         /* from ds pool: n * sample_bytes used; owned until handed to a Buffer */
+    fl_pool *pool;        /* pool `images` came from (NULL if images is NULL) */
+    int64_t *labels;      /* malloc'd, n entries */
+    int n;                /* samples in the batch (fewer than asked when skipping) */
+    int failed;           /* 1: the batch failed (on_error=raise); events[0] says why */
+    int cancelled;        /* 1: stopped early because the epoch was abandoned */
+    int nevents;
+    int *event_kind;      /* nevents entries */
+    fl_native_event *events;
+} fl_native_batch;
+
+/* Load a batch of `count` samples.  Returns a new batch (never NULL unless
+ * out of memory); its `failed` flag and events report problems.  `pool` gives
+ * the image buffer (size >= count * sample_bytes).  Polls *cancelled between
+ * samples.  No GIL. */
+fl_native_batch *fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
+                                      const int64_t *indices, int count, uint64_t seed, uint64_t epoch,
+                                      const volatile int *cancelled);
+
+/* Free a batch and everything it still owns (images go back to the pool).
+ * NULL ok.  No GIL. */
+void fl_native_batch_free(fl_native_batch *b);
+
+/* Load one sample into `out` (sample_bytes).  Returns 0, 1 when the file is
+ * not a JPEG but might be another image format (nothing written), or -1 with
+ * err filled ("<path>: <reason>").  No GIL. */
+int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
+                       uint64_t epoch, void *out, fl_err *err);
+
+/* Choose the libjpeg scale (M over 8) for decoding `box` (source pixels)
+ * that is then resized to rs_w x rs_h: the smallest fast M (1, 2 or 4; else
+ * 8) with box * M / 8 >= the resized size on both axes.  Pure. */
+int fl_native_choose_scale(int box_w, int box_h, int rs_w, int rs_h);
+
+#endif

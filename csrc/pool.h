@@ -1,0 +1,41 @@
+/* pool.h: a pool of equally sized batch buffers (no Python).
+ *
+ * Buffers are handed to consumers (as DLPack tensors) and come back when the
+ * last tensor dies, possibly after the loader itself is gone, so the pool is
+ * reference counted: the loader holds one reference and every buffer out of
+ * the pool holds one.  At most `max_free` idle buffers are kept; the rest
+ * are freed, so a consumer that keeps every batch costs memory only while it
+ * keeps them.  Thread-safe; no GIL needed anywhere.
+ */
+#ifndef FL_POOL_H
+#define FL_POOL_H
+
+#include <stddef.h>
+
+typedef struct fl_pool fl_pool;
+
+/* New pool of `nbytes` buffers keeping at most max_free idle ones.  The
+ * caller owns the returned reference.  NULL on out-of-memory. */
+fl_pool *fl_pool_new(size_t nbytes, int max_free);
+
+/* Take a buffer of the pool's size (64-byte aligned), reusing an idle one
+ * when possible.  The buffer holds a pool reference until fl_pool_put.
+ * NULL on out-of-memory. */
+void *fl_pool_get(fl_pool *p);
+
+/* Give a buffer back (signature fits fl_buffer_free_fn: ctx is the pool). */
+void fl_pool_put(void *pool, void *data);
+
+size_t fl_pool_nbytes(const fl_pool *p);
+
+/* Bytes currently allocated by the pool (idle + handed out). */
+size_t fl_pool_bytes_in_use(fl_pool *p);
+
+/* Take one more reference (for a queued job that will use the pool). */
+void fl_pool_ref(fl_pool *p);
+
+/* Drop the caller's reference; the pool is freed when the last buffer
+ * comes back.  NULL is ignored. */
+void fl_pool_unref(fl_pool *p);
+
+#endif

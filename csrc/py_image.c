@@ -1,0 +1,387 @@
+/* py_image.c: Python binding of the JPEG decoder (jpeg.h).
+ *
+ * Module-level functions, registered by fl_register_image:
+ *   decode_jpeg(src, *, mode="RGB", apply_exif_orientation=False) -> ndarray
+ *   read_jpeg_header(src) -> dict
+ *   _decode_region(src, scale_num, x, y, w, h, channels) -> ndarray  (tests)
+ * src is bytes or any contiguous buffer (held with PyObject_GetBuffer for the
+ * whole call, so it stays valid while the GIL is released), or a path (str /
+ * os.PathLike), read without the GIL.
+ *
+ * Each call uses its own fl_jpeg (created and freed without the GIL: plain
+ * malloc).  The GIL is released only around the jpeg.h calls and the file
+ * read.  Decoder errors raise fastloader.DecodeError("<path or '<bytes>'>:
+ * <reason>") through fl_image_raise, the single translator.
+ */
+#define NO_IMPORT_ARRAY
+#include "binding.h"
+#include <numpy/arrayobject.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jpeg.h"
+
+/* The bytes of one `src` argument. */
+typedef struct {
+    Py_buffer view;        /* valid when have_view; released by fl_src_release */
+    int have_view;
+    uint8_t *file;         /* file contents (malloc, owned) or NULL */
+    const uint8_t *data;   /* the bytes to decode (view.buf or file) */
+    size_t len;
+    PyObject *name;        /* str for messages: the path or "<bytes>" (owned) */
+} fl_src;
+
+/* ------------------------------------------------------------------------ */
+/* helpers */
+
+/* Read the whole file at path into a malloc'ed buffer.  Runs without the GIL.
+ * Returns 0 with *buf (owned by the caller; NULL when empty) and *len, or -1
+ * with errno set. */
+static int
+fl_read_file_nogil(const char *path, uint8_t **buf, size_t *len)
+{
+    struct stat st;
+    uint8_t *p = NULL;
+    size_t cap, n = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) < 0)
+        goto error;
+    cap = st.st_size > 0 ? (size_t)st.st_size : 0;
+    if (cap > 0 && (p = malloc(cap)) == NULL) {
+        errno = ENOMEM;
+        goto error;
+    }
+    while (n < cap) {
+        ssize_t r = read(fd, p + n, cap - n);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            goto error;
+        }
+        if (r == 0)
+            break;   /* the file shrank: decode what is there */
+        n += (size_t)r;
+    }
+    if (cap == 0) {
+        /* Probe for EISDIR and similar on files that report no size. */
+        char c;
+        if (read(fd, &c, 1) < 0)
+            goto error;
+    }
+    close(fd);
+    *buf = p;
+    *len = n;
+    return 0;
+error:
+    {
+        int e = errno;
+        free(p);
+        close(fd);
+        errno = e;
+    }
+    return -1;
+}
+
+/* Fill *s from obj.  Returns 0, or -1 with an exception set (TypeError for
+ * unsupported objects, OSError subclasses such as FileNotFoundError). */
+static int
+fl_src_load(PyObject *obj, fl_src *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &s->view, PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        s->have_view = 1;
+        s->data = s->view.buf;
+        s->len = (size_t)s->view.len;
+        s->name = PyUnicode_FromString("<bytes>");
+        return s->name == NULL ? -1 : 0;
+    }
+    if (PyUnicode_Check(obj) || PyObject_HasAttrString(obj, "__fspath__")) {
+        PyObject *fs = PyOS_FSPath(obj), *enc = NULL;
+        const char *path;
+        int rc;
+        if (fs == NULL)
+            return -1;
+        s->name = PyUnicode_Check(fs) ? Py_NewRef(fs) : PyUnicode_DecodeFSDefaultAndSize(
+                      PyBytes_AS_STRING(fs), PyBytes_GET_SIZE(fs));
+        if (s->name == NULL || !PyUnicode_FSConverter(fs, &enc)) {
+            Py_DECREF(fs);
+            return -1;
+        }
+        path = PyBytes_AS_STRING(enc);
+        Py_BEGIN_ALLOW_THREADS
+        rc = fl_read_file_nogil(path, &s->file, &s->len);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, fs);
+        Py_DECREF(enc);
+        Py_DECREF(fs);
+        if (rc < 0)
+            return -1;
+        s->data = s->file;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "src must be bytes, a buffer or a path (str or os.PathLike), not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+static void
+fl_src_release(fl_src *s)
+{
+    if (s->have_view)
+        PyBuffer_Release(&s->view);
+    s->have_view = 0;
+    free(s->file);
+    s->file = NULL;
+    Py_CLEAR(s->name);
+}
+
+/* The one translator from fl_err to a Python exception: DecodeError for
+ * decode and limit errors, MemoryError and OSError for the others.  Always
+ * returns NULL. */
+static PyObject *
+fl_image_raise(PyObject *m, const fl_src *s, const fl_err *e)
+{
+    PyObject *name = s->name;
+    switch (e->code) {
+    case FL_ERR_NOMEM:
+        return PyErr_Format(PyExc_MemoryError, "%U: %s", name, e->msg);
+    case FL_ERR_IO:
+        return PyErr_Format(PyExc_OSError, "%U: %s", name, e->msg);
+    case FL_ERR_DECODE:
+    case FL_ERR_LIMIT:
+        return PyErr_Format(fl_get_state(m)->DecodeError, "%U: %s", name, e->msg);
+    default:
+        return PyErr_Format(PyExc_SystemError, "%U: unexpected error code %d (this is a bug): %s",
+                            name, e->code, e->msg);
+    }
+}
+
+/* Create a decoder and read the header of s into *info.  Returns the decoder
+ * (owned by the caller), or NULL with an exception set. */
+static fl_jpeg *
+fl_open(PyObject *m, const fl_src *s, fl_jpeg_info *info, int check_limits)
+{
+    fl_jpeg *j;
+    fl_err err = {0, ""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    j = fl_jpeg_new();
+    rc = j == NULL ? -2 : fl_jpeg_read_header(j, s->data, s->len, info, &err);
+    if (rc == 0 && check_limits)
+        rc = fl_jpeg_check_limits(j, info, &err);
+    Py_END_ALLOW_THREADS
+    if (rc == -2) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (rc < 0) {
+        fl_jpeg_free(j);
+        fl_image_raise(m, s, &err);
+        return NULL;
+    }
+    return j;
+}
+
+/* ------------------------------------------------------------------------ */
+/* methods */
+
+static PyObject *
+fl_decode_jpeg(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"src", "mode", "apply_exif_orientation", NULL};
+    PyObject *srcobj, *arr = NULL;
+    const char *mode = "RGB";
+    int apply = 0, channels, orient, rc;
+    fl_src s;
+    fl_jpeg *j = NULL;
+    fl_jpeg_info info;
+    fl_jpeg_region reg;
+    fl_err err = {0, ""};
+    npy_intp dims[3];
+    uint8_t *tmp = NULL;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sp:decode_jpeg", kwlist, &srcobj, &mode, &apply))
+        return NULL;
+    if (strcmp(mode, "RGB") == 0)
+        channels = 3;
+    else if (strcmp(mode, "L") == 0)
+        channels = 1;
+    else
+        return PyErr_Format(PyExc_ValueError, "mode must be 'RGB' or 'L', not '%s'", mode);
+    if (fl_src_load(srcobj, &s) < 0)
+        return NULL;
+    if ((j = fl_open(m, &s, &info, 1)) == NULL)
+        goto error;
+    orient = apply ? info.orientation : 1;
+    reg.out_channels = channels;
+    reg.scale_num = 8;
+    reg.x = reg.y = 0;
+    reg.w = info.width;
+    reg.h = info.height;
+    dims[0] = orient >= 5 ? info.width : info.height;
+    dims[1] = orient >= 5 ? info.height : info.width;
+    dims[2] = channels;
+    arr = PyArray_SimpleNew(3, dims, NPY_UINT8);
+    if (arr == NULL)
+        goto error;
+    Py_BEGIN_ALLOW_THREADS
+    if (orient == 1) {
+        rc = fl_jpeg_decode(j, s.data, s.len, &reg, (uint8_t *)PyArray_DATA((PyArrayObject *)arr),
+                            (size_t)info.width * (size_t)channels, &err);
+    } else {
+        /* Decode into a temporary (malloc: no GIL) and transpose into arr. */
+        size_t n = (size_t)info.width * (size_t)info.height * (size_t)channels;
+        tmp = malloc(n);
+        if (tmp == NULL) {
+            err.code = FL_ERR_NOMEM;
+            snprintf(err.msg, sizeof(err.msg), "out of memory for a %zu-byte image", n);
+            rc = -1;
+        } else {
+            rc = fl_jpeg_decode(j, s.data, s.len, &reg, tmp, (size_t)info.width * (size_t)channels, &err);
+            if (rc == 0)
+                fl_apply_orientation(tmp, info.width, info.height, channels, orient,
+                                     (uint8_t *)PyArray_DATA((PyArrayObject *)arr));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        fl_image_raise(m, &s, &err);
+        goto error;
+    }
+    free(tmp);
+    fl_jpeg_free(j);
+    fl_src_release(&s);
+    return arr;
+error:
+    free(tmp);
+    Py_XDECREF(arr);
+    fl_jpeg_free(j);
+    fl_src_release(&s);
+    return NULL;
+}
+
+static PyObject *
+fl_decode_region(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"src", "scale_num", "x", "y", "w", "h", "channels",
+                             "max_pixels", "max_scans", "strict", NULL};
+    PyObject *srcobj, *arr = NULL;
+    long long max_pixels = -1;   /* -1: keep the default */
+    int max_scans = -1, strict = 0;
+    fl_src s;
+    fl_jpeg *j = NULL;
+    fl_jpeg_info info;
+    fl_jpeg_region reg;
+    fl_err err = {0, ""};
+    npy_intp dims[3];
+    int sw, sh, rc;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oiiiiii|$Lip:_decode_region", kwlist, &srcobj,
+                                     &reg.scale_num, &reg.x, &reg.y, &reg.w, &reg.h, &reg.out_channels,
+                                     &max_pixels, &max_scans, &strict))
+        return NULL;
+    if (reg.out_channels != 1 && reg.out_channels != 3)
+        return PyErr_Format(PyExc_ValueError, "channels must be 1 or 3");
+    if (reg.scale_num < 1 || reg.scale_num > 16)
+        return PyErr_Format(PyExc_ValueError, "scale_num must be in 1..16");
+    if (fl_src_load(srcobj, &s) < 0)
+        return NULL;
+    if ((j = fl_open(m, &s, &info, 0)) == NULL)
+        goto error;
+    fl_jpeg_set_limits(j, max_pixels < 0 ? FL_JPEG_DEFAULT_MAX_PIXELS : (uint64_t)max_pixels,
+                       max_scans < 0 ? FL_JPEG_DEFAULT_MAX_SCANS : max_scans);
+    fl_jpeg_set_strict(j, strict);
+    if (fl_jpeg_check_limits(j, &info, &err) < 0) {
+        fl_image_raise(m, &s, &err);
+        goto error;
+    }
+    fl_jpeg_scaled_size(&info, reg.scale_num, &sw, &sh);
+    /* Validate before allocating so that bad arguments cannot ask for a huge array. */
+    if (reg.x < 0 || reg.y < 0 || reg.w < 1 || reg.h < 1 || reg.x > sw - reg.w || reg.y > sh - reg.h) {
+        PyErr_Format(PyExc_ValueError, "region x=%d y=%d w=%d h=%d is outside the %dx%d image at scale %d/8",
+                     reg.x, reg.y, reg.w, reg.h, sw, sh, reg.scale_num);
+        goto error;
+    }
+    dims[0] = reg.h;
+    dims[1] = reg.w;
+    dims[2] = reg.out_channels;
+    arr = PyArray_SimpleNew(3, dims, NPY_UINT8);
+    if (arr == NULL)
+        goto error;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_jpeg_decode(j, s.data, s.len, &reg, (uint8_t *)PyArray_DATA((PyArrayObject *)arr),
+                        (size_t)reg.w * (size_t)reg.out_channels, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        fl_image_raise(m, &s, &err);
+        goto error;
+    }
+    fl_jpeg_free(j);
+    fl_src_release(&s);
+    return arr;
+error:
+    Py_XDECREF(arr);
+    fl_jpeg_free(j);
+    fl_src_release(&s);
+    return NULL;
+}
+
+static PyObject *
+fl_read_jpeg_header(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"src", NULL};
+    PyObject *srcobj, *res;
+    fl_src s;
+    fl_jpeg *j;
+    fl_jpeg_info info;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:read_jpeg_header", kwlist, &srcobj))
+        return NULL;
+    if (fl_src_load(srcobj, &s) < 0)
+        return NULL;
+    j = fl_open(m, &s, &info, 0);
+    fl_jpeg_free(j);
+    fl_src_release(&s);
+    if (j == NULL)
+        return NULL;
+    res = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:O,s:O}", "width", info.width, "height", info.height,
+                        "components", info.components, "colorspace", info.colorspace,
+                        "orientation", info.orientation,
+                        "progressive", info.progressive ? Py_True : Py_False,
+                        "arithmetic", info.arithmetic ? Py_True : Py_False);
+    return res;
+}
+
+static PyMethodDef fl_image_methods[] = {
+    {"decode_jpeg", (PyCFunction)(void (*)(void))fl_decode_jpeg, METH_VARARGS | METH_KEYWORDS,
+     "decode_jpeg(src, *, mode='RGB', apply_exif_orientation=False) -> numpy.ndarray\n\n"
+     "Decode a JPEG (bytes, a buffer, or a path) to an H x W x C uint8 array (C=3 for 'RGB',\n"
+     "1 for 'L'), equal to Pillow's Image.open(src).convert(mode).  With\n"
+     "apply_exif_orientation, the EXIF orientation is applied as ImageOps.exif_transpose.\n"
+     "Raises fastloader.DecodeError for bad data."},
+    {"read_jpeg_header", (PyCFunction)(void (*)(void))fl_read_jpeg_header, METH_VARARGS | METH_KEYWORDS,
+     "read_jpeg_header(src) -> dict(width, height, components, colorspace, orientation,\n"
+     "progressive, arithmetic)"},
+    {"_decode_region", (PyCFunction)(void (*)(void))fl_decode_region, METH_VARARGS | METH_KEYWORDS,
+     "_decode_region(src, scale_num, x, y, w, h, channels, *, max_pixels=-1, max_scans=-1,\n"
+     "strict=False) -> numpy.ndarray\n\n"
+     "Private, for tests: decode the region (x, y, w, h) of the image scaled by scale_num/8,\n"
+     "with the decoder's limits (-1: default, 0: none) and strict mode."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+fl_register_image(PyObject *m)
+{
+    return PyModule_AddFunctions(m, fl_image_methods);
+}

@@ -1,0 +1,775 @@
+/* py_native.c: the native image pipeline as Python objects.
+ *
+ *   NativeDataset(paths, labels, spec, on_error="raise", dct_scaling=False, max_pixels=0)
+ *       an immutable list of files + labels + a compiled transform; can load
+ *       a batch on the calling thread (GIL released) for num_workers=0.
+ *   NativeEngine(num_workers, dataset)
+ *       worker threads that load whole batches without ever taking the GIL.
+ *
+ * A finished batch comes back as (images, labels, events, failed): images
+ * and labels are Buffers (DLPack) over the batch memory the workers wrote;
+ * events lists skipped / replaced / failed samples and the slots that need a
+ * Pillow fix-up (non-JPEG files), as (kind, index, by, message) tuples.
+ */
+#define NO_IMPORT_ARRAY
+#include "binding.h"
+#include "engine.h"
+#include "native.h"
+#include "py_transform.h"
+#include "pybuffer.h"
+
+#include <structmember.h>
+#include <numpy/arrayobject.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Idle batch buffers kept for reuse: enough for a prefetch window of a few
+ * workers; more would only hold memory the consumer no longer uses. */
+#define FL_POOL_IDLE 8
+
+typedef struct {
+    PyObject_HEAD
+    fl_native_ds ds;          /* paths/labels owned (malloc) */
+    fl_pool *pool;            /* batch buffers for the current batch capacity; owned ref */
+    int pool_batch;           /* samples per pool buffer */
+    fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
+} NativeDatasetObject;
+
+typedef struct {
+    uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
+} native_stats;
+
+typedef struct {
+    const fl_native_ds *ds;   /* borrowed from the NativeDataset the engine holds */
+    int nworkers;
+    native_stats *stats;
+} native_ctx;
+
+typedef struct {
+    PyObject_HEAD
+    fl_engine *engine;
+    native_ctx *ctx;
+    PyObject *dataset;        /* strong ref: keeps ds alive */
+    int nworkers;
+} NativeEngineObject;
+
+typedef struct {
+    fl_pool *pool;            /* ref owned by the payload */
+    uint64_t epoch, seed;
+    int count;
+    int64_t idx[];
+} native_job;
+
+
+/* ---- conversions (GIL held) ----------------------------------------------- */
+
+static DLDataType
+spec_dltype(const fl_tspec *t)
+{
+    DLDataType d = {kDLUInt, 8, 1};
+    switch (t->dtype) {
+    case FL_DT_F16: d.code = kDLFloat; d.bits = 16; break;
+    case FL_DT_BF16: d.code = kDLBfloat; d.bits = 16; break;
+    case FL_DT_F32: d.code = kDLFloat; d.bits = 32; break;
+    default: break;
+    }
+    return d;
+}
+
+static void
+sample_shape(const fl_tspec *t, int64_t *shape)
+{
+    if (t->layout == FL_LAYOUT_CHW) {
+        shape[0] = t->out_channels;
+        shape[1] = t->out_h;
+        shape[2] = t->out_w;
+    } else {
+        shape[0] = t->out_h;
+        shape[1] = t->out_w;
+        shape[2] = t->out_channels;
+    }
+}
+
+static const char *event_names[] = {"error", "skipped", "replaced", "fixup"};
+
+/* Turn a finished batch into (images, labels, events, failed); consumes b. */
+static PyObject *
+batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
+{
+    PyObject *images = NULL, *labels = NULL, *events = NULL, *out = NULL;
+    if (b == NULL)
+        return PyErr_NoMemory();
+    events = PyList_New(0);
+    if (!events)
+        goto done;
+    for (int i = 0; i < b->nevents; i++) {
+        fl_native_event *e = &b->events[i];
+        PyObject *ev = Py_BuildValue("(sLLs)", event_names[b->event_kind[i]], (long long)e->index,
+                                     (long long)e->by, e->msg);
+        if (!ev || PyList_Append(events, ev) < 0) {
+            Py_XDECREF(ev);
+            goto done;
+        }
+        Py_DECREF(ev);
+    }
+    if (!b->failed && b->images) {
+        int64_t shape[4];
+        shape[0] = b->n;
+        sample_shape(&ds->spec, shape + 1);
+        DLDevice cpu = {kDLCPU, 0};
+        images = fl_buffer_new(module, b->images, ds->sample_bytes * (size_t)b->n, 4, shape,
+                               spec_dltype(&ds->spec), cpu, fl_pool_put, b->pool);
+        if (!images)
+            goto done;
+        b->images = NULL; /* the Buffer returns it to the pool */
+        DLDataType i64 = {kDLInt, 64, 1};
+        labels = fl_buffer_new(module, b->labels, sizeof(int64_t) * (size_t)b->n, 1, shape, i64, cpu,
+                               fl_aligned_free, NULL);
+        if (!labels)
+            goto done;
+        b->labels = NULL;
+    }
+    out = Py_BuildValue("(OOOO)", images ? images : Py_None, labels ? labels : Py_None, events,
+                        b->failed ? Py_True : Py_False);
+done:
+    Py_XDECREF(images);
+    Py_XDECREF(labels);
+    Py_XDECREF(events);
+    fl_native_batch_free(b);
+    return out;
+}
+
+/* Parse a sequence of ints into a malloc'd int64 array. */
+static int64_t *
+parse_indices(PyObject *obj, int *count)
+{
+    PyObject *seq = PySequence_Fast(obj, "indices must be a sequence of ints");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!idx) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            free(idx);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        idx[i] = v;
+    }
+    Py_DECREF(seq);
+    *count = (int)n;
+    return idx;
+}
+
+/* Make sure the dataset's pool holds buffers for `count` samples.  Returns
+ * the pool (borrowed), NULL with an exception on failure.  GIL held. */
+static fl_pool *
+ds_pool_for(NativeDatasetObject *self, int count)
+{
+    if (count < 1)
+        count = 1;
+    if (!self->pool || self->pool_batch < count) {
+        fl_pool *p = fl_pool_new(self->ds.sample_bytes * (size_t)count, FL_POOL_IDLE);
+        if (!p) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        fl_pool_unref(self->pool);
+        self->pool = p;
+        self->pool_batch = count;
+    }
+    return self->pool; /* borrowed: callers that keep it take fl_pool_ref */
+}
+
+/* ---- NativeDataset ----------------------------------------------------------- */
+
+static void
+ds_free_arrays(fl_native_ds *ds)
+{
+    if (ds->paths) {
+        for (int64_t i = 0; i < ds->n; i++)
+            free(ds->paths[i]);
+        free(ds->paths);
+    }
+    free(ds->labels);
+    ds->paths = NULL;
+    ds->labels = NULL;
+}
+
+static PyObject *
+nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"paths", "labels", "spec", "on_error", "dct_scaling", "max_pixels", NULL};
+    PyObject *paths, *labels, *spec;
+    const char *on_error = "raise";
+    int dct = 0;
+    unsigned long long max_pixels = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|spK:NativeDataset", kwlist, &paths, &labels, &spec,
+                                     &on_error, &dct, &max_pixels))
+        return NULL;
+    NativeDatasetObject *self = (NativeDatasetObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    fl_native_ds *ds = &self->ds;
+    if (fl_tspec_from_pydict(spec, &ds->spec) < 0)
+        goto error;
+    if (ds->spec.out_w <= 0 || ds->spec.out_h <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "native batches need a fixed output size: add RandomResizedCrop, Resize((h, w)) or "
+                        "Resize + CenterCrop to the transform");
+        goto error;
+    }
+    if (strcmp(on_error, "raise") == 0)
+        ds->on_error = FL_ON_ERROR_RAISE;
+    else if (strcmp(on_error, "skip") == 0)
+        ds->on_error = FL_ON_ERROR_SKIP;
+    else if (strcmp(on_error, "replace") == 0)
+        ds->on_error = FL_ON_ERROR_REPLACE;
+    else {
+        PyErr_Format(PyExc_ValueError, "on_error must be 'raise', 'skip' or 'replace', got '%s'", on_error);
+        goto error;
+    }
+    ds->dct_scaling = dct;
+    ds->max_pixels = max_pixels;
+    ds->sample_bytes = fl_tspec_sample_bytes(&ds->spec);
+    PyObject *pseq = PySequence_Fast(paths, "paths must be a sequence of str");
+    if (!pseq)
+        goto error;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(pseq);
+    ds->paths = calloc((size_t)(n ? n : 1), sizeof(char *));
+    ds->labels = calloc((size_t)(n ? n : 1), sizeof(int64_t));
+    if (!ds->paths || !ds->labels) {
+        Py_DECREF(pseq);
+        PyErr_NoMemory();
+        goto error;
+    }
+    ds->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *fs = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(pseq, i), &fs)) {
+            Py_DECREF(pseq);
+            goto error;
+        }
+        ds->paths[i] = strdup(PyBytes_AS_STRING(fs));
+        Py_DECREF(fs);
+        if (!ds->paths[i]) {
+            Py_DECREF(pseq);
+            PyErr_NoMemory();
+            goto error;
+        }
+    }
+    Py_DECREF(pseq);
+    if (labels != Py_None) {
+        PyObject *lseq = PySequence_Fast(labels, "labels must be a sequence of ints");
+        if (!lseq)
+            goto error;
+        if (PySequence_Fast_GET_SIZE(lseq) != n) {
+            Py_DECREF(lseq);
+            PyErr_Format(PyExc_ValueError, "got %zd labels for %zd paths", PySequence_Fast_GET_SIZE(lseq), n);
+            goto error;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(lseq, i));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(lseq);
+                goto error;
+            }
+            ds->labels[i] = v;
+        }
+        Py_DECREF(lseq);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            ds->labels[i] = -1;
+    }
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static void
+nds_dealloc(NativeDatasetObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    fl_native_worker_free(self->inline_worker);
+    fl_pool_unref(self->pool);
+    ds_free_arrays(&self->ds);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* load_batch(indices, epoch, seed) -> (images, labels, events, failed), on this thread */
+static PyObject *
+nds_load_batch(NativeDatasetObject *self, PyObject *args)
+{
+    PyObject *ind;
+    unsigned long long epoch, seed;
+    if (!PyArg_ParseTuple(args, "OKK:load_batch", &ind, &epoch, &seed))
+        return NULL;
+    int count;
+    int64_t *idx = parse_indices(ind, &count);
+    if (!idx)
+        return NULL;
+    if (!self->inline_worker && !(self->inline_worker = fl_native_worker_new(&self->ds))) {
+        free(idx);
+        return PyErr_NoMemory();
+    }
+    fl_pool *pool = ds_pool_for(self, count);
+    if (!pool) {
+        free(idx);
+        return NULL;
+    }
+    fl_native_batch *b;
+    fl_native_worker *w = self->inline_worker;
+    self->inline_worker = NULL; /* not re-entrant: other threads see none while we run */
+    Py_BEGIN_ALLOW_THREADS
+    b = fl_native_load_batch(w, &self->ds, pool, idx, count, seed, epoch, NULL);
+    Py_END_ALLOW_THREADS
+    if (self->inline_worker == NULL)
+        self->inline_worker = w;
+    else
+        fl_native_worker_free(w);
+    free(idx);
+    return batch_to_python(PyType_GetModule(Py_TYPE(self)), &self->ds, b);
+}
+
+/* render_array(image[H,W,C] uint8, index, epoch, seed) -> Buffer of one sample:
+ * the same plan and render as a decoded JPEG, for images Pillow decoded. */
+static PyObject *
+nds_render_array(NativeDatasetObject *self, PyObject *args)
+{
+    PyObject *arr_obj;
+    long long index;
+    unsigned long long epoch, seed;
+    if (!PyArg_ParseTuple(args, "OLKK:render_array", &arr_obj, &index, &epoch, &seed))
+        return NULL;
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(arr_obj, NPY_UINT8, 3, 3, NPY_ARRAY_C_CONTIGUOUS);
+    if (!arr)
+        return NULL;
+    int h = (int)PyArray_DIM(arr, 0), w = (int)PyArray_DIM(arr, 1), c = (int)PyArray_DIM(arr, 2);
+    if (c != 1 && c != 3) {
+        Py_DECREF(arr);
+        return PyErr_Format(PyExc_ValueError, "image must have 1 or 3 channels, got %d", c);
+    }
+    fl_plan plan;
+    char msg[256];
+    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
+        Py_DECREF(arr);
+        return PyErr_Format(PyExc_ValueError, "%s", msg);
+    }
+    void *out = fl_aligned_alloc(self->ds.sample_bytes);
+    if (!out) {
+        Py_DECREF(arr);
+        return PyErr_NoMemory();
+    }
+    fl_view view = {PyArray_DATA(arr), w, h, (size_t)w * (size_t)c, c, 0.0, 0.0, 1.0, 1.0};
+    fl_scratch scratch = {NULL, 0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_render(&self->ds.spec, &plan, &view, out, &scratch, msg, sizeof msg);
+    fl_scratch_free(&scratch);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(arr);
+    if (rc < 0) {
+        free(out);
+        return PyErr_Format(PyExc_MemoryError, "%s", msg);
+    }
+    int64_t shape[3];
+    sample_shape(&self->ds.spec, shape);
+    DLDevice cpu = {kDLCPU, 0};
+    PyObject *b = fl_buffer_new(PyType_GetModule(Py_TYPE(self)), out, self->ds.sample_bytes, 3, shape,
+                                spec_dltype(&self->ds.spec), cpu, fl_aligned_free, NULL);
+    if (!b)
+        free(out);
+    return b;
+}
+
+/* plan(index, width, height, epoch, seed) -> dict: the sample's decisions */
+static PyObject *
+nds_plan(NativeDatasetObject *self, PyObject *args)
+{
+    long long index;
+    int w, h;
+    unsigned long long epoch, seed;
+    if (!PyArg_ParseTuple(args, "LiiKK:plan", &index, &w, &h, &epoch, &seed))
+        return NULL;
+    fl_plan p;
+    char msg[256];
+    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &p, msg, sizeof msg) < 0)
+        return PyErr_Format(PyExc_ValueError, "%s", msg);
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O}", "box", p.box_x, p.box_y, p.box_w, p.box_h, "resized",
+                         p.rs_w, p.rs_h, "window", p.win_x, p.win_y, "flip", p.flip ? Py_True : Py_False);
+}
+
+static PyObject *
+nds_get_sample_shape(NativeDatasetObject *self, void *Py_UNUSED(c))
+{
+    int64_t s[3];
+    sample_shape(&self->ds.spec, s);
+    return Py_BuildValue("(LLL)", (long long)s[0], (long long)s[1], (long long)s[2]);
+}
+
+static PyObject *
+nds_get_len(NativeDatasetObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLongLong(self->ds.n);
+}
+
+static PyObject *
+nds_get_pool_bytes(NativeDatasetObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromSize_t(self->pool ? fl_pool_bytes_in_use(self->pool) : 0);
+}
+
+static PyMethodDef nds_methods[] = {
+    {"load_batch", (PyCFunction)nds_load_batch, METH_VARARGS,
+     "load_batch(indices, epoch, seed) -> (images, labels, events, failed) on the calling thread"},
+    {"render_array", (PyCFunction)nds_render_array, METH_VARARGS,
+     "render_array(image, index, epoch, seed) -> Buffer: transform an already decoded image"},
+    {"plan", (PyCFunction)nds_plan, METH_VARARGS, "plan(index, width, height, epoch, seed) -> dict"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef nds_getset[] = {
+    {"sample_shape", (getter)nds_get_sample_shape, NULL, "shape of one output sample", NULL},
+    {"num_samples", (getter)nds_get_len, NULL, "number of files", NULL},
+    {"pool_bytes", (getter)nds_get_pool_bytes, NULL, "bytes held by the batch buffer pool", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot nds_slots[] = {
+    {Py_tp_new, nds_new},
+    {Py_tp_dealloc, nds_dealloc},
+    {Py_tp_methods, nds_methods},
+    {Py_tp_getset, nds_getset},
+    {Py_tp_doc, "NativeDataset(paths, labels, spec, on_error='raise', dct_scaling=False, max_pixels=0)"},
+    {0, NULL},
+};
+
+static PyType_Spec nds_spec = {
+    .name = "fastloader._C.NativeDataset",
+    .basicsize = sizeof(NativeDatasetObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = nds_slots,
+};
+
+/* ---- NativeEngine: ops run on worker threads, never take the GIL ------- */
+
+static void *
+nop_thread_start(void *vctx, int worker_id)
+{
+    (void)worker_id;
+    native_ctx *ctx = vctx;
+    return fl_native_worker_new(ctx->ds);
+}
+
+static void *
+nop_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *cancelled)
+{
+    native_ctx *ctx = vctx;
+    fl_native_worker *w = vws;
+    native_job *job = payload;
+    fl_native_batch *b;
+    if (w == NULL) {
+        b = calloc(1, sizeof *b);
+        if (b) {
+            b->failed = 1;
+            b->nevents = 0;
+        }
+    } else {
+        b = fl_native_load_batch(w, ctx->ds, job->pool, job->idx, job->count, job->seed, job->epoch, cancelled);
+        native_stats *s = &ctx->stats[worker_id];
+        s->read_ns = w->read_ns;
+        s->decode_ns = w->decode_ns;
+        s->render_ns = w->render_ns;
+        s->bytes_read = w->bytes_read;
+        s->samples = w->samples;
+    }
+    fl_pool_unref(job->pool);
+    free(job);
+    return b;
+}
+
+static void
+nop_destroy_payload(void *vctx, void *payload)
+{
+    (void)vctx;
+    native_job *job = payload;
+    fl_pool_unref(job->pool);
+    free(job);
+}
+
+static void
+nop_destroy_result(void *vctx, void *result)
+{
+    (void)vctx;
+    fl_native_batch_free(result);
+}
+
+static void
+nop_thread_exit(void *vctx, int worker_id, void *vws)
+{
+    (void)vctx;
+    (void)worker_id;
+    fl_native_worker_free(vws);
+}
+
+static const fl_engine_ops native_ops = {
+    .thread_start = nop_thread_start,
+    .run = nop_run,
+    .destroy_payload = nop_destroy_payload,
+    .destroy_result = nop_destroy_result,
+    .thread_exit = nop_thread_exit,
+};
+
+static void
+neng_close(NativeEngineObject *self)
+{
+    fl_engine *e = self->engine;
+    if (!e)
+        return;
+    self->engine = NULL;
+    int deferred;
+    Py_BEGIN_ALLOW_THREADS
+    deferred = fl_engine_free_timed(e, 10000);
+    Py_END_ALLOW_THREADS
+    if (deferred) { /* a worker stuck in a read (e.g. a hung network file system) */
+        self->ctx = NULL;
+        self->dataset = NULL; /* leaked on purpose: detached threads still read it */
+    }
+}
+
+static PyObject *
+neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"num_workers", "dataset", NULL};
+    int n;
+    PyObject *dataset;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO:NativeEngine", kwlist, &n, &dataset))
+        return NULL;
+    if (n < 1 || n > 1024)
+        return PyErr_Format(PyExc_ValueError, "num_workers must be in 1..1024, got %d", n);
+    fl_module_state *st = fl_get_state(PyType_GetModule(type));
+    if (!st || !PyObject_TypeCheck(dataset, st->NativeDatasetType))
+        return PyErr_Format(PyExc_TypeError, "dataset must be a NativeDataset");
+    NativeEngineObject *self = (NativeEngineObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    native_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx || !(ctx->stats = calloc((size_t)n, sizeof *ctx->stats))) {
+        free(ctx);
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    ctx->ds = &((NativeDatasetObject *)dataset)->ds;
+    ctx->nworkers = n;
+    self->ctx = ctx;
+    self->dataset = Py_NewRef(dataset);
+    self->nworkers = n;
+    char msg[256] = "";
+    fl_engine *e;
+    Py_BEGIN_ALLOW_THREADS
+    e = fl_engine_new(n, &native_ops, ctx, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (!e) {
+        Py_DECREF(self);
+        return PyErr_Format(PyExc_RuntimeError, "could not start worker threads: %s", msg);
+    }
+    self->engine = e;
+    return (PyObject *)self;
+}
+
+static void
+neng_dealloc(NativeEngineObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    neng_close(self);
+    if (self->ctx) {
+        free(self->ctx->stats);
+        free(self->ctx);
+    }
+    Py_XDECREF(self->dataset);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int
+neng_check(NativeEngineObject *self)
+{
+    if (!self->engine) {
+        PyErr_SetString(PyExc_RuntimeError, "the worker pool is closed");
+        return -1;
+    }
+    return 0;
+}
+
+/* submit(seq, indices, epoch, seed) */
+static PyObject *
+neng_submit(NativeEngineObject *self, PyObject *args)
+{
+    long long seq;
+    PyObject *ind;
+    unsigned long long epoch, seed;
+    if (!PyArg_ParseTuple(args, "LOKK:submit", &seq, &ind, &epoch, &seed))
+        return NULL;
+    if (neng_check(self) < 0)
+        return NULL;
+    int count;
+    int64_t *idx = parse_indices(ind, &count);
+    if (!idx)
+        return NULL;
+    native_job *job = malloc(sizeof *job + sizeof(int64_t) * (size_t)(count ? count : 1));
+    if (!job) {
+        free(idx);
+        return PyErr_NoMemory();
+    }
+    memcpy(job->idx, idx, sizeof(int64_t) * (size_t)count);
+    free(idx);
+    job->count = count;
+    job->epoch = epoch;
+    job->seed = seed;
+    fl_pool *pool = ds_pool_for((NativeDatasetObject *)self->dataset, count);
+    if (!pool) {
+        free(job);
+        return NULL;
+    }
+    fl_pool_ref(pool);
+    job->pool = pool;
+    if (fl_engine_submit(self->engine, seq, -1, job) < 0)
+        return PyErr_Format(PyExc_RuntimeError, "could not queue batch %lld", seq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+neng_wait(NativeEngineObject *self, PyObject *args)
+{
+    long long seq;
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "L|O:wait", &seq, &timeout_obj))
+        return NULL;
+    double timeout = -1.0;
+    if (timeout_obj != Py_None) {
+        timeout = PyFloat_AsDouble(timeout_obj);
+        if (timeout == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    if (neng_check(self) < 0)
+        return NULL;
+    void *res = NULL;
+    int64_t got = -1;
+    int worker = -1;
+    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got, &worker);
+    if (rc < 0)
+        return NULL;
+    if (rc == 0)
+        Py_RETURN_NONE;
+    PyObject *batch = batch_to_python(PyType_GetModule(Py_TYPE(self)), self->ctx->ds, res);
+    if (!batch)
+        return NULL;
+    PyObject *out = Py_BuildValue("(LiO)", (long long)got, worker, batch);
+    Py_DECREF(batch);
+    return out;
+}
+
+static PyObject *
+neng_reset(NativeEngineObject *self, PyObject *Py_UNUSED(x))
+{
+    if (neng_check(self) < 0)
+        return NULL;
+    uint64_t g;
+    fl_engine *e = self->engine;
+    Py_BEGIN_ALLOW_THREADS
+    g = fl_engine_reset(e);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(g);
+}
+
+static PyObject *
+neng_close_meth(NativeEngineObject *self, PyObject *Py_UNUSED(x))
+{
+    neng_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
+{
+    int n = self->nworkers;
+    uint64_t busy[1024] = {0}, jobs[1024] = {0};
+    if (self->engine)
+        fl_engine_worker_stats(self->engine, busy, jobs, n);
+    PyObject *list = PyList_New(n);
+    if (!list)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        native_stats s = {0, 0, 0, 0, 0};
+        if (self->ctx)
+            s = self->ctx->stats[i];
+        PyObject *d = Py_BuildValue("{s:d,s:K,s:d,s:d,s:d,s:K,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
+                                    (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s",
+                                    s.decode_ns * 1e-9, "transform_s", s.render_ns * 1e-9, "bytes_read",
+                                    (unsigned long long)s.bytes_read, "samples", (unsigned long long)s.samples);
+        if (!d) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, d);
+    }
+    return list;
+}
+
+static PyObject *
+neng_get_closed(NativeEngineObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->engine == NULL);
+}
+
+static PyMethodDef neng_methods[] = {
+    {"submit", (PyCFunction)neng_submit, METH_VARARGS, "submit(seq, indices, epoch, seed)"},
+    {"wait", (PyCFunction)neng_wait, METH_VARARGS,
+     "wait(seq, timeout=None) -> (seq, worker, (images, labels, events, failed)) or None on timeout"},
+    {"reset", (PyCFunction)neng_reset, METH_NOARGS, "Start a new generation, dropping queued batches."},
+    {"close", (PyCFunction)neng_close_meth, METH_NOARGS, "Stop and join the worker threads."},
+    {"worker_stats", (PyCFunction)neng_worker_stats, METH_NOARGS, "Per-worker stage counters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef neng_getset[] = {
+    {"closed", (getter)neng_get_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot neng_slots[] = {
+    {Py_tp_new, neng_new},
+    {Py_tp_dealloc, neng_dealloc},
+    {Py_tp_methods, neng_methods},
+    {Py_tp_getset, neng_getset},
+    {Py_tp_doc, "NativeEngine(num_workers, dataset): threads that load native batches without the GIL."},
+    {0, NULL},
+};
+
+static PyType_Spec neng_spec = {
+    .name = "fastloader._C.NativeEngine",
+    .basicsize = sizeof(NativeEngineObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = neng_slots,
+};
+
+int
+fl_register_native(PyObject *m)
+{
+    fl_module_state *st = fl_get_state(m);
+    st->NativeDatasetType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &nds_spec, NULL);
+    if (!st->NativeDatasetType || PyModule_AddType(m, st->NativeDatasetType) < 0)
+        return -1;
+    st->NativeEngineType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &neng_spec, NULL);
+    if (!st->NativeEngineType || PyModule_AddType(m, st->NativeEngineType) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,246 @@
+"""Native image datasets: ImageFolder and ImageList.
+
+With `fastloader.DataLoader` and the default collate_fn, these never run
+Python per sample: worker threads read, decode (libjpeg-turbo), transform and
+write each sample straight into its slot of the batch (csrc/native.c).  A
+batch is `(images, labels)`: images [B, C, H, W] (or [B, H, W, C]) in the
+transform's dtype, labels int64 [B] -- what torchvision's ImageFolder + the
+same transforms + default_collate give.
+
+Indexing one sample (`ds[i]`) also works, so the datasets can be used with
+torch's own DataLoader too (then each sample goes through Python).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from . import _C
+from .transforms import compile_transform
+
+try:
+    import torch
+    from torch.utils.data import Dataset as _Dataset
+except ImportError:  # pragma: no cover
+    torch = None
+    _Dataset = object
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _to_output(buf):
+    return torch.from_dlpack(buf) if torch is not None else np.from_dlpack(buf)
+
+
+class NativeImageDataset(_Dataset):
+    """Base of ImageFolder and ImageList: files + labels + a compiled transform.
+
+    Args:
+        transform: fastloader.transforms or torchvision transforms (a Compose
+            of the supported ones runs natively; an unsupported tail runs in
+            Python on each output tensor, and a warning says which part runs
+            where).  It must give a fixed output size (RandomResizedCrop,
+            Resize((h, w)) or Resize + CenterCrop) for batching.
+        layout: "CHW" (default, as torchvision) or "HWC".
+        on_error: "raise" (default), "skip" (drop bad samples: that batch is
+            smaller) or "replace" (substitute another sample chosen
+            deterministically: batches stay full and len(loader) exact).
+        dct_scaling: decode at a reduced libjpeg scale (M/8) when the crop is
+            larger than the output.  Faster; pixels then differ slightly from
+            torchvision's (see benchmarks/RESULTS.md for the PSNR).
+        max_pixels: refuse images with more pixels (default: 2x Pillow's
+            MAX_IMAGE_PIXELS), before allocating anything.
+    """
+
+    def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
+                 dct_scaling=False, max_pixels=0):
+        self.samples = list(samples)
+        self.targets = [s[1] for s in self.samples]
+        self.transform = transform
+        self.target_transform = target_transform
+        self.on_error = on_error
+        self.dct_scaling = dct_scaling
+        spec, rest, description = compile_transform(transform, layout=layout)
+        self._spec = spec
+        self._rest = rest
+        self.pipeline_description = description
+        if rest is not None:
+            warnings.warn(f"fastloader: {description}", UserWarning, stacklevel=3)
+        self._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, spec, on_error=on_error,
+                                        dct_scaling=bool(dct_scaling), max_pixels=int(max_pixels))
+        self.skipped = []    # (path, reason) of samples left out by on_error="skip"
+        self.replaced = []   # (path, replacement path, reason) for on_error="replace"
+
+    def __len__(self):
+        return len(self.samples)
+
+    # -- one sample (for torch's DataLoader or for inspection) ------------------
+    def __getitem__(self, index):
+        if index < 0:
+            index += len(self)
+        batch = self.load_batch([index], epoch=0, seed=0)
+        if batch is None or len(batch[1]) == 0:
+            raise IndexError(f"sample {index} was skipped (on_error='skip')")
+        images, labels = batch
+        label = int(labels[0])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return images[0], label
+
+    def load_batch(self, indices, epoch, seed, *, seq=None):
+        """Load a batch on the calling thread (the GIL is released while it runs)."""
+        return self._finish(self._native.load_batch(list(indices), int(epoch), int(seed)), epoch, seed, seq)
+
+    def plan(self, index, width, height, epoch=0, seed=0):
+        """The random decisions for one sample: crop box, resized size, window, flip."""
+        return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
+
+    # -- batch post-processing on the consumer thread ---------------------------
+    def _finish(self, result, epoch, seed, seq):
+        images_buf, labels_buf, events, failed = result
+        where = f" (batch {seq})" if seq is not None else ""
+        if failed:
+            kind, index, _, msg = events[-1]
+            raise _C.DecodeError(f"{msg} [sample index {index}{where}]")
+        images = _to_output(images_buf)
+        labels = _to_output(labels_buf)
+        keep = None
+        for kind, index, by, msg in events:
+            if kind == "skipped":
+                self.skipped.append((self.samples[index][0], msg))
+            elif kind == "replaced":
+                self.replaced.append((self.samples[index][0], self.samples[by][0], msg))
+            elif kind == "fixup":
+                ok = self._fixup(images, by, index, epoch, seed, where)
+                if not ok:
+                    keep = keep if keep is not None else np.ones(len(labels), dtype=bool)
+                    keep[by] = False
+        if keep is not None:
+            idx = np.flatnonzero(keep).tolist()
+            images, labels = images[idx], labels[idx]
+        if self._rest is not None:
+            outs = [self._rest(img) for img in images]
+            images = torch.stack(outs) if torch is not None else np.stack(outs)
+        if self.target_transform is not None:
+            labels = [self.target_transform(int(t)) for t in labels]
+            if torch is not None:
+                from .loader import fast_default_collate
+
+                labels = fast_default_collate(labels)
+        return images, labels
+
+    def _fixup(self, images, slot, index, epoch, seed, where):
+        """Decode a non-JPEG file with Pillow into batch slot `slot`.  Returns
+        False when the sample must be dropped (on_error='skip')."""
+        path = self.samples[index][0]
+        try:
+            from PIL import Image
+        except ImportError:
+            err = _C.DecodeError(f"{path}: not a JPEG file, and Pillow is not installed to decode it"
+                                 f" [sample index {index}{where}]")
+            return self._fixup_failed(err, images, slot, index, epoch, seed)
+        if not getattr(self, "_pil_warned", False):
+            self._pil_warned = True
+            warnings.warn(f"fastloader: {path} is not a JPEG; decoding it (and any other non-JPEG files) "
+                          "through Pillow, which is slower than the native path", UserWarning, stacklevel=4)
+        try:
+            with Image.open(path) as im:
+                arr = np.asarray(im.convert("L" if self._spec.get("out_channels", 3) == 1 else "RGB"))
+        except Exception as e:
+            err = _C.DecodeError(f"{path}: {e} [sample index {index}{where}]")
+            return self._fixup_failed(err, images, slot, index, epoch, seed)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        sample = _to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
+        images[slot] = sample
+        return True
+
+    def _fixup_failed(self, err, images, slot, index, epoch, seed):
+        if self.on_error == "raise":
+            raise err
+        path = self.samples[index][0]
+        if self.on_error == "skip":
+            self.skipped.append((path, str(err)))
+            return False
+        n = len(self)
+        for k in range(1, 17):  # replace: deterministic neighbours
+            alt = (index + k * 7919) % n
+            res = self._native.load_batch([alt], int(epoch), int(seed))
+            if not res[3] and not res[2]:
+                images[slot] = _to_output(res[0])[0]
+                self.replaced.append((path, self.samples[alt][0], str(err)))
+                return True
+        raise err
+
+
+def find_classes(directory):
+    """Class folder names in sorted order and their indices (as torchvision)."""
+    classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+def make_dataset(directory, class_to_idx, extensions=IMG_EXTENSIONS, is_valid_file=None, allow_empty=False):
+    """(path, class_index) pairs in torchvision's order."""
+    directory = os.path.expanduser(directory)
+    if (extensions is None) == (is_valid_file is None):
+        raise ValueError("Both extensions and is_valid_file cannot be None or not None at the same time")
+    if is_valid_file is None:
+        def is_valid_file(x):
+            return x.lower().endswith(tuple(extensions))
+    instances = []
+    available = set()
+    for target_class in sorted(class_to_idx.keys()):
+        class_index = class_to_idx[target_class]
+        target_dir = os.path.join(directory, target_class)
+        if not os.path.isdir(target_dir):
+            continue
+        for root, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
+            for fname in sorted(fnames):
+                path = os.path.join(root, fname)
+                if is_valid_file(path):
+                    instances.append((path, class_index))
+                    available.add(target_class)
+    empty = set(class_to_idx.keys()) - available
+    if empty and not allow_empty:
+        msg = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+        if extensions is not None:
+            msg += f"Supported extensions are: {extensions if isinstance(extensions, str) else ', '.join(extensions)}"
+        raise FileNotFoundError(msg)
+    return instances
+
+
+class ImageFolder(NativeImageDataset):
+    """torchvision.datasets.ImageFolder, decoded and transformed natively.
+
+    Same class order, `classes`, `class_to_idx`, `samples`, `targets` and
+    `imgs` as torchvision's.
+    """
+
+    def __init__(self, root, transform=None, target_transform=None, loader=None, is_valid_file=None,
+                 allow_empty=False, **native_options):
+        if loader is not None:
+            raise ValueError("fastloader.ImageFolder decodes natively; a custom loader= is not supported "
+                             "(use torchvision.datasets.ImageFolder with fastloader.DataLoader for that)")
+        self.root = os.fspath(root)
+        self.classes, self.class_to_idx = find_classes(self.root)
+        samples = make_dataset(self.root, self.class_to_idx, None if is_valid_file else IMG_EXTENSIONS,
+                               is_valid_file, allow_empty)
+        super().__init__(samples, transform, target_transform, **native_options)
+        self.imgs = self.samples
+
+
+class ImageList(NativeImageDataset):
+    """A list of image paths with optional integer labels (-1 when absent)."""
+
+    def __init__(self, paths, labels=None, transform=None, target_transform=None, **native_options):
+        paths = [os.fspath(p) for p in paths]
+        if labels is None:
+            labels = [-1] * len(paths)
+        labels = [int(x) for x in labels]
+        if len(labels) != len(paths):
+            raise ValueError(f"got {len(labels)} labels for {len(paths)} paths")
+        super().__init__(list(zip(paths, labels)), transform, target_transform, **native_options)

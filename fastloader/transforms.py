@@ -1,0 +1,441 @@
+"""Declarative image transforms, compiled to fastloader's native pipeline.
+
+The classes are named and parametrised like ``torchvision.transforms.v2``::
+
+    from fastloader import transforms as T
+    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                    T.ToTensor(), T.Normalize(mean, std)])
+
+A native dataset hands such a pipeline (or a torchvision v1/v2 one) to
+:func:`compile_transform`, which maps the longest supported prefix to one
+spec dict for the C workers (crop, antialiased resize, flip, dtype,
+normalisation and layout fused in one pass, bit-exact with torchvision on PIL
+images at full decode scale) and returns whatever follows as a Python callable
+run per sample on the native output.
+
+Supported prefix, in this order (each part optional)::
+
+    [Grayscale(1)]
+    [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
+    [RandomHorizontalFlip]
+    [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
+    [Normalize]                    (float output only)
+
+Interpolation must be bilinear (torchvision's default); ``antialias`` is
+always on, as torchvision does for PIL images.  Random decisions come from
+fastloader's counter-based RNG keyed by (seed, epoch, index), so they follow
+torchvision's algorithms and distributions but not torch's global RNG stream.
+
+Calling one of these transforms directly (``tf(pil_image)``) runs the
+equivalent torchvision transform, for debugging.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "CenterCrop",
+    "Compose",
+    "Grayscale",
+    "Normalize",
+    "PILToTensor",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "ToDtype",
+    "ToImage",
+    "ToTensor",
+    "Transform",
+    "compile_transform",
+]
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_SCALE_NONE, _SCALE_DIV, _SCALE_MUL = 0, 1, 2   # csrc/imgops.h FL_SCALE_*
+
+
+def _pair(size: Any, name: str) -> tuple[int, int]:
+    """torchvision's size convention: int -> (s, s); [s] -> (s, s); (h, w)."""
+    if isinstance(size, int):
+        return (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) == 1:
+        return (size[0], size[0])
+    if len(size) != 2:
+        raise ValueError(f"{name}: size must be an int or (h, w), got {size!r}")
+    return size
+
+
+def _dtype_name(dtype: Any) -> str:
+    """'float32' for torch.float32, 'torch.float32', 'float32', numpy dtypes, ..."""
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    return {"float": "float32", "half": "float16", "double": "float64"}.get(name, name)
+
+
+class Transform:
+    """Base class: a declarative transform.  ``__call__`` runs torchvision's
+    equivalent (imported lazily) so a pipeline can be checked on one image."""
+
+    def _torchvision(self) -> Callable:
+        raise NotImplementedError
+
+    def __call__(self, x: Any) -> Any:
+        return self._torchvision()(x)
+
+    def _args(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._args()})"
+
+
+class RandomResizedCrop(Transform):
+    def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), interpolation: Any = "bilinear",
+                 antialias: bool | None = True) -> None:
+        self.size = _pair(size, "RandomResizedCrop")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = interpolation
+        self.antialias = antialias
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.RandomResizedCrop(self.size, self.scale, self.ratio, antialias=True)
+
+    def _args(self):
+        return f"size={self.size}, scale={self.scale}, ratio=({self.ratio[0]:.4g}, {self.ratio[1]:.4g})"
+
+
+class Resize(Transform):
+    def __init__(self, size: int | Sequence[int] | None, interpolation: Any = "bilinear",
+                 max_size: int | None = None, antialias: bool | None = True) -> None:
+        if size is not None and not isinstance(size, int):
+            size = [int(s) for s in size]
+            if len(size) not in (1, 2):
+                raise ValueError(f"Resize: size must be an int, [s] or (h, w), got {size!r}")
+        if size is None and max_size is None:
+            raise ValueError("Resize: give size or max_size")
+        self.size = size
+        self.max_size = max_size
+        self.interpolation = interpolation
+        self.antialias = antialias
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.Resize(self.size, max_size=self.max_size, antialias=True)
+
+    def _args(self):
+        return f"size={self.size}" + (f", max_size={self.max_size}" if self.max_size else "")
+
+
+class CenterCrop(Transform):
+    def __init__(self, size: int | Sequence[int]) -> None:
+        self.size = _pair(size, "CenterCrop")
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.CenterCrop(self.size)
+
+    def _args(self):
+        return f"size={self.size}"
+
+
+class RandomHorizontalFlip(Transform):
+    def __init__(self, p: float = 0.5) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.RandomHorizontalFlip(self.p)
+
+    def _args(self):
+        return f"p={self.p}"
+
+
+class Grayscale(Transform):
+    def __init__(self, num_output_channels: int = 1) -> None:
+        if num_output_channels not in (1, 3):
+            raise ValueError("Grayscale: num_output_channels must be 1 or 3")
+        self.num_output_channels = num_output_channels
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.Grayscale(self.num_output_channels)
+
+    def _args(self):
+        return f"num_output_channels={self.num_output_channels}"
+
+
+class Normalize(Transform):
+    def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
+        self.mean = [float(m) for m in mean]
+        self.std = [float(s) for s in std]
+        if any(s == 0 for s in self.std):
+            raise ValueError("Normalize: std evaluated to zero, leading to division by zero.")
+        self.inplace = inplace
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.Normalize(self.mean, self.std)
+
+    def _args(self):
+        return f"mean={self.mean}, std={self.std}"
+
+
+class ToDtype(Transform):
+    def __init__(self, dtype: Any, scale: bool = False) -> None:
+        self.dtype = dtype
+        self.scale = bool(scale)
+
+    def _torchvision(self):
+        import torch
+        from torchvision.transforms import v2
+        dtype = self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, _dtype_name(self.dtype))
+        return v2.ToDtype(dtype, scale=self.scale)
+
+    def _args(self):
+        return f"{_dtype_name(self.dtype)}, scale={self.scale}"
+
+
+class ToTensor(Transform):
+    """PIL / ndarray -> float32 CHW in [0, 1] (x / 255), as torchvision's ToTensor."""
+
+    def _torchvision(self):
+        from torchvision import transforms
+        return transforms.ToTensor()
+
+
+class PILToTensor(Transform):
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.PILToTensor()
+
+
+class ToImage(Transform):
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.ToImage()
+
+
+class Compose(Transform):
+    def __init__(self, transforms: Sequence[Callable]) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, x: Any) -> Any:
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n    {t!r}," for t in self.transforms)
+        return f"Compose([{inner}\n])"
+
+
+# --------------------------------------------------------------------------
+# compilation
+
+def _is_torchvision(t: Any) -> bool:
+    return type(t).__module__.startswith("torchvision.transforms")
+
+
+def _flatten(transform: Any) -> list:
+    """A Compose (ours or torchvision's) becomes its list; anything else a
+    one-element list.  Nested Composes are flattened."""
+    if isinstance(transform, Compose) or (
+            _is_torchvision(transform) and type(transform).__name__ == "Compose"):
+        out = []
+        for t in transform.transforms:
+            out.extend(_flatten(t))
+        return out
+    if isinstance(transform, (list, tuple)):
+        out = []
+        for t in transform:
+            out.extend(_flatten(t))
+        return out
+    return [transform]
+
+
+def _bilinear(interp: Any) -> bool:
+    value = getattr(interp, "value", interp)
+    return value in ("bilinear", 2)   # InterpolationMode.BILINEAR or PIL's Image.BILINEAR
+
+
+def _describe(t: Any) -> tuple[str, dict] | None:
+    """Map one transform (ours or torchvision v1/v2) to (kind, params), or
+    None when the native pipeline cannot run it exactly."""
+    ours = isinstance(t, Transform)
+    if not ours and not _is_torchvision(t):
+        return None
+    name = type(t).__name__
+    v2 = ".v2." in type(t).__module__
+    if name == "Grayscale":
+        return ("gray", {}) if t.num_output_channels == 1 else None
+    if name == "RandomResizedCrop":
+        if not _bilinear(t.interpolation):
+            return None
+        h, w = _pair(t.size, name)
+        return ("rrc", dict(size=(h, w), scale=tuple(map(float, t.scale)), ratio=tuple(map(float, t.ratio))))
+    if name == "Resize":
+        if not _bilinear(t.interpolation):
+            return None
+        size, max_size = t.size, t.max_size
+        if size is None:
+            return ("resize", dict(short=0, hw=None, max_size=int(max_size)))
+        if isinstance(size, int):
+            return ("resize", dict(short=size, hw=None, max_size=int(max_size or 0)))
+        size = list(size)
+        if len(size) == 1:
+            return ("resize", dict(short=int(size[0]), hw=None, max_size=int(max_size or 0)))
+        return ("resize", dict(short=0, hw=(int(size[0]), int(size[1])), max_size=0))
+    if name == "CenterCrop":
+        return ("center_crop", dict(size=_pair(t.size, name)))
+    if name == "RandomHorizontalFlip":
+        return ("flip", dict(p=float(t.p)))
+    if name == "ToTensor":
+        return ("to_tensor", {})
+    if name in ("PILToTensor", "ToImage"):
+        return ("to_image", {})
+    if name in ("ToDtype", "ConvertImageDtype"):
+        dtype = t.dtype
+        if isinstance(dtype, dict):   # v2: {tv_tensors.Image: dtype, "others": ...}
+            picks = [v for k, v in dtype.items() if getattr(k, "__name__", k) in ("Image", "Tensor")]
+            if len(picks) != 1:
+                return None
+            dtype = picks[0]
+        dname = _dtype_name(dtype)
+        if name == "ConvertImageDtype":
+            scale = _SCALE_MUL if v2 else _SCALE_DIV   # v1 divides, v2 multiplies by 1/255
+        else:
+            scale = _SCALE_MUL if t.scale else _SCALE_NONE
+        if dname == "uint8":
+            return ("to_dtype", dict(dtype="uint8", scale=_SCALE_NONE))
+        if dname not in _FLOAT_DTYPES:
+            return None
+        return ("to_dtype", dict(dtype=dname, scale=scale))
+    if name == "Normalize":
+        return ("normalize", dict(mean=[float(m) for m in t.mean], std=[float(s) for s in t.std]))
+    return None
+
+
+class _PythonRest:
+    """The part of a pipeline that runs in Python, per sample, on the native
+    output (a torch tensor, or a numpy array when torch is absent).  When the
+    native part ended before any to-tensor step, the sample is first turned
+    back into a PIL image so the remaining transforms see what they expect."""
+
+    def __init__(self, transforms: list, to_pil: bool, layout: str) -> None:
+        self.transforms = transforms
+        self.to_pil = to_pil
+        self.layout = layout
+
+    def __call__(self, x: Any) -> Any:
+        if self.to_pil:
+            import numpy as np
+            from PIL import Image
+            a = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+            if self.layout == "CHW":
+                a = a.transpose(1, 2, 0)
+            x = Image.fromarray(a[:, :, 0] if a.shape[2] == 1 else np.ascontiguousarray(a))
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+    def __repr__(self) -> str:
+        head = "to_pil_image -> " if self.to_pil else ""
+        return head + " -> ".join(_short(t) for t in self.transforms)
+
+
+def _short(t: Any) -> str:
+    r = repr(t).replace("\n", " ")
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Callable | None, str]:
+    """Split a pipeline into a native spec and a Python remainder.
+
+    transform: our Compose / transform, a torchvision (v1 or v2) Compose or
+    single transform, a list of transforms, or None.
+    layout: "CHW" or "HWC" for the native output.
+
+    Returns (spec, rest, description): spec is the dict the C pipeline takes
+    (keys as csrc/imgops.h fl_tspec; see fastloader._C.render); rest is None
+    or a callable to run per sample on the native output tensor; description
+    says which part runs where.  Output dtype: uint8 unless the prefix has
+    ToTensor (float32) or a float ToDtype.  A spec whose out_h/out_w are 0
+    gives variable-size samples (Resize(int) without a crop), which only a
+    batch of equally sized images can collate.
+    """
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    items = [] if transform is None else _flatten(transform)
+    descs = [_describe(t) for t in items]
+    spec: dict = dict(geom="none", out_h=0, out_w=0, flip_p=0.0, out_channels=3, dtype="uint8",
+                      scale_to_unit=_SCALE_NONE, normalize=False, layout=layout)
+    pos = 0
+    notes: list[str] = []
+
+    def kind(i: int) -> str | None:
+        return descs[i][0] if i < len(descs) and descs[i] is not None else None
+
+    if kind(pos) == "gray":
+        spec["out_channels"] = 1
+        pos += 1
+    if kind(pos) == "rrc":
+        p = descs[pos][1]
+        spec.update(geom="rrc", out_h=p["size"][0], out_w=p["size"][1], scale_lo=p["scale"][0],
+                    scale_hi=p["scale"][1], ratio_lo=p["ratio"][0], ratio_hi=p["ratio"][1])
+        pos += 1
+    elif kind(pos) in ("resize", "center_crop"):
+        spec["geom"] = "resize_crop"
+        if kind(pos) == "resize":
+            p = descs[pos][1]
+            if p["hw"]:
+                spec.update(resize_h=p["hw"][0], resize_w=p["hw"][1], out_h=p["hw"][0], out_w=p["hw"][1])
+            else:
+                spec.update(resize_short=p["short"], max_size=p["max_size"])
+            pos += 1
+        if kind(pos) == "center_crop":
+            h, w = descs[pos][1]["size"]
+            spec.update(crop_h=h, crop_w=w, out_h=h, out_w=w)
+            pos += 1
+        if spec["out_h"] == 0:
+            notes.append("variable output size (Resize(int) without a crop)")
+    if kind(pos) == "flip":
+        spec["flip_p"] = descs[pos][1]["p"]
+        pos += 1
+    tensor_stage = False
+    if kind(pos) == "to_tensor":
+        spec.update(dtype="float32", scale_to_unit=_SCALE_DIV)
+        tensor_stage = True
+        pos += 1
+    elif kind(pos) == "to_image":
+        tensor_stage = True
+        pos += 1
+        if kind(pos) == "to_dtype":
+            p = descs[pos][1]
+            spec.update(dtype=p["dtype"], scale_to_unit=p["scale"])
+            pos += 1
+    if kind(pos) == "normalize" and tensor_stage and spec["dtype"] in _FLOAT_DTYPES:
+        p = descs[pos][1]
+        n = spec["out_channels"]
+        if len(p["mean"]) in (1, n) and len(p["std"]) in (1, n):
+            spec.update(normalize=True, mean=p["mean"], std=p["std"])
+            if spec["dtype"] != "float32":
+                notes.append(f"Normalize computed in float32, then rounded to {spec['dtype']}")
+            pos += 1
+
+    native, remainder = items[:pos], items[pos:]
+    rest = _PythonRest(remainder, to_pil=not tensor_stage, layout=layout) if remainder else None
+    if not tensor_stage and not remainder:
+        notes.append("no to-tensor step: samples come out as uint8 tensors, not PIL images")
+    native_desc = " -> ".join(_short(t) for t in native) or "decode only"
+    desc = (f"native (C workers): {native_desc} [{spec['dtype']} {layout}]; "
+            f"python (per sample): {rest!r}" if rest else
+            f"native (C workers): {native_desc} [{spec['dtype']} {layout}]; python: nothing")
+    if notes:
+        desc += "; note: " + "; ".join(notes)
+    return spec, rest, desc
