@@ -11,8 +11,9 @@ Memory columns:
   * ``RSS`` -- peak resident set of the benchmark's main process (VmHWM, exact).
     For fastloader (threads) this is all the memory the loader uses.
   * ``total`` -- peak of RSS(main) + the private memory (USS) of every
-    descendant process (torch's workers), sampled by the parent every
-    ``--mem-interval`` seconds (and never below ``RSS``).  Worker pages still
+    descendant process (torch's workers), sampled by the parent (main's VmRSS
+    every 50 ms, workers every ``--mem-interval`` seconds), and never below
+    ``RSS``.  For fastloader (threads) this is all the memory the loader uses.  Worker pages still
     shared copy-on-write with the main process are counted once, so the ~0.5 GB
     of torch libraries every worker maps is not multiplied by num_workers as a
     summed RSS would.  Sampling reads /proc/<pid>/smaps_rollup of each worker
@@ -170,26 +171,29 @@ class TreeMemSampler:
     sparingly; nothing beyond /proc/<pid>/status is read for a lone process.
     """
 
-    def __init__(self, pid):
+    def __init__(self, pid, worker_interval=0.5):
         self.pid = pid
         self.peak_total_kib = 0
         self.max_procs = 0
+        self.worker_interval = worker_interval
+        self._workers_kib = 0
+        self._next_workers = 0.0
         self.ok = os.path.exists(f"/proc/{pid}/smaps_rollup")
 
     def sample(self):
+        """Cheap main-process sample every call; workers' USS every worker_interval s."""
         if not self.ok:
             return
         main = _status_kib("VmRSS", self.pid)
         if main is None:
             return
-        procs = _tree(self.pid)
-        total = main
-        for p in procs[1:]:
-            v = _uss_kib(p)
-            if v:
-                total += v
-        self.peak_total_kib = max(self.peak_total_kib, total)
-        self.max_procs = max(self.max_procs, len(procs))
+        now = time.perf_counter()
+        if now >= self._next_workers:
+            self._next_workers = now + self.worker_interval
+            procs = _tree(self.pid)
+            self.max_procs = max(self.max_procs, len(procs))
+            self._workers_kib = sum(_uss_kib(p) or 0 for p in procs[1:])
+        self.peak_total_kib = max(self.peak_total_kib, main + self._workers_kib)
 
 
 # ----------------------------------------------------------------------------
@@ -281,11 +285,11 @@ def run_child(script, config, *, timeout=600, mem_interval=0.5, env=None):
                for s, c in ((proc.stdout, out_chunks), (proc.stderr, err_chunks))]
     for r in readers:
         r.start()
-    sampler = TreeMemSampler(proc.pid)
+    sampler = TreeMemSampler(proc.pid, worker_interval=mem_interval or 0.5)
     killed = False
     while True:
         try:
-            proc.wait(timeout=mem_interval if mem_interval and mem_interval > 0 else 1.0)
+            proc.wait(timeout=0.05 if mem_interval and mem_interval > 0 else 1.0)
             break
         except subprocess.TimeoutExpired:
             if mem_interval and mem_interval > 0:
