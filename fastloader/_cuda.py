@@ -20,6 +20,18 @@ def _search_paths():
     return paths + list(_CANDIDATES)
 
 
+def _err_name(lib, rc):
+    fn = lib.cudaGetErrorName
+    fn.restype = ctypes.c_char_p
+    return (fn(rc) or b"?").decode()
+
+
+def _err_string(lib, rc):
+    fn = lib.cudaGetErrorString
+    fn.restype = ctypes.c_char_p
+    return (fn(rc) or b"?").decode()
+
+
 def probe() -> dict:
     """Say whether a CUDA runtime can be loaded, its version and the device count.
 
@@ -44,6 +56,6 @@ def probe() -> dict:
         if rc == 0:
             info["devices"] = n.value
         else:
-            info["error"] = f"cudaGetDeviceCount failed (error {rc})"
+            info["error"] = f"cudaGetDeviceCount failed ({_err_name(lib, rc)}: {_err_string(lib, rc)})"
         break
     return info
