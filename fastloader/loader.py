@@ -374,6 +374,16 @@ def _shutdown_all():
             pass
 
 
+def _system_idle_s():
+    """Seconds all CPUs of the machine have been idle (from /proc/stat), or None."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _usable_cpus():
     try:
         return len(os.sched_getaffinity(0))
@@ -383,9 +393,6 @@ def _usable_cpus():
 
 class _Iter:
     """Iterator over one epoch (or, with persistent workers, reset per epoch)."""
-
-    # GIL-bound detection: look after this much loading time
-    _GIL_CHECK_AFTER_S = 0.5
 
     def __init__(self, loader):
         self._num_workers = loader.num_workers
@@ -586,44 +593,64 @@ class _Iter:
             return value
 
     # -- GIL-bound detection ---------------------------------------------------------
-    def gil_report(self):
-        """Per-epoch summary of how the workers spent their time (see README, 'GIL')."""
+    # Every _GIL_WINDOW_S of loading, compare the window's counters: if the
+    # consumer waited, the workers were busy inside Python, CPUs of this
+    # machine sat idle, and yet only about one core's worth of Python ran,
+    # the GIL serialises the workers.  The idle-CPU condition keeps a busy
+    # machine (where few cores run for other reasons) from triggering it.
+    _GIL_WINDOW_S = 0.5
+
+    def _gil_snapshot(self):
+        return (time.perf_counter(), self._wait_s, self._engine.worker_stats(), _system_idle_s())
+
+    def gil_report(self, since=None):
+        """How the workers spent their time since `since` (a snapshot) or the start of the epoch."""
         if self._engine is None or self._native is not None:
             return None
-        now = self._engine.worker_stats()
-        base = self._stats0 or [dict.fromkeys(now[0], 0)] * len(now)
-        wall = max(time.perf_counter() - self._t_start, 1e-9)
+        t1, wait1, now, idle1 = self._gil_snapshot()
+        t0, wait0, base, idle0 = since if since is not None else (
+            self._t_start, 0.0, self._stats0 or [dict.fromkeys(now[0], 0)] * len(now), None)
+        wall = max(t1 - t0, 1e-9)
         py_cpu = sum(n["python_cpu_s"] - b["python_cpu_s"] for n, b in zip(now, base))
         py_wall = sum(n["python_s"] - b["python_s"] for n, b in zip(now, base))
+        idle = None if idle0 is None or idle1 is None else (idle1 - idle0) / wall
         return {
             "elapsed_s": wall,
-            "consumer_wait_s": self._wait_s,
+            "consumer_wait_fraction": (wait1 - wait0) / wall,
             "workers": len(now),
-            "python_cpu_cores": py_cpu / wall,       # CPU cores kept busy by Python code in workers
+            "python_cpu_cores": py_cpu / wall,       # cores kept busy by Python code in workers
             "worker_busy_fraction": py_wall / (wall * len(now)),
+            "idle_cores": idle,                      # idle CPUs of the whole machine, if known
         }
 
     def _maybe_warn_gil(self):
-        wall = time.perf_counter() - self._t_start
-        if wall < self._GIL_CHECK_AFTER_S:
+        now = time.perf_counter()
+        snap = getattr(self, "_gil_snap", None)
+        if snap is None:
+            if now - self._t_start >= 0.1:  # skip start-up
+                self._gil_snap = self._gil_snapshot()
             return
-        self._gil_checked = True
+        if now - snap[0] < self._GIL_WINDOW_S:
+            return
         loader = self._loader_ref()
         if loader is None or loader._fl_gil_warned or self._num_workers < 2 or _usable_cpus() < 2:
+            self._gil_checked = True
             return
-        rep = self.gil_report()
-        starved = rep["consumer_wait_s"] / rep["elapsed_s"]
-        # Workers want to run (busy) and the consumer waits for them, yet only
-        # about one core's worth of Python executes: the GIL serialises them.
-        if starved > 0.5 and rep["worker_busy_fraction"] > 0.8 and 0.6 < rep["python_cpu_cores"] < 1.3:
+        rep = self.gil_report(since=snap)
+        self._gil_snap = self._gil_snapshot()
+        if (rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > 0.8
+                and 0.6 < rep["python_cpu_cores"] < 1.3
+                and (rep["idle_cores"] is None or rep["idle_cores"] > 0.5)):
             loader._fl_gil_warned = True
+            self._gil_checked = True
             warnings.warn(
                 f"fastloader: the dataset's Python code holds the GIL, so its {self._num_workers} worker threads "
-                f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy, consumer waiting "
-                f"{100 * starved:.0f}% of the time). Remedies: do the per-sample work in NumPy/torch/PIL calls "
-                "that release the GIL, use fastloader.ImageFolder/ImageList (native, no Python per sample), "
-                "or use torch.utils.data.DataLoader, whose worker processes each have their own GIL.",
-                PerformanceWarning, stacklevel=4)
+                f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy while "
+                f"{rep['idle_cores'] or 0:.1f} sat idle; the training loop waited "
+                f"{100 * rep['consumer_wait_fraction']:.0f}% of the time). Remedies: do the per-sample work in "
+                "NumPy/torch/PIL calls that release the GIL, use fastloader.ImageFolder/ImageList (native, no "
+                "Python per sample), or use torch.utils.data.DataLoader, whose worker processes each have their "
+                "own GIL.", PerformanceWarning, stacklevel=4)
 
     # -- shutdown -----------------------------------------------------------------
     def _finish_epoch(self):

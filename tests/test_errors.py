@@ -81,6 +81,9 @@ def test_next_epoch_runs_after_error_is_fixed(DL, num_workers):
     dl = DL(ds, batch_size=4, num_workers=num_workers)
     with pytest.raises(H.CustomLoadError):
         _consume(dl)
+    # the failed epoch's iterator is gone, and so are its workers
+    left = H.wait_workers_gone(timeout=2.0)
+    assert not left, f"workers of the failed epoch still alive: {sorted(left)}"
     ds.fail = False
     out = torch.cat([b.view(-1) for b in dl]).tolist()
     assert out == list(range(16))

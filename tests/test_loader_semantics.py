@@ -420,11 +420,11 @@ def _perf_warnings(fl, rec):
 @pytest.mark.fastloader_only
 def test_gil_bound_dataset_warns_once(DL, fl):
     assert issubclass(fl.PerformanceWarning, UserWarning)
-    ds = H.PythonCpuDataset(300)
+    ds = H.PythonCpuDataset(500)  # ~2 ms of pure Python per item: ~1 s of GIL-bound work
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         out = _collect(DL(ds, batch_size=10, num_workers=2))
-    assert len(out) == 30
+    assert len(out) == 50
     perf = _perf_warnings(fl, rec)
     assert len(perf) == 1, [str(w.message) for w in perf]
     assert "GIL" in str(perf[0].message)
@@ -432,9 +432,9 @@ def test_gil_bound_dataset_warns_once(DL, fl):
 
 @pytest.mark.fastloader_only
 def test_sleeping_dataset_does_not_warn(DL, fl):
-    ds = H.SleepyDataset(300)
+    ds = H.SleepyDataset(500, delay=0.004)  # ~1 s of sleeping (GIL released) on 2 workers
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         out = _collect(DL(ds, batch_size=10, num_workers=2))
-    assert torch.cat(out).tolist() == list(range(300))
+    assert torch.cat(out).tolist() == list(range(500))
     assert _perf_warnings(fl, rec) == []
