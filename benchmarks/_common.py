@@ -8,15 +8,17 @@ side, alternating which goes first, for several rounds -- and reports medians,
 so slow drifts of a noisy shared machine hit both loaders alike.
 
 Memory columns:
-  * ``RSS`` -- peak resident set of the benchmark's main process (VmHWM, exact).
-    For fastloader (threads) this is all the memory the loader uses.
+  * ``RSS`` -- peak resident set of the benchmark's main process (VmHWM).
+    Caveat: the kernel's high-water mark misses peaks released with
+    madvise(MADV_DONTNEED) (glibc trims malloc arenas that way), so it can
+    under-report by ~100 MB here; prefer ``total``.
   * ``total`` -- peak of RSS(main) + the private memory (USS) of every
     descendant process (torch's workers), sampled by the parent (main's VmRSS
     every 50 ms, workers every ``--mem-interval`` seconds), and never below
-    ``RSS``.  For fastloader (threads) this is all the memory the loader uses.  Worker pages still
-    shared copy-on-write with the main process are counted once, so the ~0.5 GB
-    of torch libraries every worker maps is not multiplied by num_workers as a
-    summed RSS would.  Sampling reads /proc/<pid>/smaps_rollup of each worker
+    ``RSS``.  For fastloader (threads) this is all the memory the loader
+    uses.  Worker pages still shared copy-on-write with the main process are
+    counted once, so the ~0.5 GB of torch libraries every worker maps is not
+    multiplied by num_workers as a summed RSS would.  Sampling reads /proc/<pid>/smaps_rollup of each worker
     (a few ms of kernel time each); a lone process costs nothing to sample.
 Both include the ~0.5 GB that ``import torch`` itself holds; ``base`` is the
 main process's RSS just before the loader is built.
