@@ -45,10 +45,16 @@ int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for 
  * Ctrl-C works.  timeout <= 0 waits forever.  Returns 1 when the job is done
  * (result and its seq/worker filled), 0 on timeout, -1 with an exception set
  * (a signal handler raised, the pool was closed, no such job).  Reads
- * *engine after every slice because a signal handler may close it. */
+ * *engine after every slice because a signal handler may close it.  When
+ * `gil` is not NULL, adds the time taken to re-acquire the GIL after each
+ * slice (a direct measure of how much other threads hold it). */
 struct fl_engine;
+typedef struct {
+    uint64_t wait_ns; /* total time spent re-taking the GIL */
+    uint64_t waits;   /* number of times */
+} fl_gil_probe;
 int fl_py_wait(struct fl_engine *const *engine, long long seq, double timeout, void **result,
-               int64_t *seq_out, int *worker_out);
+               int64_t *seq_out, int *worker_out, fl_gil_probe *gil);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
 

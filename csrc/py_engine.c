@@ -50,6 +50,7 @@ typedef struct {
     fl_engine *engine;  /* NULL once closed */
     py_ctx *ctx;        /* owned; NULL once freed */
     int nworkers;
+    fl_gil_probe consumer_gil; /* GIL re-acquisition by the consumer in wait() */
     PyObject *weakreflist;
 } EngineObject;
 
@@ -268,7 +269,7 @@ engine_submit(EngineObject *self, PyObject *args, PyObject *kwargs)
 
 int
 fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **result, int64_t *seq_out,
-           int *worker_out)
+           int *worker_out, fl_gil_probe *gil)
 {
     uint64_t start = fl_now_ns();
     for (;;) {
@@ -286,9 +287,16 @@ fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **resul
             return -1;
         }
         int rc;
-        Py_BEGIN_ALLOW_THREADS
+        PyThreadState *ts = PyEval_SaveThread();
         rc = fl_engine_wait(e, seq, slice_ms, result, seq_out, worker_out);
-        Py_END_ALLOW_THREADS
+        uint64_t t0 = fl_now_ns();
+        PyEval_RestoreThread(ts);
+        if (gil) {
+            /* how long taking the GIL back took: ~the switch interval when
+             * worker threads run pure Python, ~0 when their work releases it */
+            gil->wait_ns += fl_now_ns() - t0;
+            gil->waits++;
+        }
         if (rc == FL_WAIT_DONE)
             return 1;
         if (rc == FL_WAIT_NONE) {
@@ -321,7 +329,7 @@ engine_wait(EngineObject *self, PyObject *args, PyObject *kwargs)
     void *res = NULL;
     int64_t got_seq = -1;
     int worker = -1;
-    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got_seq, &worker);
+    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got_seq, &worker, &self->consumer_gil);
     if (rc < 0)
         return NULL;
     if (rc == 0)
@@ -403,6 +411,13 @@ engine_worker_stats(EngineObject *self, PyObject *Py_UNUSED(ignored))
     return list;
 }
 
+/* consumer_gil_wait() -> (seconds, count): time wait() spent taking the GIL back */
+static PyObject *
+engine_consumer_gil_wait(EngineObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(dK)", self->consumer_gil.wait_ns * 1e-9, (unsigned long long)self->consumer_gil.waits);
+}
+
 static PyObject *
 engine_get_closed(EngineObject *self, void *Py_UNUSED(closure))
 {
@@ -461,6 +476,8 @@ static PyMethodDef engine_methods[] = {
     {"close", (PyCFunction)engine_close_meth, METH_VARARGS,
      "close(timeout=None) -> bool: stop the workers and join them (True when all were joined)."},
     {"worker_stats", (PyCFunction)engine_worker_stats, METH_NOARGS, "Per-worker counters."},
+    {"consumer_gil_wait", (PyCFunction)engine_consumer_gil_wait, METH_NOARGS,
+     "(seconds, count) the consumer spent re-taking the GIL after waiting"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -664,7 +664,7 @@ neng_wait(NativeEngineObject *self, PyObject *args)
     void *res = NULL;
     int64_t got = -1;
     int worker = -1;
-    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got, &worker);
+    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got, &worker, NULL);
     if (rc < 0)
         return NULL;
     if (rc == 0)

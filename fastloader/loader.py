@@ -384,6 +384,42 @@ def _system_idle_s():
         return None
 
 
+class _NoRange:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_RANGE = _NoRange()
+
+
+def _profile_range(name):
+    """torch.profiler.record_function(name) while a profiler runs, else nothing
+    (so a trace shows the time the training loop waits for data)."""
+    if torch is not None and torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return _NO_RANGE
+
+
+def _batch_len(batch):
+    """Number of samples in a collated batch (first tensor/array/list found)."""
+    for _ in range(8):
+        if hasattr(batch, "shape") and len(batch.shape):
+            return int(batch.shape[0])
+        if isinstance(batch, collections.abc.Mapping) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (list, tuple)) and batch:
+            if isinstance(batch[0], (list, tuple, collections.abc.Mapping)) or hasattr(batch[0], "shape"):
+                batch = batch[0]
+            else:
+                return len(batch)
+        else:
+            return 1
+    return 1
+
+
 def _usable_cpus():
     try:
         return len(os.sched_getaffinity(0))
@@ -442,6 +478,7 @@ class _Iter:
         self._finished = False
         self._t_start = time.perf_counter()
         self._wait_s = 0.0
+        self._samples = 0
         self._gil_checked = False
         # Native image datasets with default collation: workers build whole
         # batches in C without the GIL (csrc/native.c).
@@ -540,24 +577,33 @@ class _Iter:
             raise
 
     def _next_inline(self):
+        # num_workers=0: the consumer loads the batch itself, so all of it
+        # counts as time the training loop waits for data
+        t0 = time.perf_counter()
+        try:
+            with _profile_range("fastloader: load batch (num_workers=0)"):
+                return self._load_inline()
+        finally:
+            self._wait_s += time.perf_counter() - t0
+
+    def _load_inline(self):
         ep = self._ep
-        while True:
-            try:
-                indices = next(self._sampler_iter)
-            except StopIteration:
-                raise
-            seq = self._send
-            self._send += 1
-            if self._native is not None:
-                self._num_yielded += 1
-                return self._native.load_batch(indices, ep.epoch, self._native_seed, seq=seq)
-            status, value = _fetch(ep, -1, seq, indices)
-            if status == _EXHAUSTED:
-                raise StopIteration
+        indices = next(self._sampler_iter)
+        seq = self._send
+        self._send += 1
+        if self._native is not None:
             self._num_yielded += 1
-            if status == _ERR:
-                raise value
-            return value
+            out = self._native.load_batch(indices, ep.epoch, self._native_seed, seq=seq)
+            self._samples += len(out[1])
+            return out
+        status, value = _fetch(ep, -1, seq, indices)
+        if status == _EXHAUSTED:
+            raise StopIteration
+        self._num_yielded += 1
+        if status == _ERR:
+            raise value
+        self._samples += _batch_len(value)
+        return value
 
     def _next_threaded(self):
         while True:
@@ -565,8 +611,9 @@ class _Iter:
             if self._done >= self._send:
                 raise StopIteration
             t0 = time.perf_counter()
-            r = self._engine.wait(self._rcvd if self._in_order else -1,
-                                  self._timeout if self._timeout > 0 else None)
+            with _profile_range("fastloader: wait for batch"):
+                r = self._engine.wait(self._rcvd if self._in_order else -1,
+                                      self._timeout if self._timeout > 0 else None)
             self._wait_s += time.perf_counter() - t0
             if r is None:
                 raise RuntimeError(
@@ -578,7 +625,9 @@ class _Iter:
                 self._rcvd += 1
             if self._native is not None:
                 self._num_yielded += 1
-                return self._native._finish(result, self._ep.epoch, self._native_seed, seq)
+                out = self._native._finish(result, self._ep.epoch, self._native_seed, seq)
+                self._samples += len(out[1])
+                return out
             status, value = result
             if status == _EXHAUSTED:
                 self._active[wid] = False
@@ -590,26 +639,64 @@ class _Iter:
                 self._maybe_warn_gil()
             if status == _ERR:
                 raise value
+            self._samples += _batch_len(value)
             return value
 
+    # -- statistics ---------------------------------------------------------------------
+    def stats(self):
+        """A snapshot of this epoch's counters (see DataLoader.stats)."""
+        wall = max(time.perf_counter() - self._t_start, 1e-9)
+        out = {
+            "epoch": self._ep.epoch,
+            "num_workers": self._num_workers,
+            "batches": self._num_yielded,
+            "samples": self._samples,
+            "elapsed_s": wall,
+            "consumer_wait_s": self._wait_s,
+            "data_starved_fraction": min(1.0, self._wait_s / wall),
+            "batches_per_s": self._num_yielded / wall,
+            "samples_per_s": self._samples / wall,
+            "queue_depth": max(0, self._send - self._done) if self._num_workers else 0,
+            "native": self._native is not None,
+        }
+        eng = self._engine
+        workers = eng.worker_stats() if eng is not None and not eng.closed else []
+        out["workers"] = workers
+        if workers:
+            out["worker_busy_fraction"] = [min(1.0, w["busy_s"] / wall) for w in workers]
+        if self._native is not None:
+            stages = {k: sum(w.get(k, 0.0) for w in workers) for k in ("read_s", "decode_s", "transform_s")}
+            out["stages_s"] = stages
+            out["bytes_read"] = sum(w.get("bytes_read", 0) for w in workers)
+            out["pool_bytes"] = self._native._native.pool_bytes
+            out["skipped"] = list(self._native.skipped)
+            out["replaced"] = list(self._native.replaced)
+        elif workers:
+            out["gil"] = self.gil_report()
+        return out
+
     # -- GIL-bound detection ---------------------------------------------------------
-    # Every _GIL_WINDOW_S of loading, compare the window's counters: if the
-    # consumer waited, the workers were busy inside Python, CPUs of this
-    # machine sat idle, and yet only about one core's worth of Python ran,
-    # the GIL serialises the workers.  The idle-CPU condition keeps a busy
-    # machine (where few cores run for other reasons) from triggering it.
+    # Every _GIL_WINDOW_S of loading, compare the window's counters.  The
+    # direct signal is how long the consumer takes to re-acquire the GIL after
+    # each (<= 50 ms) wait: about the interpreter's switch interval (5 ms)
+    # when worker threads run pure Python non-stop, about zero when their
+    # work releases the GIL (NumPy, torch, I/O, sleeping) -- whatever else
+    # the machine is doing.  Warn when that holds while the consumer starves,
+    # the workers are busy in Python and they get < 1.3 cores of CPU.
     _GIL_WINDOW_S = 0.5
 
     def _gil_snapshot(self):
-        return (time.perf_counter(), self._wait_s, self._engine.worker_stats(), _system_idle_s())
+        return (time.perf_counter(), self._wait_s, self._engine.worker_stats(), _system_idle_s(),
+                self._engine.consumer_gil_wait())
 
     def gil_report(self, since=None):
         """How the workers spent their time since `since` (a snapshot) or the start of the epoch."""
-        if self._engine is None or self._native is not None:
+        if self._engine is None or self._native is not None or self._engine.closed:
             return None
-        t1, wait1, now, idle1 = self._gil_snapshot()
-        t0, wait0, base, idle0 = since if since is not None else (
-            self._t_start, 0.0, self._stats0 or [dict.fromkeys(now[0], 0)] * len(now), None)
+        t1, wait1, now, idle1, (g1, n1) = self._gil_snapshot()
+        if since is None:
+            since = (self._t_start, 0.0, self._stats0 or [dict.fromkeys(now[0], 0)] * len(now), None, (0.0, 0))
+        t0, wait0, base, idle0, (g0, n0) = since
         wall = max(t1 - t0, 1e-9)
         py_cpu = sum(n["python_cpu_s"] - b["python_cpu_s"] for n, b in zip(now, base))
         py_wall = sum(n["python_s"] - b["python_s"] for n, b in zip(now, base))
@@ -620,6 +707,7 @@ class _Iter:
             "workers": len(now),
             "python_cpu_cores": py_cpu / wall,       # cores kept busy by Python code in workers
             "worker_busy_fraction": py_wall / (wall * len(now)),
+            "gil_reacquire_ms": 1000.0 * (g1 - g0) / max(1, n1 - n0),  # consumer's average
             "idle_cores": idle,                      # idle CPUs of the whole machine, if known
         }
 
@@ -639,21 +727,30 @@ class _Iter:
         rep = self.gil_report(since=snap)
         self._gil_snap = self._gil_snapshot()
         if (rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > 0.8
-                and 0.6 < rep["python_cpu_cores"] < 1.3
-                and (rep["idle_cores"] is None or rep["idle_cores"] > 0.5)):
+                and rep["python_cpu_cores"] < 1.3
+                and rep["gil_reacquire_ms"] > 400.0 * sys.getswitchinterval()):
             loader._fl_gil_warned = True
             self._gil_checked = True
             warnings.warn(
                 f"fastloader: the dataset's Python code holds the GIL, so its {self._num_workers} worker threads "
-                f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy while "
-                f"{rep['idle_cores'] or 0:.1f} sat idle; the training loop waited "
+                f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy; taking the GIL took "
+                f"{rep['gil_reacquire_ms']:.1f} ms; the training loop waited "
                 f"{100 * rep['consumer_wait_fraction']:.0f}% of the time). Remedies: do the per-sample work in "
                 "NumPy/torch/PIL calls that release the GIL, use fastloader.ImageFolder/ImageList (native, no "
                 "Python per sample), or use torch.utils.data.DataLoader, whose worker processes each have their "
                 "own GIL.", PerformanceWarning, stacklevel=4)
 
     # -- shutdown -----------------------------------------------------------------
+    def _save_stats(self):
+        loader = self._loader_ref()
+        if loader is not None and self._ep is not None:
+            try:
+                loader._fl_last_stats = self.stats()
+            except Exception:  # pragma: no cover - statistics never break iteration
+                pass
+
     def _finish_epoch(self):
+        self._save_stats()
         self._finished = True
         if self._ep is not None:
             self._ep.cancelled = True
@@ -668,6 +765,8 @@ class _Iter:
     def _shutdown(self, timeout=5.0):
         """Stop the workers at their next sample and join them; a worker still
         inside a dataset call after `timeout` s finishes it on its own."""
+        if not self._finished:
+            self._save_stats()
         self._finished = True
         if self._ep is not None:
             self._ep.cancelled = True
@@ -737,7 +836,27 @@ class DataLoader(_Base):
                     "memory won't be used.", UserWarning, stacklevel=4)
 
     def _get_iterator(self):
-        return _Iter(self)
+        it = _Iter(self)
+        self._fl_last_iter = weakref.ref(it)
+        return it
+
+    def stats(self) -> dict:
+        """Counters of the current (or last) epoch, cheap to read at any time.
+
+        Keys: epoch, num_workers, batches, samples, elapsed_s, consumer_wait_s,
+        data_starved_fraction (share of wall time the training loop spent
+        waiting in next()), batches_per_s, samples_per_s, queue_depth,
+        workers (per-worker counters), worker_busy_fraction; for native
+        datasets stages_s (read/decode/transform seconds summed over
+        workers), bytes_read, pool_bytes, skipped, replaced; for Python
+        datasets with workers, gil (see README, "The GIL trade-off").
+        Returns {} before the first epoch.
+        """
+        ref = getattr(self, "_fl_last_iter", None)
+        it = ref() if ref is not None else None
+        if it is not None and not it._finished:
+            return it.stats()
+        return dict(getattr(self, "_fl_last_stats", {}))
 
     def check_worker_number_rationality(self):
         # torch warns about too many worker *processes*; threads share one

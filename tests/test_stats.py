@@ -1,0 +1,66 @@
+"""DataLoader.stats() against known work: a slow dataset starves the consumer,
+a slow consumer does not wait."""
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fastloader  # noqa: E402
+
+
+class Sleepy(torch.utils.data.Dataset):
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_slow_dataset_is_reported_as_data_starved(num_workers):
+    dl = fastloader.DataLoader(Sleepy(24, 0.01), batch_size=4, num_workers=num_workers)
+    t0 = time.perf_counter()
+    n = sum(len(b) for b in dl)
+    wall = time.perf_counter() - t0
+    st = dl.stats()
+    assert n == 24 and st["samples"] == 24 and st["batches"] == 6
+    assert st["data_starved_fraction"] > 0.5
+    # 24 sleeps of 10 ms spread over the workers: the wait is at least the
+    # serial share and at most the wall time of the loop
+    assert 0.24 / max(1, num_workers) * 0.8 < st["consumer_wait_s"] <= wall + 0.05
+
+
+def test_slow_consumer_is_not_data_starved():
+    dl = fastloader.DataLoader(Sleepy(40, 0.001), batch_size=4, num_workers=2)
+    for _ in dl:
+        time.sleep(0.05)
+    st = dl.stats()
+    assert st["batches"] == 10
+    assert st["data_starved_fraction"] < 0.05
+    assert st["elapsed_s"] >= 0.5
+
+
+def test_native_stats_has_stage_times_and_bytes(tmp_path):
+    from fastloader import transforms as FT
+    from fastloader.sample import make_sample
+
+    make_sample(str(tmp_path / "d"), n=16, classes=2, progress=False, processes=1)
+    ds = fastloader.ImageFolder(str(tmp_path / "d"), transform=FT.Compose([FT.RandomResizedCrop(32), FT.ToTensor()]))
+    dl = fastloader.DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(dl)
+    next(it)
+    live = dl.stats()
+    assert live["batches"] == 1 and live["native"]
+    for _ in it:
+        pass
+    st = dl.stats()
+    assert st["samples"] == 16
+    assert st["bytes_read"] == sum((tmp_path / "d" / c / f).stat().st_size
+                                   for c in ds.classes for f in __import__("os").listdir(tmp_path / "d" / c))
+    assert all(v > 0 for v in st["stages_s"].values())
+    assert st["skipped"] == [] and st["replaced"] == []
