@@ -50,6 +50,7 @@ struct fl_engine {
     uint64_t gen;
     int stopping;
     int nready;               /* workers past thread_start */
+    int nactive;              /* workers with id >= nactive take no jobs (autotune) */
     int nworkers;
     fl_worker *workers;
     fl_engine_ops ops;
@@ -76,6 +77,8 @@ fl_thread_cpu_ns(void)
 static fl_job *
 take_job_locked(fl_engine *e, int worker_id)
 {
+    if (worker_id >= e->nactive)
+        return NULL; /* parked by fl_engine_set_active */
     fl_job *prev = NULL;
     for (fl_job *j = e->pending_head; j; prev = j, j = j->next) {
         if (j->worker >= 0 && j->worker != worker_id)
@@ -198,6 +201,7 @@ fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size
     e->ops = *ops;
     e->ctx = ctx;
     e->nworkers = nworkers;
+    e->nactive = nworkers;
     for (int i = 0; i < nworkers; i++) {
         fl_worker *w = &e->workers[i];
         w->e = e;
@@ -248,8 +252,9 @@ fl_engine_submit(fl_engine *e, int64_t seq, int worker, void *payload)
     else
         e->pending_head = j;
     e->pending_tail = j;
-    /* a pinned job must reach its worker: wake everyone in that case */
-    if (worker >= 0)
+    /* a pinned job must reach its worker, and a signal could wake a parked
+     * worker that cannot take the job: wake everyone then */
+    if (worker >= 0 || e->nactive < e->nworkers)
         pthread_cond_broadcast(&e->work_cv);
     else
         pthread_cond_signal(&e->work_cv);
@@ -380,6 +385,20 @@ fl_engine_outstanding(fl_engine *e)
     for (fl_job *j = e->done_head; j; j = j->next)
         n++;
     n += e->nrunning_cur;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int
+fl_engine_set_active(fl_engine *e, int n)
+{
+    if (n < 1)
+        n = 1;
+    if (n > e->nworkers)
+        n = e->nworkers;
+    pthread_mutex_lock(&e->mu);
+    e->nactive = n;
+    pthread_cond_broadcast(&e->work_cv);
     pthread_mutex_unlock(&e->mu);
     return n;
 }

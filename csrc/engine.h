@@ -82,6 +82,12 @@ int fl_engine_outstanding(fl_engine *e);
 int fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n);
 int fl_engine_nworkers(const fl_engine *e);
 
+/* Let only workers 0..n-1 take jobs (clamped to 1..nworkers); the others
+ * park at their next job boundary until raised again.  Jobs pinned to a
+ * parked worker wait for it, so callers with pinned jobs keep all active.
+ * Returns the value set.  Used by num_workers="auto". */
+int fl_engine_set_active(fl_engine *e, int n);
+
 /* Stop every worker at its next job boundary (running jobs see `cancelled`),
  * join them, destroy what is left, free the engine.  NULL is ignored.  Call
  * without the GIL when the ops take it.  Returns 0, or 1 when called from one

@@ -11,15 +11,28 @@
  *   same arithmetic in the same order, so at full scale the uint8 output is
  *   bit-identical.  Each intermediate value depends only on its own source
  *   row, so computing only the rows and columns the output window needs
- *   changes nothing.  The vertical pass runs taps-outer / pixels-inner (a
- *   sum of non-negative integers, so the order does not change the result)
- *   which the compiler vectorises.
+ *   changes nothing, and the order of the terms of each (integer) sum is
+ *   free.
+ * - Speed.  Rows between the passes are planar (one plane per channel), so
+ *   both passes run on runs of single-channel bytes and the result is
+ *   CHW-shaped.  With AVX2 (checked at run time; FASTLOADER_NO_AVX2=1 forces
+ *   the portable kernels, which give the same bytes) the horizontal pass
+ *   computes 8 outputs per 32-bit vector: per block a byte shuffle picks
+ *   each output's tap pixel out of 16 loaded bytes, then a 32-bit multiply
+ *   by that tap's weights and an add; the vertical pass keeps 32 outputs of
+ *   accumulators in registers over the taps.  The flip is folded into the
+ *   horizontal coefficients (outputs computed in reversed order).  uint8
+ *   CHW rows are stored with memcpy, other dtypes through the table.
  * - Crop then resize (RandomResizedCrop) means the filter sees only the box;
  *   Resize + CenterCrop means the box is the whole image and the window is
  *   cut afterwards.  Both are "resample the box, then take a window".
- * - Scaled views (libjpeg DCT scaling, region decode): the box is mapped into
- *   buffer coordinates, possibly fractional; the same code then resamples
- *   the mapped interval with the filter clipped at the pixels it touches.
+ * - Region views: at full scale the filter is set up on the box alone (as
+ *   Pillow sees the cropped image), whatever part of it the buffer holds, so
+ *   a buffer holding fl_plan_source_window's rectangle renders exactly as
+ *   the whole image.  Scaled views (libjpeg DCT scaling): the box is mapped
+ *   into buffer coordinates, possibly fractional; the same code then
+ *   resamples the mapped interval with the filter clipped at the pixels it
+ *   touches.
  * - Dtype conversion and Normalize go through a per-channel 256-entry table
  *   built with torch's own float32 operations, so every output is one load.
  * - Memory: everything per call comes from the caller's fl_scratch, grown
@@ -308,8 +321,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
 /* ------------------------------------------------------------------------ */
 
 /* One axis of the resample: the box [in0, in1) relative to buffer index
- * `base`, `insize` buffer pixels available from base, resized to out_size;
- * outputs [o0, o1) are wanted. */
+ * `base` (which may lie outside the buffer), `insize` pixels from base form
+ * the filter's domain (Pillow's input size), resized to out_size; outputs
+ * [o0, o1) are wanted. */
 typedef struct {
     double in0, in1;
     int base, insize, out_size;
@@ -317,6 +331,7 @@ typedef struct {
     int need;                  /* 0: this axis is not resampled (identity) */
     double scale, support, filterscale;
     int ksize;                 /* taps stride in the coefficient table */
+    int kmax;                  /* largest tap count of a wanted output */
     int fixed;                 /* every output has exactly ksize taps (see fl_axis_make_fixed) */
     int in_lo, in_hi;          /* buffer pixels read by outputs [o0, o1) */
     int *lo, *cnt;             /* per wanted output: first buffer pixel (relative to in_lo), taps */
@@ -354,13 +369,64 @@ fl_axis_bounds(const fl_axis *a, int xx, double *center, int *xmin_out, int *n_o
     *n_out = n;
 }
 
+/* Filter parameters and the read span [in_lo, in_hi) (buffer coordinates)
+ * of an axis whose base/insize/in0/in1/out_size/o0/o1 are set. */
+static void
+fl_axis_span(fl_axis *a)
+{
+    a->need = !(a->out_size == a->insize && a->in0 == 0.0 && a->in1 == (double)a->out_size);
+    if (!a->need) {
+        a->ksize = 1;
+        a->in_lo = a->base + a->o0;
+        a->in_hi = a->base + a->o1;
+        return;
+    }
+    a->scale = (a->in1 - a->in0) / a->out_size;
+    a->filterscale = a->scale < 1.0 ? 1.0 : a->scale;
+    a->support = 1.0 * a->filterscale;    /* bilinear support is 1 */
+    a->ksize = (int)ceil(a->support) * 2 + 1;
+    double c;
+    int xmin0, n0, xmin1, n1;
+    fl_axis_bounds(a, a->o0, &c, &xmin0, &n0);
+    fl_axis_bounds(a, a->o1 - 1, &c, &xmin1, &n1);
+    /* Bounds are monotonic in the output index, so the ends bound the union. */
+    a->in_lo = a->base + xmin0;
+    a->in_hi = a->base + (xmin1 + n1 > xmin0 ? xmin1 + n1 : xmin0);
+}
+
 /* Map the box [b0, b1) (buffer coordinates) of one axis onto a buffer of
  * `len` pixels, resized to out_size, outputs [o0, o1) wanted (o0 < o1).
- * Sets everything but lo/cnt/k.  Returns 0, or -1 when the box misses the
- * buffer. */
+ * Sets everything but lo/cnt/k/kmax.  Returns 0, or -1 when the box misses
+ * the buffer.
+ *
+ * An integral box (always the case at full scale) is resampled exactly as
+ * Pillow resamples the cropped image: the filter is clipped at the box, in
+ * box coordinates, whatever part of the box the buffer holds; that is exact
+ * as long as the buffer holds every pixel the wanted outputs read (the
+ * window fl_plan_source_window reports).  Otherwise (a fractional box from
+ * a DCT-scaled view, or a buffer lacking some of those pixels) the box is
+ * clipped to the buffer and the filter to the pixels it covers. */
 static int
 fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, int o1)
 {
+    a->out_size = out_size;
+    a->o0 = o0;
+    a->o1 = o1;
+    a->lo = a->cnt = NULL;
+    a->k = NULL;
+    a->fixed = 0;
+    a->kmax = 0;
+    double r0 = floor(b0 + 0.5), r1 = floor(b1 + 0.5);
+    if (fabs(b0 - r0) < 1e-9 && fabs(b1 - r1) < 1e-9 && r1 > r0 && r0 > -4.0 * FL_MAX_DIM
+        && r1 < 4.0 * FL_MAX_DIM) {
+        a->base = (int)r0;
+        a->insize = (int)(r1 - r0);
+        a->in0 = 0.0;
+        a->in1 = (double)a->insize;
+        fl_axis_span(a);
+        if (a->in_lo >= 0 && a->in_hi <= len && a->in_hi > a->in_lo)
+            return 0;
+    }
     int lo = (int)floor(b0 + 1e-6), hi = (int)ceil(b1 - 1e-6);
     if (lo < 0)
         lo = 0;
@@ -372,38 +438,20 @@ fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, i
     a->insize = hi - lo;
     a->in0 = b0 - lo;
     a->in1 = b1 - lo;
-    a->out_size = out_size;
-    a->o0 = o0;
-    a->o1 = o1;
-    a->need = !(out_size == a->insize && a->in0 == 0.0 && a->in1 == (double)out_size);
-    a->lo = a->cnt = NULL;
-    a->k = NULL;
-    if (!a->need) {
-        a->ksize = 1;
-        a->in_lo = lo + o0;
-        a->in_hi = lo + o1;
-        return 0;
-    }
-    a->scale = (a->in1 - a->in0) / out_size;
-    a->filterscale = a->scale < 1.0 ? 1.0 : a->scale;
-    a->support = 1.0 * a->filterscale;    /* bilinear support is 1 */
-    a->ksize = (int)ceil(a->support) * 2 + 1;
-    double c;
-    int xmin0, n0, xmin1, n1;
-    fl_axis_bounds(a, o0, &c, &xmin0, &n0);
-    fl_axis_bounds(a, o1 - 1, &c, &xmin1, &n1);
-    /* Bounds are monotonic in the output index, so the ends bound the union. */
-    a->in_lo = lo + xmin0;
-    a->in_hi = lo + (xmin1 + n1 > xmin0 ? xmin1 + n1 : xmin0);
+    fl_axis_span(a);
+    if (a->in_lo < 0 || a->in_hi > len || a->in_hi <= a->in_lo)
+        return -1;
     return 0;
 }
 
 /* Fill lo/cnt/k (arrays of o1 - o0, and (o1 - o0) * ksize) exactly as
- * Pillow computes and rounds them; w is ksize doubles of work space. */
+ * Pillow computes and rounds them, and kmax; w is ksize doubles of work
+ * space. */
 static void
 fl_axis_fill(fl_axis *a, double *w)
 {
     double ss = 1.0 / a->filterscale;
+    a->kmax = 0;
     for (int xx = a->o0; xx < a->o1; xx++) {
         int i = xx - a->o0, xmin, n;
         double center;
@@ -422,12 +470,36 @@ fl_axis_fill(fl_axis *a, double *w)
             k[x] = 0;
         a->lo[i] = a->base + xmin - a->in_lo;
         a->cnt[i] = n;
+        if (n > a->kmax)
+            a->kmax = n;
     }
 }
 
-/* Give every output exactly ksize taps, so the horizontal pass can run a
- * fixed-length, fully unrolled loop: windows near the right edge slide left
- * and the weights move with them; the added taps weigh 0, so sums (and
+/* Reverse the order of the wanted outputs (a horizontal flip computed by
+ * the resample itself: every output is independent of the others). */
+static void
+fl_axis_reverse(fl_axis *a)
+{
+    const int n = a->o1 - a->o0, ks = a->ksize;
+    for (int i = 0, j = n - 1; i < j; i++, j--) {
+        int t = a->lo[i];
+        a->lo[i] = a->lo[j];
+        a->lo[j] = t;
+        t = a->cnt[i];
+        a->cnt[i] = a->cnt[j];
+        a->cnt[j] = t;
+        int32_t *ki = a->k + (size_t)i * ks, *kj = a->k + (size_t)j * ks;
+        for (int x = 0; x < ks; x++) {
+            int32_t v = ki[x];
+            ki[x] = kj[x];
+            kj[x] = v;
+        }
+    }
+}
+
+/* Give every output exactly ksize taps, so the portable horizontal pass can
+ * run a fixed-length, fully unrolled loop: windows near the right edge slide
+ * left and the weights move with them; the added taps weigh 0, so sums (and
  * results) are unchanged.  Needs the read span (in_hi - in_lo) >= ksize;
  * otherwise the axis stays variable-length. */
 static void
@@ -456,6 +528,7 @@ fl_clip8(int32_t v)
     v >>= FL_PREC;
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
+
 
 /* ------------------------------------------------------------------------ */
 /* Output tables and dtype conversion                                       */
@@ -518,57 +591,372 @@ fl_value_f32(const fl_tspec *t, int c, int v)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Row emitters: one finished uint8 row (out_w pixels, wc channels, in       */
-/* output order) -> output row oy through the table.                        */
+/* Resample kernels                                                         */
+/*                                                                          */
+/* Rows between the passes are planar: a row of n pixels with wc channels   */
+/* is wc planes of n bytes at a plane stride.  The horizontal pass reads    */
+/* planes (source rows are split first), so both passes work on runs of     */
+/* single-channel bytes; the output is CHW-shaped already.                  */
+/*                                                                          */
+/* Each kernel has a portable C version and an AVX2 version (picked at run  */
+/* time); both compute exactly Pillow's integer sums (non-negative weights, */
+/* 32-bit accumulators starting at 1 << 21), so the results are identical.  */
 /* ------------------------------------------------------------------------ */
 
-#define FL_DEFINE_EMIT(NAME, T)                                                            \
-    FL_HOT static void NAME(const fl_tspec *t, const void *lutv, const uint8_t *line, int wc,      \
-                     int out_w, int out_h, int oy, void *outv)                               \
-    {                                                                                        \
-        const T(*lut)[256] = (const T(*)[256])lutv;                                          \
-        T *out = (T *)outv;                                                                  \
-        int C = t->out_channels;                                                             \
-        if (t->layout == FL_LAYOUT_CHW) {                                                    \
-            for (int c = 0; c < C; c++) {                                                    \
-                const T *l = lut[c];                                                         \
-                T *d = out + ((size_t)c * out_h + oy) * out_w;                               \
-                if (wc == 1) {                                                               \
-                    for (int x = 0; x < out_w; x++)                                          \
-                        d[x] = l[line[x]];                                                   \
-                } else {                                                                     \
-                    const uint8_t *s = line + c;                                             \
-                    for (int x = 0; x < out_w; x++)                                          \
-                        d[x] = l[s[3 * x]];                                                  \
-                }                                                                            \
-            }                                                                                \
-        } else {                                                                             \
-            T *d = out + (size_t)oy * out_w * C;                                             \
-            if (C == 1) {                                                                    \
-                for (int x = 0; x < out_w; x++)                                              \
-                    d[x] = lut[0][line[x]];                                                  \
-            } else if (wc == 1) {                                                            \
-                for (int x = 0; x < out_w; x++) {                                            \
-                    uint8_t v = line[x];                                                     \
-                    d[3 * x] = lut[0][v];                                                    \
-                    d[3 * x + 1] = lut[1][v];                                                \
-                    d[3 * x + 2] = lut[2][v];                                                \
-                }                                                                            \
-            } else {                                                                         \
-                for (int x = 0; x < out_w; x++) {                                            \
-                    d[3 * x] = lut[0][line[3 * x]];                                          \
-                    d[3 * x + 1] = lut[1][line[3 * x + 1]];                                  \
-                    d[3 * x + 2] = lut[2][line[3 * x + 2]];                                  \
-                }                                                                            \
-            }                                                                                \
-        }                                                                                    \
+#define FL_HTAB_TAP 64   /* AVX2 horizontal table: bytes per (block, tap) */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+#define FL_X86_SIMD 1
+#include <immintrin.h>
+#define FL_AVX2 __attribute__((target("avx2")))
+#endif
+
+/* 1 when the AVX2 kernels run: the CPU has AVX2 and FASTLOADER_NO_AVX2 is
+ * unset (or "0"); the variable exists to test the portable kernels. */
+static int
+fl_use_avx2(void)
+{
+#ifdef FL_X86_SIMD
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FASTLOADER_NO_AVX2");
+        v = __builtin_cpu_supports("avx2") && !(e != NULL && e[0] != '\0' && strcmp(e, "0") != 0);
+        __atomic_store_n(&level, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+/* Split n interleaved RGB pixels into three planes (stride ps). */
+FL_HOT static void
+fl_split3_c(const uint8_t *s, int n, uint8_t *d, size_t ps)
+{
+    uint8_t *r = d, *g = d + ps, *b = d + 2 * ps;
+    for (int x = 0; x < n; x++, s += 3) {
+        r[x] = s[0];
+        g[x] = s[1];
+        b[x] = s[2];
+    }
+}
+
+/* Portable horizontal pass over wc planes: planes (stride ips, pixels from
+ * the axis' in_lo) -> out planes (stride ops), nh outputs each.  KS > 0 is a
+ * compile-time tap count (fixed axes), KS == 0 reads the per-output count. */
+#define FL_DEFINE_HPASS(KS)                                                                \
+    FL_HOT static void fl_hpass_c##KS(const fl_axis *ax, const uint8_t *planes, size_t ips, int wc, \
+                                      uint8_t *out, size_t ops, int nh)                    \
+    {                                                                                      \
+        const int ks = ax->ksize;                                                          \
+        for (int i = 0; i < nh; i++) {                                                     \
+            const int32_t *k = ax->k + (size_t)i * ks;                                     \
+            const uint8_t *p = planes + ax->lo[i];                                         \
+            const int n = (KS) ? (KS) : ax->cnt[i];                                        \
+            int32_t a0 = 1 << (FL_PREC - 1), a1 = a0, a2 = a0;                             \
+            if (wc == 3) {                                                                 \
+                for (int j = 0; j < n; j++) {                                              \
+                    a0 += p[j] * k[j];                                                     \
+                    a1 += p[ips + j] * k[j];                                               \
+                    a2 += p[2 * ips + j] * k[j];                                           \
+                }                                                                          \
+                out[ops + i] = fl_clip8(a1);                                               \
+                out[2 * ops + i] = fl_clip8(a2);                                           \
+            } else {                                                                       \
+                for (int j = 0; j < n; j++)                                                \
+                    a0 += p[j] * k[j];                                                     \
+            }                                                                              \
+            out[i] = fl_clip8(a0);                                                         \
+        }                                                                                  \
+    }
+
+FL_DEFINE_HPASS(0)
+FL_DEFINE_HPASS(3)
+FL_DEFINE_HPASS(5)
+FL_DEFINE_HPASS(7)
+FL_DEFINE_HPASS(9)
+
+typedef void (*fl_hpass_fn)(const fl_axis *, const uint8_t *, size_t, int, uint8_t *, size_t, int);
+
+/* The portable horizontal kernel for an axis (after fl_axis_make_fixed). */
+static fl_hpass_fn
+fl_hpass_pick(const fl_axis *ax)
+{
+    if (ax->fixed) {
+        switch (ax->ksize) {
+        case 3: return fl_hpass_c3;
+        case 5: return fl_hpass_c5;
+        case 7: return fl_hpass_c7;
+        case 9: return fl_hpass_c9;
+        default: break;
+        }
+    }
+    return fl_hpass_c0;
+}
+
+/* Portable vertical pass for one output row: n taps (weights k) of the rows
+ * rows[0..n) (len bytes each) -> d; acc is len int32 of scratch. */
+FL_HOT static void
+fl_vpass_c(const int32_t *k, int n, const uint8_t *const *rows, int32_t *acc, uint8_t *d, int len)
+{
+    for (int x = 0; x < len; x++)
+        acc[x] = 1 << (FL_PREC - 1);
+    for (int j = 0; j < n; j++) {
+        const uint8_t *s = rows[j];
+        const int32_t kj = k[j];
+        for (int x = 0; x < len; x++)
+            acc[x] += s[x] * kj;
+    }
+    for (int x = 0; x < len; x++)
+        d[x] = fl_clip8(acc[x]);
+}
+
+#ifdef FL_X86_SIMD
+/* AVX2 horizontal pass.  Outputs go in blocks of 8; lane l (outputs 4l..4l+3
+ * of the block) loads the 16 plane bytes from off[2 * block + l] and, for
+ * tap j, one byte shuffle puts each output's tap pixel, zero extended, in
+ * its 32-bit slot; a 32-bit multiply by the tap weights and an add follow.
+ * tab holds per block and tap the 32 shuffle bytes and the 8 weights (0 for
+ * missing taps, whose shuffle byte is 0x80 = zero).  Needs every output's
+ * taps within its lane's 16 bytes (fl_htab_build checks). */
+
+static int
+fl_htab_build(const fl_axis *a, int nh, int kb, int32_t *off, uint8_t *tab)
+{
+    const int nb = (nh + 7) / 8, ks = a->ksize;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+        for (int l = 0; l < 2; l++) {
+            int base = -1;
+            for (int q = 0; q < 4; q++) {
+                int i = 8 * b + 4 * l + q;
+                if (i < nh && a->cnt[i] > 0 && (base < 0 || a->lo[i] < base))
+                    base = a->lo[i];
+            }
+            if (base < 0)
+                base = 0;
+            off[2 * b + l] = base;
+            for (int q = 0; q < 4; q++) {
+                int i = 8 * b + 4 * l + q;
+                for (int j = 0; j < kb; j++) {
+                    uint8_t *ix = T + (size_t)j * FL_HTAB_TAP + 16 * l + 4 * q;
+                    int32_t w = 0;
+                    ix[0] = ix[1] = ix[2] = ix[3] = 0x80;
+                    if (i < nh && j < a->cnt[i]) {
+                        int p = a->lo[i] + j - base;
+                        if (p > 15)
+                            return -1;
+                        ix[0] = (uint8_t)p;
+                        w = a->k[(size_t)i * ks + j];
+                    }
+                    memcpy(T + (size_t)j * FL_HTAB_TAP + 32 + 4 * (4 * l + q), &w, sizeof w);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+FL_AVX2 static inline __m256i
+fl_load2x128(const uint8_t *p0, const uint8_t *p1)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p0)),
+                                   _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
+}
+
+/* acc += shuffle(d, tap j's bytes) * tap j's weights */
+#define FL_HTAP(acc, d, T, j)                                                                       \
+    acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(                                                  \
+        _mm256_shuffle_epi8(d, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP))), \
+        _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP + 32))))
+
+FL_AVX2 static inline __attribute__((always_inline)) void
+fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int kb, const int32_t *off,
+                   const uint8_t *tab, uint8_t *out, size_t ops)
+{
+    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    if (wc == 3) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+            const uint8_t *p0 = planes + off[2 * b], *p1 = planes + off[2 * b + 1];
+            const __m256i d0 = fl_load2x128(p0, p1);
+            const __m256i d1 = fl_load2x128(p0 + ips, p1 + ips);
+            const __m256i d2 = fl_load2x128(p0 + 2 * ips, p1 + 2 * ips);
+            __m256i a0 = rnd, a1 = rnd, a2 = rnd;
+            for (int j = 0; j < kb; j++) {
+                FL_HTAP(a0, d0, T, j);
+                FL_HTAP(a1, d1, T, j);
+                FL_HTAP(a2, d2, T, j);
+            }
+            a0 = _mm256_srai_epi32(a0, FL_PREC);
+            a1 = _mm256_srai_epi32(a1, FL_PREC);
+            a2 = _mm256_srai_epi32(a2, FL_PREC);
+            /* lane 0 bytes: a0[0..3] a1[0..3] a2[0..3] a2[0..3]; lane 1 the same for [4..7] */
+            __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a0, a1), _mm256_packus_epi32(a2, a2));
+            p = _mm256_permutevar8x32_epi32(p, perm);   /* a0[0..7] a1[0..7] a2[0..7] a2[0..7] */
+            __m128i lo = _mm256_castsi256_si128(p);
+            uint8_t *d = out + 8 * (size_t)b;
+            _mm_storel_epi64((__m128i *)(void *)d, lo);
+            _mm_storel_epi64((__m128i *)(void *)(d + ops), _mm_unpackhi_epi64(lo, lo));
+            _mm_storel_epi64((__m128i *)(void *)(d + 2 * ops), _mm256_extracti128_si256(p, 1));
+        }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+            const __m256i d0 = fl_load2x128(planes + off[2 * b], planes + off[2 * b + 1]);
+            __m256i a0 = rnd;
+            for (int j = 0; j < kb; j++)
+                FL_HTAP(a0, d0, T, j);
+            a0 = _mm256_srai_epi32(a0, FL_PREC);
+            __m256i p = _mm256_packus_epi32(a0, a0);
+            p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
+            _mm_storel_epi64((__m128i *)(void *)(out + 8 * (size_t)b), _mm256_castsi256_si128(p));
+        }
+    }
+}
+
+/* Writes 8 * ceil(nh / 8) bytes per output plane. */
+FL_AVX2 static void
+fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, const int32_t *off, const uint8_t *tab,
+              uint8_t *out, size_t ops)
+{
+    const int nb = (nh + 7) / 8;
+    switch (kb) {   /* constant tap counts unroll the tap loop */
+    case 2: fl_hpass_avx2_body(planes, ips, wc, nb, 2, off, tab, out, ops); break;
+    case 3: fl_hpass_avx2_body(planes, ips, wc, nb, 3, off, tab, out, ops); break;
+    case 4: fl_hpass_avx2_body(planes, ips, wc, nb, 4, off, tab, out, ops); break;
+    case 5: fl_hpass_avx2_body(planes, ips, wc, nb, 5, off, tab, out, ops); break;
+    case 6: fl_hpass_avx2_body(planes, ips, wc, nb, 6, off, tab, out, ops); break;
+    case 7: fl_hpass_avx2_body(planes, ips, wc, nb, 7, off, tab, out, ops); break;
+    default: fl_hpass_avx2_body(planes, ips, wc, nb, kb, off, tab, out, ops); break;
+    }
+}
+
+/* AVX2 vertical pass for one output row (see fl_vpass_c); accumulators stay
+ * in registers, 32 bytes at a time. */
+FL_AVX2 static void
+fl_vpass_avx2(const int32_t *k, int n, const uint8_t *const *rows, uint8_t *d, int len)
+{
+    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int x = 0;
+    for (; x + 32 <= len; x += 32) {
+        __m256i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
+        for (int j = 0; j < n; j++) {
+            const uint8_t *s = rows[j] + x;
+            const __m256i kj = _mm256_set1_epi32(k[j]);
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s)), kj));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 8))), kj));
+            a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 16))), kj));
+            a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 24))), kj));
+        }
+        a0 = _mm256_srai_epi32(a0, FL_PREC);
+        a1 = _mm256_srai_epi32(a1, FL_PREC);
+        a2 = _mm256_srai_epi32(a2, FL_PREC);
+        a3 = _mm256_srai_epi32(a3, FL_PREC);
+        __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a0, a1), _mm256_packus_epi32(a2, a3));
+        _mm256_storeu_si256((__m256i *)(void *)(d + x), _mm256_permutevar8x32_epi32(p, perm));
+    }
+    for (; x + 8 <= len; x += 8) {
+        __m256i a0 = rnd;
+        for (int j = 0; j < n; j++)
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(rows[j] + x))),
+                                                         _mm256_set1_epi32(k[j])));
+        a0 = _mm256_srai_epi32(a0, FL_PREC);
+        __m256i p = _mm256_packus_epi32(a0, a0);
+        p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
+        _mm_storel_epi64((__m128i *)(void *)(d + x), _mm256_castsi256_si128(p));
+    }
+    for (; x < len; x++) {
+        int32_t a = 1 << (FL_PREC - 1);
+        for (int j = 0; j < n; j++)
+            a += rows[j][x] * k[j];
+        d[x] = fl_clip8(a);
+    }
+}
+
+/* Split n interleaved RGB pixels into three planes (stride ps), 16 at a time. */
+FL_AVX2 static void
+fl_split3_avx2(const uint8_t *s, int n, uint8_t *d, size_t ps)
+{
+    uint8_t *r = d, *g = d + ps, *b = d + 2 * ps;
+    const __m128i ra = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i rb = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
+    const __m128i rc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
+    const __m128i ga = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i gb = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1);
+    const __m128i gc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14);
+    const __m128i ba = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i bb = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
+    const __m128i bc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
+    int x = 0;
+    for (; x + 16 <= n; x += 16, s += 48) {
+        __m128i A = _mm_loadu_si128((const __m128i *)(const void *)s);
+        __m128i B = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        __m128i C = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        _mm_storeu_si128((__m128i *)(void *)(r + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ra), _mm_shuffle_epi8(B, rb)), _mm_shuffle_epi8(C, rc)));
+        _mm_storeu_si128((__m128i *)(void *)(g + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ga), _mm_shuffle_epi8(B, gb)), _mm_shuffle_epi8(C, gc)));
+        _mm_storeu_si128((__m128i *)(void *)(b + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ba), _mm_shuffle_epi8(B, bb)), _mm_shuffle_epi8(C, bc)));
+    }
+    for (; x < n; x++, s += 3) {
+        r[x] = s[0];
+        g[x] = s[1];
+        b[x] = s[2];
+    }
+}
+#endif /* FL_X86_SIMD */
+
+
+/* ------------------------------------------------------------------------ */
+/* Row emitters: one finished uint8 row in output order, planar (wc planes  */
+/* of out_w bytes at stride ps) -> output row oy through the table.         */
+/* ------------------------------------------------------------------------ */
+
+#define FL_DEFINE_EMIT(NAME, T)                                                                     \
+    FL_HOT static void NAME(const fl_tspec *t, const void *lutv, const uint8_t *row, size_t ps, int wc, \
+                            int out_w, int out_h, int oy, void *outv)                                \
+    {                                                                                                \
+        const T(*lut)[256] = (const T(*)[256])lutv;                                                  \
+        T *out = (T *)outv;                                                                          \
+        const int C = t->out_channels;                                                               \
+        const size_t cs = wc == 1 ? 0 : ps;    /* a gray row serves every channel */                 \
+        if (t->layout == FL_LAYOUT_CHW) {                                                            \
+            for (int c = 0; c < C; c++) {                                                            \
+                const T *l = lut[c];                                                                 \
+                const uint8_t *s = row + (size_t)c * cs;                                             \
+                T *d = out + ((size_t)c * out_h + oy) * out_w;                                       \
+                if (sizeof(T) == 1 && t->dtype == FL_DT_U8)                                          \
+                    memcpy(d, s, (size_t)out_w);     /* the uint8 table is the identity */           \
+                else                                                                                 \
+                    for (int x = 0; x < out_w; x++)                                                  \
+                        d[x] = l[s[x]];                                                              \
+            }                                                                                        \
+        } else {                                                                                     \
+            T *d = out + (size_t)oy * out_w * C;                                                     \
+            if (C == 1) {                                                                            \
+                for (int x = 0; x < out_w; x++)                                                      \
+                    d[x] = lut[0][row[x]];                                                           \
+            } else {                                                                                 \
+                const uint8_t *s0 = row, *s1 = row + cs, *s2 = row + 2 * cs;                         \
+                for (int x = 0; x < out_w; x++) {                                                    \
+                    d[3 * x] = lut[0][s0[x]];                                                        \
+                    d[3 * x + 1] = lut[1][s1[x]];                                                    \
+                    d[3 * x + 2] = lut[2][s2[x]];                                                    \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
     }
 
 FL_DEFINE_EMIT(fl_emit_u8, uint8_t)
 FL_DEFINE_EMIT(fl_emit_u16, uint16_t)
 FL_DEFINE_EMIT(fl_emit_f32, float)
 
-typedef void (*fl_emit_fn)(const fl_tspec *, const void *, const uint8_t *, int, int, int, int, void *);
+typedef void (*fl_emit_fn)(const fl_tspec *, const void *, const uint8_t *, size_t, int, int, int, int, void *);
 
 /* ------------------------------------------------------------------------ */
 /* Scratch                                                                  */
@@ -603,174 +991,172 @@ fl_reserve(fl_layout *L, size_t n, size_t elsize)
     return off;
 }
 
-/* Horizontal pass kernels: one row s (source pixels from the axis' in_lo,
- * wc channels) -> d (nh resized pixels).  KS > 0 is a compile-time tap count
- * (fixed axes), KS == 0 reads the per-output count. */
-#define FL_HPASS_BODY(KS, WC)                                                             \
-    for (int i = 0; i < nh; i++) {                                                        \
-        const int32_t *k = ax->k + (size_t)i * ks;                                         \
-        const uint8_t *p = s + (size_t)ax->lo[i] * (WC);                                   \
-        const int n = (KS) ? (KS) : ax->cnt[i];                                            \
-        int32_t a0 = 1 << (FL_PREC - 1), a1 = a0, a2 = a0;                                 \
-        for (int j = 0; j < n; j++) {                                                      \
-            a0 += p[(WC) * j] * k[j];                                                      \
-            if ((WC) == 3) {                                                               \
-                a1 += p[3 * j + 1] * k[j];                                                 \
-                a2 += p[3 * j + 2] * k[j];                                                 \
-            }                                                                              \
-        }                                                                                  \
-        d[(WC) * i] = fl_clip8(a0);                                                        \
-        if ((WC) == 3) {                                                                   \
-            d[3 * i + 1] = fl_clip8(a1);                                                   \
-            d[3 * i + 2] = fl_clip8(a2);                                                   \
-        }                                                                                  \
-    }
+/* ------------------------------------------------------------------------ */
+/* Geometry: the plan mapped onto a buffer                                  */
+/* ------------------------------------------------------------------------ */
 
-#define FL_DEFINE_HPASS(KS)                                                                \
-    FL_HOT static void fl_hpass_k##KS(const fl_axis *ax, const uint8_t *s, uint8_t *d, int nh, int wc) \
-    {                                                                                      \
-        const int ks = ax->ksize;                                                          \
-        if (wc == 1) {                                                                     \
-            FL_HPASS_BODY(KS, 1)                                                           \
-        } else {                                                                           \
-            FL_HPASS_BODY(KS, 3)                                                           \
-        }                                                                                  \
-    }
+typedef struct {
+    int out_w, out_h;
+    int cx0, cx1, cy0, cy1;    /* output window ∩ resized image, resized coordinates */
+    int empty;                 /* the window misses the image */
+    fl_axis ax, ay;
+} fl_geom;
 
-FL_DEFINE_HPASS(0)
-FL_DEFINE_HPASS(3)
-FL_DEFINE_HPASS(5)
-FL_DEFINE_HPASS(7)
-FL_DEFINE_HPASS(9)
-
-typedef void (*fl_hpass_fn)(const fl_axis *, const uint8_t *, uint8_t *, int, int);
-
-/* The horizontal kernel for an axis (after fl_axis_make_fixed). */
-static fl_hpass_fn
-fl_hpass_pick(const fl_axis *ax)
+/* Check the plan and map it onto a vw x vh buffer at origin (ox, oy) and
+ * scale (sx, sy).  Returns 0, -1 for an invalid plan, -2 when the box
+ * misses the buffer. */
+static int
+fl_geom_setup(const fl_tspec *t, const fl_plan *plan, int vw, int vh, double ox, double oy, double sx, double sy,
+              fl_geom *g)
 {
-    if (ax->fixed) {
-        switch (ax->ksize) {
-        case 3: return fl_hpass_k3;
-        case 5: return fl_hpass_k5;
-        case 7: return fl_hpass_k7;
-        case 9: return fl_hpass_k9;
-        default: break;
-        }
-    }
-    return fl_hpass_k0;
+    memset(g, 0, sizeof *g);
+    g->out_w = t->out_w ? t->out_w : plan->out_w;
+    g->out_h = t->out_w ? t->out_h : plan->out_h;
+    const int out_w = g->out_w, out_h = g->out_h;
+    if (plan->box_w <= 0 || plan->box_h <= 0 || plan->rs_w <= 0 || plan->rs_h <= 0 || plan->rs_w > FL_MAX_DIM
+        || plan->rs_h > FL_MAX_DIM || out_w <= 0 || out_h <= 0 || out_w > FL_MAX_DIM || out_h > FL_MAX_DIM
+        || plan->box_w > FL_MAX_DIM || plan->box_h > FL_MAX_DIM || plan->box_x < -FL_MAX_DIM
+        || plan->box_x > FL_MAX_DIM || plan->box_y < -FL_MAX_DIM || plan->box_y > FL_MAX_DIM
+        || plan->win_x < -FL_MAX_DIM || plan->win_x > FL_MAX_DIM || plan->win_y < -FL_MAX_DIM
+        || plan->win_y > FL_MAX_DIM)
+        return -1;
+    g->cx0 = plan->win_x > 0 ? plan->win_x : 0;
+    g->cx1 = plan->win_x + out_w < plan->rs_w ? plan->win_x + out_w : plan->rs_w;
+    g->cy0 = plan->win_y > 0 ? plan->win_y : 0;
+    g->cy1 = plan->win_y + out_h < plan->rs_h ? plan->win_y + out_h : plan->rs_h;
+    g->empty = g->cx1 <= g->cx0 || g->cy1 <= g->cy0;
+    if (g->empty)
+        return 0;
+    double bx0 = plan->box_x * sx - ox;
+    double bx1 = (plan->box_x + (double)plan->box_w) * sx - ox;
+    double by0 = plan->box_y * sy - oy;
+    double by1 = (plan->box_y + (double)plan->box_h) * sy - oy;
+    if (fl_axis_setup(&g->ax, bx0, bx1, vw, plan->rs_w, g->cx0, g->cx1) < 0
+        || fl_axis_setup(&g->ay, by0, by1, vh, plan->rs_h, g->cy0, g->cy1) < 0)
+        return -2;
+    return 0;
 }
 
-/* One vertical pass row: taps rows[lo + j] (len bytes each) -> d. */
-FL_HOT static void
-fl_vpass_row(const fl_axis *ay, int i, const uint8_t *const *rows, int32_t *acc, uint8_t *d, int len)
+void
+fl_plan_source_window(const fl_tspec *t, const fl_plan *plan, int src_w, int src_h, int *x0, int *y0, int *x1,
+                      int *y1)
 {
-    const int32_t *k = ay->k + (size_t)i * ay->ksize;
-    for (int x = 0; x < len; x++)
-        acc[x] = 1 << (FL_PREC - 1);
-    for (int j = 0; j < ay->cnt[i]; j++) {
-        const uint8_t *s = rows[ay->lo[i] + j];
-        const int32_t kj = k[j];
-        for (int x = 0; x < len; x++)
-            acc[x] += s[x] * kj;
+    fl_geom g;
+    int rc = src_w > 0 && src_h > 0 ? fl_geom_setup(t, plan, src_w, src_h, 0.0, 0.0, 1.0, 1.0, &g) : -1;
+    if (rc < 0) {   /* nothing to narrow down: fl_render reports the error */
+        *x0 = *y0 = 0;
+        *x1 = src_w > 0 ? src_w : 0;
+        *y1 = src_h > 0 ? src_h : 0;
+    } else if (g.empty) {   /* all padding: any one pixel will do */
+        *x0 = plan->box_x < 0 ? 0 : plan->box_x >= src_w ? src_w - 1 : plan->box_x;
+        *y0 = plan->box_y < 0 ? 0 : plan->box_y >= src_h ? src_h - 1 : plan->box_y;
+        *x1 = *x0 + 1;
+        *y1 = *y0 + 1;
+    } else {
+        *x0 = g.ax.in_lo;
+        *x1 = g.ax.in_hi;
+        *y0 = g.ay.in_lo;
+        *y1 = g.ay.in_hi;
     }
-    for (int x = 0; x < len; x++)
-        d[x] = fl_clip8(acc[x]);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Render                                                                   */
 /* ------------------------------------------------------------------------ */
 
+static void
+fl_reverse_bytes(uint8_t *d, const uint8_t *s, int n)
+{
+    for (int x = 0; x < n; x++)
+        d[x] = s[n - 1 - x];
+}
+
 int
 fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
           char *msg, size_t msglen)
 {
-    int out_w = t->out_w ? t->out_w : plan->out_w;
-    int out_h = t->out_w ? t->out_h : plan->out_h;
     if (src == NULL || src->data == NULL || src->w <= 0 || src->h <= 0
         || (src->channels != 1 && src->channels != 3) || src->stride < (size_t)src->w * src->channels
         || !(src->scale_x > 0) || !(src->scale_y > 0)) {
         fl_set_msg(msg, msglen, "render: invalid source view");
         return -1;
     }
-    if (plan->box_w <= 0 || plan->box_h <= 0 || plan->rs_w <= 0 || plan->rs_h <= 0 || plan->rs_w > FL_MAX_DIM
-        || plan->rs_h > FL_MAX_DIM || out_w <= 0 || out_h <= 0 || out_w > FL_MAX_DIM || out_h > FL_MAX_DIM
-        || plan->box_w > FL_MAX_DIM || plan->box_h > FL_MAX_DIM || plan->box_x < -FL_MAX_DIM
-        || plan->box_x > FL_MAX_DIM || plan->box_y < -FL_MAX_DIM || plan->box_y > FL_MAX_DIM
-        || plan->win_x < -FL_MAX_DIM || plan->win_x > FL_MAX_DIM || plan->win_y < -FL_MAX_DIM
-        || plan->win_y > FL_MAX_DIM) {
+    fl_geom g;
+    int grc = fl_geom_setup(t, plan, src->w, src->h, src->origin_x, src->origin_y, src->scale_x, src->scale_y, &g);
+    if (grc == -1) {
         fl_set_msg(msg, msglen, "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d)", plan->box_w,
-                   plan->box_h, plan->rs_w, plan->rs_h, out_w, out_h);
+                   plan->box_h, plan->rs_w, plan->rs_h, g.out_w, g.out_h);
         return -1;
     }
+    if (grc == -2) {
+        fl_set_msg(msg, msglen, "render: crop box (%d, %d, %d, %d) lies outside the decoded %d x %d buffer",
+                   plan->box_x, plan->box_y, plan->box_w, plan->box_h, src->w, src->h);
+        return -1;
+    }
+    const int out_w = g.out_w, out_h = g.out_h;
     const int C = t->out_channels;
     const int gray_in = src->channels == 1;
     const int to_gray = src->channels == 3 && C == 1;   /* convert("L") before resizing */
     const int wc = gray_in || to_gray ? 1 : 3;          /* working channels */
+    const int empty = g.empty;
+    const int cx0 = g.cx0, cx1 = g.cx1, cy0 = g.cy0, cy1 = g.cy1;
+    fl_axis *ax = &g.ax, *ay = &g.ay;
+    const int simd = fl_use_avx2();
 
-    /* Output window ∩ resized image, in resized coordinates. */
-    int cx0 = plan->win_x > 0 ? plan->win_x : 0;
-    int cx1 = plan->win_x + out_w < plan->rs_w ? plan->win_x + out_w : plan->rs_w;
-    int cy0 = plan->win_y > 0 ? plan->win_y : 0;
-    int cy1 = plan->win_y + out_h < plan->rs_h ? plan->win_y + out_h : plan->rs_h;
-    int empty = cx1 <= cx0 || cy1 <= cy0;
-
-    fl_axis ax, ay;
-    memset(&ax, 0, sizeof ax);
-    memset(&ay, 0, sizeof ay);
-    if (!empty) {
-        double bx0 = plan->box_x * src->scale_x - src->origin_x;
-        double bx1 = (plan->box_x + (double)plan->box_w) * src->scale_x - src->origin_x;
-        double by0 = plan->box_y * src->scale_y - src->origin_y;
-        double by1 = (plan->box_y + (double)plan->box_h) * src->scale_y - src->origin_y;
-        if (fl_axis_setup(&ax, bx0, bx1, src->w, plan->rs_w, cx0, cx1) < 0
-            || fl_axis_setup(&ay, by0, by1, src->h, plan->rs_h, cy0, cy1) < 0) {
-            fl_set_msg(msg, msglen, "render: crop box (%d, %d, %d, %d) lies outside the decoded %d x %d buffer",
-                       plan->box_x, plan->box_y, plan->box_w, plan->box_h, src->w, src->h);
-            return -1;
-        }
-    }
     const int nh = empty ? 0 : cx1 - cx0;              /* resized columns computed */
     const int nv = empty ? 0 : cy1 - cy0;              /* resized rows computed */
-    const int sx0 = ax.in_lo, sw = empty ? 0 : ax.in_hi - ax.in_lo;   /* source columns read */
-    const int sy0 = ay.in_lo, sh = empty ? 0 : ay.in_hi - ay.in_lo;   /* source rows read */
+    const int sx0 = ax->in_lo, sw = empty ? 0 : ax->in_hi - ax->in_lo;   /* source columns read */
+    const int sy0 = ay->in_lo, sh = empty ? 0 : ay->in_hi - ay->in_lo;   /* source rows read */
 
     /* Pass order, as Pillow >= 12 chooses it: vertical first when the height
      * shrinks by more than twice as many pixels as the width (older Pillow
      * always ran horizontal first).  Only matters when both axes resample. */
-    const int both = !empty && ax.need && ay.need;
-    const int vfirst = both && (ay.insize - plan->rs_h) > 0
-                       && (ay.insize - plan->rs_h) > (ax.insize - plan->rs_w) * 2;
-    const int htmp = !empty && ax.need && !vfirst;   /* horizontal pass over all rows up front */
+    const int both = !empty && ax->need && ay->need;
+    const int vfirst = both && (ay->insize - plan->rs_h) > 0
+                       && (ay->insize - plan->rs_h) > (ax->insize - plan->rs_w) * 2;
+    const int hneed = !empty && ax->need;
+    const int htmp = hneed && !vfirst;   /* horizontal pass over all rows up front */
+    /* Plane stride of horizontally resampled rows (the AVX2 kernel writes
+     * whole blocks of 8); every byte of it is written. */
+    const int nhp = hneed && simd ? (nh + 7) & ~7 : nh;
+    const size_t ips = ((size_t)sw + 31) / 32 * 32 + 32;   /* split source planes, 16+ bytes of slack */
     /* Width in bytes of the rows the vertical pass combines. */
-    const int vlen = (ax.need && vfirst ? sw : nh) * wc;
+    const int vlen = hneed ? (vfirst ? sw * wc : nhp * wc) : nh * wc;
 
     /* Scratch layout. */
     fl_layout L = {0, 0};
-    size_t o_hk = 0, o_hlo = 0, o_hcnt = 0, o_vk = 0, o_vlo = 0, o_vcnt = 0;
-    size_t o_gray = 0, o_work = 0, o_tmp = 0, o_rows = 0, o_acc = 0, o_vrow = 0, o_hrow = 0;
+    size_t o_hk = 0, o_hlo = 0, o_hcnt = 0, o_vk = 0, o_vlo = 0, o_vcnt = 0, o_htab = 0, o_hoff = 0;
+    size_t o_gray = 0, o_work = 0, o_tmp = 0, o_rows = 0, o_acc = 0, o_vrow = 0, o_hrow = 0, o_planes = 0;
+    size_t o_prow = 0;
     size_t o_line = fl_reserve(&L, (size_t)out_w * wc, 1);
     size_t lut_es = t->dtype == FL_DT_F32 ? 4 : t->dtype == FL_DT_U8 ? 1 : 2;
     size_t o_lut = fl_reserve(&L, 3 * 256, lut_es);
     if (!empty) {
-        if (ax.need) {
-            o_hk = fl_reserve(&L, (size_t)nh * ax.ksize, sizeof(int32_t));
+        if (ax->need) {
+            o_hk = fl_reserve(&L, (size_t)nh * ax->ksize, sizeof(int32_t));
             o_hlo = fl_reserve(&L, (size_t)nh, sizeof(int));
             o_hcnt = fl_reserve(&L, (size_t)nh, sizeof(int));
+            if (simd) {
+                o_htab = fl_reserve(&L, (size_t)nhp / 8 * ax->ksize, FL_HTAB_TAP);
+                o_hoff = fl_reserve(&L, (size_t)nhp / 8 * 2, sizeof(int32_t));
+            }
+            o_planes = fl_reserve(&L, ips * wc, 1);
             if (htmp)
-                o_tmp = fl_reserve(&L, (size_t)sh * nh * wc, 1);
+                o_tmp = fl_reserve(&L, (size_t)sh * nhp * wc, 1);
             else
-                o_hrow = fl_reserve(&L, (size_t)nh * wc, 1);
+                o_hrow = fl_reserve(&L, (size_t)nhp * wc, 1);
+        } else {
+            o_prow = fl_reserve(&L, (size_t)nh * wc, 1);
         }
-        if (ay.need) {
-            o_vk = fl_reserve(&L, (size_t)nv * ay.ksize, sizeof(int32_t));
+        if (ay->need) {
+            o_vk = fl_reserve(&L, (size_t)nv * ay->ksize, sizeof(int32_t));
             o_vlo = fl_reserve(&L, (size_t)nv, sizeof(int));
             o_vcnt = fl_reserve(&L, (size_t)nv, sizeof(int));
-            o_acc = fl_reserve(&L, (size_t)vlen, sizeof(int32_t));
+            if (!simd)
+                o_acc = fl_reserve(&L, (size_t)vlen, sizeof(int32_t));
             o_vrow = fl_reserve(&L, (size_t)vlen, 1);
         }
-        o_work = fl_reserve(&L, (size_t)(ax.ksize > ay.ksize ? ax.ksize : ay.ksize), sizeof(double));
+        o_work = fl_reserve(&L, (size_t)(ax->ksize > ay->ksize ? ax->ksize : ay->ksize), sizeof(double));
         if (to_gray)
             o_gray = fl_reserve(&L, (size_t)sh * sw, 1);
         o_rows = fl_reserve(&L, (size_t)sh, sizeof(uint8_t *));
@@ -819,51 +1205,101 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     if (empty) {   /* the window misses the image: all padding */
         memset(line, 0, (size_t)out_w * wc);
         for (int oy = 0; oy < out_h; oy++)
-            emit(t, lut, line, wc, out_w, out_h, oy, out);
+            emit(t, lut, line, (size_t)out_w, wc, out_w, out_h, oy, out);
         return 0;
     }
 
-    /* Working source: rows sy0.., columns sx0.., wc channels. */
+    /* Working source: rows sy0.., columns sx0.., wc channels interleaved. */
     const uint8_t *wsrc;
     size_t wstride;
     if (to_gray) {
-        uint8_t *g = S + o_gray;
+        uint8_t *gr = S + o_gray;
         for (int y = 0; y < sh; y++) {
             const uint8_t *s = src->data + (size_t)(sy0 + y) * src->stride + (size_t)sx0 * 3;
-            uint8_t *d = g + (size_t)y * sw;
+            uint8_t *d = gr + (size_t)y * sw;
             for (int x = 0; x < sw; x++, s += 3)   /* Pillow's convert("L"): ITU-R 601-2 luma, 16-bit fixed point */
                 d[x] = (uint8_t)((s[0] * 19595u + s[1] * 38470u + s[2] * 7471u + 0x8000u) >> 16);
         }
-        wsrc = g;
+        wsrc = gr;
         wstride = (size_t)sw;
     } else {
         wsrc = src->data + (size_t)sy0 * src->stride + (size_t)sx0 * wc;
         wstride = src->stride;
     }
 
+    /* Coefficients (once per call), horizontal ones in output order. */
     double *work = (double *)(void *)(S + o_work);
-    if (ax.need) {
-        ax.k = (int32_t *)(void *)(S + o_hk);
-        ax.lo = (int *)(void *)(S + o_hlo);
-        ax.cnt = (int *)(void *)(S + o_hcnt);
-        fl_axis_fill(&ax, work);
-        fl_axis_make_fixed(&ax);
+    int hsimd = 0;
+    fl_hpass_fn hpass_c = NULL;
+    int32_t *hoff = NULL;
+    uint8_t *htab = NULL;
+    if (ax->need) {
+        ax->k = (int32_t *)(void *)(S + o_hk);
+        ax->lo = (int *)(void *)(S + o_hlo);
+        ax->cnt = (int *)(void *)(S + o_hcnt);
+        fl_axis_fill(ax, work);
+        if (plan->flip)
+            fl_axis_reverse(ax);
+#ifdef FL_X86_SIMD
+        if (simd) {
+            hoff = (int32_t *)(void *)(S + o_hoff);
+            htab = S + o_htab;
+            hsimd = fl_htab_build(ax, nh, ax->kmax, hoff, htab) == 0;
+        }
+#endif
+        if (!hsimd) {
+            fl_axis_make_fixed(ax);
+            hpass_c = fl_hpass_pick(ax);
+        }
     }
-    fl_hpass_fn hpass = ax.need ? fl_hpass_pick(&ax) : NULL;
-    if (ay.need) {
-        ay.k = (int32_t *)(void *)(S + o_vk);
-        ay.lo = (int *)(void *)(S + o_vlo);
-        ay.cnt = (int *)(void *)(S + o_vcnt);
-        fl_axis_fill(&ay, work);
+    if (ay->need) {
+        ay->k = (int32_t *)(void *)(S + o_vk);
+        ay->lo = (int *)(void *)(S + o_vlo);
+        ay->cnt = (int *)(void *)(S + o_vcnt);
+        fl_axis_fill(ay, work);
     }
+    uint8_t *planes = S + o_planes;
+    if (ax->need)   /* the AVX2 loads may reach into the slack: keep it defined */
+        for (int c = 0; c < wc; c++)
+            memset(planes + (size_t)c * ips + sw, 0, ips - (size_t)sw);
+
+/* Horizontal pass of one interleaved row s (sw pixels) into d (planes of nhp). */
+#ifdef FL_X86_SIMD
+#define FL_HROW(s, d)                                                                      \
+    do {                                                                                   \
+        if (hsimd) {                                                                       \
+            if (wc == 3)                                                                   \
+                fl_split3_avx2((s), sw, planes, ips);                                      \
+            else                                                                           \
+                memcpy(planes, (s), (size_t)sw);                                           \
+            fl_hpass_avx2(planes, ips, wc, nh, ax->kmax, hoff, htab, (d), (size_t)nhp);    \
+        } else if (wc == 3) {                                                              \
+            fl_split3_c((s), sw, planes, ips);                                             \
+            hpass_c(ax, planes, ips, wc, (d), (size_t)nhp, nh);                            \
+        } else {                                                                           \
+            hpass_c(ax, (s), ips, wc, (d), (size_t)nhp, nh);                               \
+        }                                                                                  \
+    } while (0)
+#else
+#define FL_HROW(s, d)                                                                      \
+    do {                                                                                   \
+        if (wc == 3) {                                                                     \
+            fl_split3_c((s), sw, planes, ips);                                             \
+            hpass_c(ax, planes, ips, wc, (d), (size_t)nhp, nh);                            \
+        } else {                                                                           \
+            hpass_c(ax, (s), ips, wc, (d), (size_t)nhp, nh);                               \
+        }                                                                                  \
+    } while (0)
+#endif
 
     /* rows[y]: the vertical pass's input row for source row sy0 + y, either
-     * the horizontally resampled row (horizontal first) or the source row. */
+     * the horizontally resampled row (planar; horizontal first) or the
+     * source row (interleaved). */
     const uint8_t **rows = (const uint8_t **)(void *)(S + o_rows);
     for (int y = 0; y < sh; y++) {
         if (htmp) {
-            uint8_t *d = S + o_tmp + (size_t)y * nh * wc;
-            hpass(&ax, wsrc + (size_t)y * wstride, d, nh, wc);
+            uint8_t *d = S + o_tmp + (size_t)y * nhp * wc;
+            FL_HROW(wsrc + (size_t)y * wstride, d);
             rows[y] = d;
         } else {
             rows[y] = wsrc + (size_t)y * wstride;
@@ -871,8 +1307,7 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     }
 
     int32_t *acc = (int32_t *)(void *)(S + o_acc);
-    uint8_t *vrow = S + o_vrow, *hrow = S + o_hrow;
-    const int rowlen = nh * wc;
+    uint8_t *vrow = S + o_vrow, *hrow = S + o_hrow, *prow = S + o_prow;
     /* Output columns that come from the image (the rest is padding). */
     const int ox_lo = plan->flip ? out_w - (cx1 - plan->win_x) : cx0 - plan->win_x;
 
@@ -880,40 +1315,70 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
         int ry = plan->win_y + oy;
         if (ry < cy0 || ry >= cy1) {
             memset(line, 0, (size_t)out_w * wc);
-            emit(t, lut, line, wc, out_w, out_h, oy, out);
+            emit(t, lut, line, (size_t)out_w, wc, out_w, out_h, oy, out);
             continue;
         }
-        const uint8_t *r;
-        if (ay.need) {
-            fl_vpass_row(&ay, ry - cy0, rows, acc, vrow, vlen);
+        const uint8_t *r;     /* the finished row: planar, nh pixels in output order */
+        size_t ps;            /* its plane stride */
+        if (ay->need) {
+            const int i = ry - cy0;
+            const int32_t *k = ay->k + (size_t)i * ay->ksize;
+            const uint8_t *const *rr = rows + ay->lo[i];
+#ifdef FL_X86_SIMD
+            if (simd)
+                fl_vpass_avx2(k, ay->cnt[i], rr, vrow, vlen);
+            else
+#endif
+                fl_vpass_c(k, ay->cnt[i], rr, acc, vrow, vlen);
             r = vrow;
         } else {
             r = rows[ry - cy0];
         }
-        if (ax.need && !htmp) {   /* vertical first: now the horizontal pass */
-            hpass(&ax, r, hrow, nh, wc);
-            r = hrow;
-        }
-        /* Window + flip into output order, zero padding outside the image. */
-        if (ox_lo > 0)
-            memset(line, 0, (size_t)ox_lo * wc);
-        if (ox_lo + nh < out_w)
-            memset(line + (size_t)(ox_lo + nh) * wc, 0, (size_t)(out_w - ox_lo - nh) * wc);
-        uint8_t *d = line + (size_t)ox_lo * wc;
-        if (!plan->flip) {
-            memcpy(d, r, (size_t)rowlen);
-        } else if (wc == 1) {
-            for (int x = 0; x < nh; x++)
-                d[x] = r[nh - 1 - x];
-        } else {
-            for (int x = 0; x < nh; x++) {
-                const uint8_t *p = r + 3 * (nh - 1 - x);
-                d[3 * x] = p[0];
-                d[3 * x + 1] = p[1];
-                d[3 * x + 2] = p[2];
+        if (hneed) {
+            if (!htmp) {   /* vertical first: now the horizontal pass */
+                FL_HROW(r, hrow);
+                r = hrow;
             }
+            ps = (size_t)nhp;
+        } else {           /* no horizontal resample: split and flip here */
+            if (wc == 3) {
+#ifdef FL_X86_SIMD
+                if (simd)
+                    fl_split3_avx2(r, nh, prow, (size_t)nh);
+                else
+#endif
+                    fl_split3_c(r, nh, prow, (size_t)nh);
+                if (plan->flip)
+                    for (int c = 0; c < 3; c++) {
+                        uint8_t *p = prow + (size_t)c * nh;
+                        for (int a = 0, b = nh - 1; a < b; a++, b--) {
+                            uint8_t v = p[a];
+                            p[a] = p[b];
+                            p[b] = v;
+                        }
+                    }
+                r = prow;
+            } else if (plan->flip) {
+                fl_reverse_bytes(prow, r, nh);
+                r = prow;
+            }
+            ps = (size_t)nh;
         }
-        emit(t, lut, line, wc, out_w, out_h, oy, out);
+        if (ox_lo == 0 && nh == out_w) {   /* no horizontal padding: emit straight from the row */
+            emit(t, lut, r, ps, wc, out_w, out_h, oy, out);
+            continue;
+        }
+        /* Window into output order, zero padding outside the image. */
+        for (int c = 0; c < wc; c++) {
+            uint8_t *d = line + (size_t)c * out_w;
+            if (ox_lo > 0)
+                memset(d, 0, (size_t)ox_lo);
+            if (ox_lo + nh < out_w)
+                memset(d + ox_lo + nh, 0, (size_t)(out_w - ox_lo - nh));
+            memcpy(d + ox_lo, r + (size_t)c * ps, (size_t)nh);
+        }
+        emit(t, lut, line, (size_t)out_w, wc, out_w, out_h, oy, out);
     }
+#undef FL_HROW
     return 0;
 }

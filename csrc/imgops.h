@@ -110,10 +110,27 @@ void fl_scratch_free(fl_scratch *s);
  * 256-entry table (float32 exactly as torch computes ToTensor/ToDtype then
  * Normalize; float16/bfloat16 rounded to nearest even from that float32),
  * layout.  At full scale (scale 1, origin 0) the uint8 result equals
- * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window.
+ * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window; a
+ * full-scale view at an integer origin that holds at least the rectangle
+ * fl_plan_source_window reports gives the same bytes as the whole image.
  * No GIL.  Returns 0, or -1 with msg filled (out of memory; invalid plan).
  * On error the contents of out are unspecified. */
 int fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
               char *msg, size_t msglen);
+
+/* The smallest rectangle [x0, x1) x [y0, y1) of full-resolution source
+ * pixels (the source is src_w x src_h) that fl_render reads for this plan:
+ * the union of the filter taps of the resized rows/columns that land in the
+ * output window, clipped to the crop box (for RandomResizedCrop: the box;
+ * for Resize + CenterCrop: the taps of the centre window).  A view holding
+ * exactly that rectangle (w = x1 - x0, h = y1 - y0, origin_x = x0,
+ * origin_y = y0, scale 1), or any larger full-scale rectangle, renders
+ * bit-identically to the whole image.  Always within the image and
+ * non-empty for a valid plan whose box lies inside the image (every plan
+ * fl_plan_sample makes); a window that misses the image (all padding)
+ * gives a 1 x 1 rectangle at the box origin; an invalid plan or size gives
+ * the whole image (fl_render then reports the error).  No GIL; pure. */
+void fl_plan_source_window(const fl_tspec *t, const fl_plan *plan, int src_w, int src_h, int *x0, int *y0, int *x1,
+                           int *y1);
 
 #endif

@@ -189,16 +189,19 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
         snprintf(err->msg, sizeof err->msg, "%s: %s", path, msg);
         return -1;
     }
-    /* region in source pixels: the crop box (cropping comes first in
-     * torchvision, so nothing outside it can influence the result) */
+    /* region in source pixels: exactly what the render reads (the crop box
+     * for RandomResizedCrop, the filter support of the centre window for
+     * Resize + CenterCrop), so nothing else is decoded */
     int m = 8;
     if (ds->dct_scaling)
         m = fl_native_choose_scale(plan.box_w, plan.box_h, plan.rs_w, plan.rs_h);
+    int wx0, wy0, wx1, wy1;
+    fl_plan_source_window(&ds->spec, &plan, info.width, info.height, &wx0, &wy0, &wx1, &wy1);
     int sw, sh;
     fl_jpeg_scaled_size(&info, m, &sw, &sh);
     double fx = (double)sw / info.width, fy = (double)sh / info.height;
-    int x0 = (int)floor(plan.box_x * fx), y0 = (int)floor(plan.box_y * fy);
-    int x1 = (int)ceil((plan.box_x + plan.box_w) * fx), y1 = (int)ceil((plan.box_y + plan.box_h) * fy);
+    int x0 = (int)floor(wx0 * fx), y0 = (int)floor(wy0 * fy);
+    int x1 = (int)ceil(wx1 * fx), y1 = (int)ceil(wy1 * fy);
     if (x1 > sw)
         x1 = sw;
     if (y1 > sh)
@@ -230,7 +233,8 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
     return 0;
 jpeg_error:
     err->code = jerr.code ? jerr.code : FL_ERR_DECODE;
-    snprintf(err->msg, sizeof err->msg, "%s: %s", path, jerr.msg);
+    /* path and reason may not both fit: the path is cut first */
+    snprintf(err->msg, sizeof err->msg, "%.*s: %s", (int)(sizeof err->msg / 2), path, jerr.msg);
     w->decode_ns += fl_now_ns() - t1;
     return -1;
 }

@@ -466,7 +466,20 @@ engine_dealloc(EngineObject *self)
     Py_DECREF(tp);
 }
 
+/* set_active(n) -> int: let only workers 0..n-1 take jobs (autotune). */
+static PyObject *
+engine_set_active(EngineObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (check_open(self) < 0)
+        return NULL;
+    return PyLong_FromLong(fl_engine_set_active(self->engine, (int)n));
+}
+
 static PyMethodDef engine_methods[] = {
+    {"set_active", (PyCFunction)engine_set_active, METH_O, "set_active(n) -> int: workers 0..n-1 take jobs"},
     {"submit", (PyCFunction)(void (*)(void))engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(seq, payload, worker=-1): queue a job; worker pins it to one thread."},
     {"wait", (PyCFunction)(void (*)(void))engine_wait, METH_VARARGS | METH_KEYWORDS,

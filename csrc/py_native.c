@@ -730,7 +730,20 @@ neng_get_closed(NativeEngineObject *self, void *Py_UNUSED(c))
     return PyBool_FromLong(self->engine == NULL);
 }
 
+/* set_active(n) -> int: let only workers 0..n-1 take jobs (autotune). */
+static PyObject *
+neng_set_active(NativeEngineObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (neng_check(self) < 0)
+        return NULL;
+    return PyLong_FromLong(fl_engine_set_active(self->engine, (int)n));
+}
+
 static PyMethodDef neng_methods[] = {
+    {"set_active", (PyCFunction)neng_set_active, METH_O, "set_active(n) -> int: workers 0..n-1 take jobs"},
     {"submit", (PyCFunction)neng_submit, METH_VARARGS, "submit(seq, indices, epoch, seed)"},
     {"wait", (PyCFunction)neng_wait, METH_VARARGS,
      "wait(seq, timeout=None) -> (seq, worker, (images, labels, events, failed)) or None on timeout"},

@@ -420,6 +420,19 @@ def _batch_len(batch):
     return 1
 
 
+def auto_worker_limit():
+    """Threads num_workers='auto' may use: the usable CPUs (affinity and
+    cgroup quota), shared among the ranks on this node (LOCAL_WORLD_SIZE)."""
+    from .doctor import check_cpus
+
+    usable = check_cpus()["usable_cpus"]
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, usable // ranks)
+
+
 def _usable_cpus():
     try:
         return len(os.sched_getaffinity(0))
@@ -479,6 +492,7 @@ class _Iter:
         self._t_start = time.perf_counter()
         self._wait_s = 0.0
         self._samples = 0
+        self._auto = False
         self._gil_checked = False
         # Native image datasets with default collation: workers build whole
         # batches in C without the GIL (csrc/native.c).
@@ -490,6 +504,7 @@ class _Iter:
         if self._num_workers == 0:
             return
         _patch_torch_worker_info()
+        self._prefetch_factor = loader.prefetch_factor
         if self._native is not None:
             if self._engine is None or self._engine.closed:
                 self._engine = _C.NativeEngine(self._num_workers, self._native._native)
@@ -497,6 +512,7 @@ class _Iter:
                 self._engine.reset()
             self._stats0 = None
             self._window = loader.prefetch_factor * self._num_workers
+            self._auto_start(loader)
             self._top_up()
             return
         if self._engine is None or self._engine.closed:
@@ -507,10 +523,66 @@ class _Iter:
             self._engine.reset()
         self._stats0 = self._engine.worker_stats()
         self._window = loader.prefetch_factor * self._num_workers
+        if not iterable:  # iterable datasets pin jobs to every worker
+            self._auto_start(loader)
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         self._pinned = {}         # seq -> worker for iterable datasets
         self._top_up()
+
+    # -- num_workers="auto" ---------------------------------------------------------
+    # The engine starts `num_workers` threads (the usable CPUs); the
+    # controller lets only some take jobs (the prefetch window stays sized for
+    # all of them, so parking a thread never drains the queue).  It starts one below the usable
+    # CPUs (a core for the training loop), adds a worker while the consumer
+    # still waits for data, and parks one while the others have enough spare
+    # time to carry its load without the consumer waiting.
+    _AUTO_WINDOW_S = 0.5
+
+    def _auto_start(self, loader):
+        self._auto = bool(getattr(loader, "_fl_auto", False))
+        if not self._auto:
+            return
+        n = self._num_workers
+        self._auto_n = max(1, n - 1) if n > 1 else 1
+        self._engine.set_active(self._auto_n)
+        self._auto_snap = None
+        self._auto_calm = 0
+        self._auto_hungry = 0
+        self._auto_history = [(0.0, self._auto_n)]
+
+    def _autotune(self):
+        now = time.perf_counter()
+        snap = self._auto_snap
+        if snap is None or now - snap[0] >= self._AUTO_WINDOW_S:
+            busy = [w["busy_s"] for w in self._engine.worker_stats()]
+            self._auto_snap = (now, self._wait_s, busy)
+            if snap is None:
+                return
+            wall = now - snap[0]
+            wait_frac = (self._wait_s - snap[1]) / wall
+            used = sum(b1 - b0 for b1, b0 in zip(busy, snap[2])) / wall  # worker-seconds per second
+            n = self._auto_n
+            if wait_frac > 0.05 and n < self._num_workers:
+                # two windows in a row, so one late batch does not add a thread
+                self._auto_hungry += 1
+                self._auto_calm = 0
+                if self._auto_hungry >= 2 or wait_frac > 0.3:
+                    n += 1
+                    self._auto_hungry = 0
+            elif wait_frac < 0.01 and n > 1:
+                self._auto_hungry = 0
+                self._auto_calm += 1
+                # n - 1 workers could carry the load with 15% to spare
+                if self._auto_calm >= 3 and used < (n - 1) * 0.85:
+                    n -= 1
+                    self._auto_calm = 0
+            else:
+                self._auto_calm = 0
+                self._auto_hungry = 0
+            if n != self._auto_n:
+                self._auto_n = self._engine.set_active(n)
+                self._auto_history.append((round(now - self._t_start, 3), self._auto_n))
 
     def _next_worker(self):
         for _ in range(self._num_workers):
@@ -623,6 +695,8 @@ class _Iter:
             self._done += 1
             if self._in_order:
                 self._rcvd += 1
+            if self._auto:
+                self._autotune()
             if self._native is not None:
                 self._num_yielded += 1
                 out = self._native._finish(result, self._ep.epoch, self._native_seed, seq)
@@ -659,6 +733,9 @@ class _Iter:
             "queue_depth": max(0, self._send - self._done) if self._num_workers else 0,
             "native": self._native is not None,
         }
+        if self._auto:
+            out["num_workers_auto"] = self._auto_n
+            out["autotune_history"] = list(self._auto_history)  # (seconds into the epoch, workers)
         eng = self._engine
         workers = eng.worker_stats() if eng is not None and not eng.closed else []
         out["workers"] = workers
@@ -808,6 +885,11 @@ class DataLoader(_Base):
             warnings.warn(
                 "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
                 "process, so there is no start method to choose.", UserWarning, stacklevel=2)
+        auto = isinstance(num_workers, str)
+        if auto:
+            if num_workers != "auto":
+                raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+            num_workers = auto_worker_limit()
         kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       pin_memory_device=pin_memory_device, in_order=in_order)
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -815,6 +897,7 @@ class DataLoader(_Base):
                          generator, **kwargs)
         if self.prefetch_factor is None and self.num_workers > 0:  # torch sets 2 itself; keep it explicit
             self.prefetch_factor = 2
+        self._fl_auto = auto
         self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False

@@ -425,3 +425,160 @@ def test_random_plans_match_pil(photos):
             s = float(rng.choice([0.125, 0.25, 0.5, 1.0]))
             small = np.ascontiguousarray(a[::int(1 / s), ::int(1 / s)])
             _C.render(spec, small, plan, view_scale=(s, s), view_origin=(float(rng.random()), 0.0))
+
+
+# ---------------------------------------------------------------- source window (decode less)
+
+def _axis_window(b0, n, rs, o0, o1):
+    """Mirror of imgops.c's tap bounds (Pillow's precompute_coeffs): the source
+    pixels [lo, hi) that resized outputs [o0, o1) of a box [b0, b0 + n) read."""
+    if rs == n:
+        return b0 + o0, b0 + o1
+    scale = n / rs
+    support = max(scale, 1.0)
+    ks = math.ceil(support) * 2 + 1
+
+    def bounds(xx):
+        c = (xx + 0.5) * scale
+        xmin = max(int(c - support + 0.5), 0)
+        xmax = min(int(c + support + 0.5), n)
+        return xmin, min(max(xmax - xmin, 0), ks)
+
+    xmin0, _ = bounds(o0)
+    xmin1, n1 = bounds(o1 - 1)
+    return b0 + xmin0, b0 + max(xmin1 + n1, xmin0)
+
+
+def _source_window(spec, plan, W, H):
+    """fl_plan_source_window: (x0, y0, x1, y1), from _C when it is bound."""
+    fn = getattr(_C, "plan_source_window", None)
+    bx, by, bw, bh = plan["box"]
+    rw, rh = plan["resized"]
+    ow, oh = (spec["out_w"], spec["out_h"]) if spec.get("out_w") else plan["out"]
+    wx, wy = plan["window"]
+    cx0, cx1 = max(wx, 0), min(wx + ow, rw)
+    cy0, cy1 = max(wy, 0), min(wy + oh, rh)
+    if cx1 <= cx0 or cy1 <= cy0:
+        x0, y0 = min(max(bx, 0), W - 1), min(max(by, 0), H - 1)
+        ref = (x0, y0, x0 + 1, y0 + 1)
+    else:
+        x0, x1 = _axis_window(bx, bw, rw, cx0, cx1)
+        y0, y1 = _axis_window(by, bh, rh, cy0, cy1)
+        ref = (x0, y0, x1, y1)
+    if fn is not None:
+        assert tuple(fn(spec, plan, W, H)) == ref, (plan, ref)
+    return ref
+
+
+def _render_cropped(spec, a, plan, win):
+    x0, y0, x1, y1 = win
+    sub = np.ascontiguousarray(a[y0:y1, x0:x1])
+    return _C.render(spec, sub, plan, view_origin=(float(x0), float(y0)))
+
+
+def test_source_window_renders_bit_identically(photos):
+    """Rendering from a view holding only fl_plan_source_window's rectangle
+    (origin = its corner, scale 1) equals rendering from the whole image, bit
+    for bit: RandomResizedCrop (window = box), Resize + CenterCrop (window =
+    taps of the centre crop), zero padding, flips, gray and float32."""
+    rng = np.random.default_rng(77)
+    checked = 0
+    for name in ("land_500x375", "port_301x447", "odd_333x251", "small_97x131", "gray_287x193"):
+        pil = photos[name]
+        a = np.asarray(pil)
+        W, H = pil.size
+        ch = 1 if a.ndim == 2 else 3
+        specs = [
+            dict(geom="rrc", out_h=224, out_w=224, flip_p=0.5),
+            dict(geom="rrc", out_h=64, out_w=96, scale_lo=0.01, scale_hi=0.3, flip_p=0.5),      # upscales too
+            dict(geom="rrc", out_h=56, out_w=56, scale_lo=0.5, scale_hi=1.0, dtype="float32",
+                 normalize=True, mean=MEAN, std=STD),
+            dict(geom="resize_crop", resize_short=256, crop_h=224, crop_w=224, out_h=224, out_w=224),
+            dict(geom="resize_crop", resize_short=80, crop_h=64, crop_w=48, out_h=64, out_w=48, flip_p=0.5,
+                 dtype="float32", normalize=True, mean=MEAN, std=STD),
+            dict(geom="resize_crop", resize_short=60, crop_h=100, crop_w=90, out_h=100, out_w=90),  # padding
+            dict(geom="resize_crop", resize_h=150, resize_w=40, crop_h=120, crop_w=60, out_h=120, out_w=60),
+            dict(geom="resize_crop", resize_short=400, crop_h=160, crop_w=200, out_h=160, out_w=200),  # upscale
+            dict(geom="resize_crop", resize_short=min(W, H), crop_h=50, crop_w=70, out_h=50, out_w=70),  # no resize
+        ]
+        if ch == 3:
+            specs.append(dict(geom="rrc", out_h=48, out_w=48, out_channels=1, flip_p=0.5))      # convert("L")
+            specs.append(dict(geom="resize_crop", resize_short=72, crop_h=64, crop_w=64, out_h=64, out_w=64,
+                              out_channels=1))
+        for spec in specs:
+            for i in range(12):
+                plan = _C.plan_sample(spec, W, H, 3, 1, i)
+                win = _source_window(spec, plan, W, H)
+                x0, y0, x1, y1 = win
+                bx, by, bw, bh = plan["box"]
+                assert 0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H, (plan, win)
+                assert bx <= x0 and by <= y0 and x1 <= bx + bw and y1 <= by + bh, (plan, win)
+                if spec["geom"] == "rrc":
+                    assert win == (bx, by, bx + bw, by + bh)
+                full = _C.render(spec, a, plan)
+                np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str((spec, plan)))
+                checked += 1
+        # arbitrary plans: random boxes, sizes and windows partly (or wholly) outside the image
+        spec = dict(geom="none", out_channels=ch)
+        for _ in range(60):
+            bw, bh = int(rng.integers(1, W + 1)), int(rng.integers(1, H + 1))
+            bx, by = int(rng.integers(0, W - bw + 1)), int(rng.integers(0, H - bh + 1))
+            rw, rh = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+            ow, oh = int(rng.integers(1, 200)), int(rng.integers(1, 200))
+            wx, wy = int(rng.integers(-60, rw + 10)), int(rng.integers(-60, rh + 10))
+            plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(wx, wy), flip=bool(rng.integers(0, 2)),
+                        out=(ow, oh))
+            win = _source_window(spec, plan, W, H)
+            full = _C.render(spec, a, plan)
+            np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str(plan))
+            # any larger full-scale rectangle works too
+            x0, y0, x1, y1 = win
+            big = (max(x0 - int(rng.integers(0, 9)), 0), max(y0 - int(rng.integers(0, 9)), 0),
+                   min(x1 + int(rng.integers(0, 9)), W), min(y1 + int(rng.integers(0, 9)), H))
+            np.testing.assert_array_equal(_render_cropped(spec, a, plan, big), full, err_msg=str(plan))
+            checked += 1
+    assert checked > 500
+
+
+_PORTABLE_SCRIPT = r"""
+import hashlib, json, sys
+import numpy as np
+from fastloader import _C
+rng = np.random.default_rng(5)
+img = rng.integers(0, 256, (173, 211, 3), dtype=np.uint8)
+img[40:120, 30:150] = np.add.outer(np.arange(80), np.arange(120))[:, :, None].astype(np.uint8)
+gray = np.ascontiguousarray(img[:, :, 1])
+h = hashlib.sha256()
+for a, ch in ((img, 3), (img, 1), (gray, 3)):
+    for spec in (dict(geom="rrc", out_h=64, out_w=80, flip_p=0.5, out_channels=ch, scale_lo=0.02),
+                 dict(geom="resize_crop", resize_short=96, crop_h=88, crop_w=100, out_h=88, out_w=100,
+                      out_channels=ch, flip_p=0.5, dtype="float32", layout="HWC"),
+                 dict(geom="resize_crop", resize_h=30, resize_w=300, out_channels=ch)):
+        for i in range(25):
+            h.update(_C.render(spec, a, None, 9, 0, i).tobytes())
+    for i in range(60):
+        W, H = a.shape[1], a.shape[0]
+        bw, bh = int(rng.integers(1, W + 1)), int(rng.integers(1, H + 1))
+        bx, by = int(rng.integers(0, W - bw + 1)), int(rng.integers(0, H - bh + 1))
+        rw, rh = int(rng.integers(1, 400)), int(rng.integers(1, 400))
+        plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(int(rng.integers(-9, rw)), int(rng.integers(-9, rh))),
+                    flip=bool(i & 1), out=(int(rng.integers(1, 150)), int(rng.integers(1, 150))))
+        h.update(_C.render(dict(geom="none", out_channels=ch), a, plan).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_portable_kernels_match_simd():
+    """The portable C kernels (forced with FASTLOADER_NO_AVX2=1) and the AVX2
+    kernels give the same bytes: widths that are not multiples of the vector
+    size, 1 and 3 channels, flips, vertical-first order, wide downscales."""
+    import os
+    import subprocess
+    import sys
+
+    def run(env_extra):
+        env = dict(os.environ, **env_extra)
+        return subprocess.run([sys.executable, "-c", _PORTABLE_SCRIPT], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    assert run({"FASTLOADER_NO_AVX2": "1"}) == run({"FASTLOADER_NO_AVX2": "0"})

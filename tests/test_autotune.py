@@ -1,0 +1,76 @@
+"""num_workers="auto": the thread budget and the controller's decisions."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fastloader  # noqa: E402
+from fastloader.loader import auto_worker_limit  # noqa: E402
+
+
+class Sleepy(torch.utils.data.Dataset):
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)  # releases the GIL, like I/O or a C decoder
+        return torch.tensor([i])
+
+
+def test_auto_never_exceeds_usable_cpus():
+    dl = fastloader.DataLoader(Sleepy(8, 0), batch_size=2, num_workers="auto")
+    assert dl.num_workers == auto_worker_limit() <= len(os.sched_getaffinity(0))
+    assert [int(b[0]) for b in dl] == [0, 2, 4, 6]
+
+
+def test_auto_rejects_other_strings():
+    with pytest.raises(ValueError, match="auto"):
+        fastloader.DataLoader(Sleepy(4, 0), num_workers="many")
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset not installed")
+def test_auto_under_taskset_one_cpu_is_one_worker():
+    code = ("import fastloader, torch\n"
+            "dl = fastloader.DataLoader(torch.arange(10), batch_size=5, num_workers='auto')\n"
+            "print(dl.num_workers, sum(len(b) for b in dl))\n")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=pkg), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "10"]
+
+
+def test_local_world_size_shares_the_cpus(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert auto_worker_limit() == 1
+
+
+@pytest.mark.skipif(auto_worker_limit() < 2, reason="needs 2 usable CPUs")
+def test_starved_consumer_gets_a_second_worker():
+    # one worker delivers a batch every 80 ms; the consumer takes none: it waits
+    dl = fastloader.DataLoader(Sleepy(160, 0.01), batch_size=8, num_workers="auto")
+    for _ in dl:
+        pass
+    st = dl.stats()
+    assert st["autotune_history"][0][1] == 1
+    assert st["num_workers_auto"] == 2
+
+
+@pytest.mark.skipif(auto_worker_limit() < 2, reason="needs 2 usable CPUs")
+def test_slow_consumer_keeps_one_worker():
+    # a 100 ms "model step" per batch; one worker needs ~10 ms per batch
+    dl = fastloader.DataLoader(Sleepy(60, 0.001), batch_size=4, num_workers="auto")
+    for _ in dl:
+        time.sleep(0.1)
+    st = dl.stats()
+    assert st["num_workers_auto"] == 1
+    assert [n for _, n in st["autotune_history"]] == [1]
+    assert st["data_starved_fraction"] < 0.05
