@@ -28,6 +28,7 @@ typedef struct {
     int dct_scaling;      /* may decode at a reduced libjpeg scale (M/8) */
     uint64_t max_pixels;
     size_t sample_bytes;  /* fl_tspec_sample_bytes(&spec) */
+    int timing;           /* keep per-stage clocks for stats() (on unless FASTLOADER_STATS=0) */
 } fl_native_ds;
 
 /* Per-worker state: decoder, file and decode buffers, render scratch. */

@@ -237,6 +237,10 @@ nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     ds->dct_scaling = dct;
     ds->max_pixels = max_pixels;
+    /* per-stage clocks are always on; FASTLOADER_STATS=0 exists only so
+     * their cost can be measured (benchmarks/bench_stats_overhead.py) */
+    const char *env = getenv("FASTLOADER_STATS");
+    ds->timing = !(env && strcmp(env, "0") == 0);
     ds->sample_bytes = fl_tspec_sample_bytes(&ds->spec);
     PyObject *pseq = PySequence_Fast(paths, "paths must be a sequence of str");
     if (!pseq)
