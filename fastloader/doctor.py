@@ -537,6 +537,8 @@ def render(rep, width=100):
                                                           if r["pin_memory"] else "no CUDA device: pinning only costs"))
     lines.append(f"    prefetch_factor={r['prefetch_factor']:<2}  # batches queued per worker; raise only if "
                  "batch times are very uneven")
+    lines.append("With fastloader.DataLoader, num_workers='auto' starts with every usable CPU and parks the workers")
+    lines.append("your training loop does not need (it settles within seconds; see stats()['num_workers_auto']).")
     lines.append("Measure before and after: python -m fastloader bench --workers 0,1,2,4 --step-ms <your model step>")
     return "\n".join(lines)
 
