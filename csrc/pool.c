@@ -97,6 +97,15 @@ fl_pool_bytes_in_use(fl_pool *p)
     return n;
 }
 
+size_t
+fl_pool_bytes_out(fl_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t n = (size_t)(p->nalloc - p->nfree) * p->nbytes;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 void
 fl_pool_ref(fl_pool *p)
 {

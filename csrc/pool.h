@@ -31,6 +31,9 @@ size_t fl_pool_nbytes(const fl_pool *p);
 /* Bytes currently allocated by the pool (idle + handed out). */
 size_t fl_pool_bytes_in_use(fl_pool *p);
 
+/* Bytes of the buffers handed out and not yet returned. */
+size_t fl_pool_bytes_out(fl_pool *p);
+
 /* Take one more reference (for a queued job that will use the pool). */
 void fl_pool_ref(fl_pool *p);
 

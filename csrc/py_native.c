@@ -431,6 +431,12 @@ nds_get_pool_bytes(NativeDatasetObject *self, void *Py_UNUSED(c))
     return PyLong_FromSize_t(self->pool ? fl_pool_bytes_in_use(self->pool) : 0);
 }
 
+static PyObject *
+nds_get_pool_bytes_out(NativeDatasetObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromSize_t(self->pool ? fl_pool_bytes_out(self->pool) : 0);
+}
+
 static PyMethodDef nds_methods[] = {
     {"load_batch", (PyCFunction)nds_load_batch, METH_VARARGS,
      "load_batch(indices, epoch, seed) -> (images, labels, events, failed) on the calling thread"},
@@ -444,6 +450,7 @@ static PyGetSetDef nds_getset[] = {
     {"sample_shape", (getter)nds_get_sample_shape, NULL, "shape of one output sample", NULL},
     {"num_samples", (getter)nds_get_len, NULL, "number of files", NULL},
     {"pool_bytes", (getter)nds_get_pool_bytes, NULL, "bytes held by the batch buffer pool", NULL},
+    {"pool_bytes_out", (getter)nds_get_pool_bytes_out, NULL, "bytes of batch buffers in use (not idle)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -403,6 +403,56 @@ def _profile_range(name):
     return _NO_RANGE
 
 
+def _batch_nbytes(batch):
+    """Bytes of the arrays/tensors in a collated batch."""
+    if hasattr(batch, "nbytes"):
+        return int(batch.nbytes)
+    if torch is not None and isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, collections.abc.Mapping):
+        return sum(_batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_nbytes(v) for v in batch)
+    return 0
+
+
+def _memory_limits():
+    """(available bytes, limit bytes): the tighter of the cgroup limit and MemAvailable."""
+    from .doctor import _meminfo, memory_limit
+
+    info = _meminfo()
+    avail, total = info.get("MemAvailable"), info.get("MemTotal")
+    limit, _ = memory_limit()
+    if limit is not None:
+        try:
+            with open("/sys/fs/cgroup/memory.current") as f:
+                used = int(f.read())
+            avail = min(avail or limit, max(0, limit - used))
+        except (OSError, ValueError):
+            pass
+        total = min(total or limit, limit)
+    return avail, total
+
+
+def _memory_pressure():
+    """True when less than 5% of the memory limit is left."""
+    avail, total = _memory_limits()
+    return bool(avail is not None and total and avail < 0.05 * total)
+
+
+def resolve_max_memory(value):
+    """max_memory argument -> bytes or None.  "auto": a quarter of the memory
+    limit (cgroup or physical)."""
+    if value is None:
+        return None
+    if value == "auto":
+        _, total = _memory_limits()
+        return int(total // 4) if total else None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"max_memory must be a positive number of bytes, 'auto' or None, got {value!r}")
+    return value
+
+
 def _batch_len(batch):
     """Number of samples in a collated batch (first tensor/array/list found)."""
     for _ in range(8):
@@ -493,6 +543,12 @@ class _Iter:
         self._wait_s = 0.0
         self._samples = 0
         self._auto = False
+        self._max_memory = getattr(loader, "_fl_max_memory", None)
+        self._batch_bytes = None
+        self._mem_checked = 0.0
+        self._mem_warned = False
+        self._pressure_warned = False
+        self._window_history = []
         self._gil_checked = False
         # Native image datasets with default collation: workers build whole
         # batches in C without the GIL (csrc/native.c).
@@ -701,6 +757,7 @@ class _Iter:
                 self._num_yielded += 1
                 out = self._native._finish(result, self._ep.epoch, self._native_seed, seq)
                 self._samples += len(out[1])
+                self._account_memory(out)
                 return out
             status, value = result
             if status == _EXHAUSTED:
@@ -714,7 +771,44 @@ class _Iter:
             if status == _ERR:
                 raise value
             self._samples += _batch_len(value)
+            self._account_memory(value)
             return value
+
+    # -- memory budget (max_memory) ---------------------------------------------------------
+    # Batches in flight cost batch_bytes each.  With a budget the prefetch
+    # window is cut to what fits; when the machine itself runs short of memory
+    # (MemAvailable or the cgroup limit), it shrinks to one batch instead of
+    # letting the process be killed.  Both are rechecked every second.
+    def _account_memory(self, batch):
+        if self._batch_bytes is None:
+            self._batch_bytes = _batch_nbytes(batch)
+        now = time.perf_counter()
+        if now - self._mem_checked < 1.0 and self._mem_checked:
+            return
+        self._mem_checked = now
+        window = self._prefetch_factor * self._num_workers
+        if self._max_memory and self._batch_bytes:
+            window = min(window, max(1, self._max_memory // self._batch_bytes))
+            # buffers out of the pool beyond the largest prefetch window and
+            # the two batches a loop holds (the current one and, while
+            # next() runs, the previous) are batches the loop keeps alive
+            out = self._native._native.pool_bytes_out if self._native is not None else 0
+            kept = out - (self._prefetch_factor * self._num_workers + 2) * self._batch_bytes
+            if out > self._max_memory and kept > 0 and not self._mem_warned:
+                self._mem_warned = True
+                warnings.warn(
+                    f"fastloader: batch buffers use {out >> 20} MiB, over max_memory={self._max_memory >> 20} MiB: "
+                    "the training loop is keeping batches alive (a list of outputs?). Nothing is freed until "
+                    "it drops them.", PerformanceWarning, stacklevel=4)
+        if _memory_pressure():
+            window = 1
+            if not self._pressure_warned:
+                self._pressure_warned = True
+                warnings.warn("fastloader: the machine is short of memory; prefetching only one batch ahead "
+                              "until it recovers", PerformanceWarning, stacklevel=4)
+        if window != self._window:
+            self._window = window
+            self._window_history.append((round(now - self._t_start, 3), window))
 
     # -- statistics ---------------------------------------------------------------------
     def stats(self):
@@ -731,6 +825,9 @@ class _Iter:
             "batches_per_s": self._num_yielded / wall,
             "samples_per_s": self._samples / wall,
             "queue_depth": max(0, self._send - self._done) if self._num_workers else 0,
+            "prefetch_window": self._window if self._num_workers else 0,
+            "batch_bytes": self._batch_bytes,
+            "max_memory": self._max_memory,
             "native": self._native is not None,
         }
         if self._auto:
@@ -870,7 +967,9 @@ class DataLoader(_Base):
 
     Same signature, defaults, attributes and validation as torch's, plus
     `seed=`: the seed of the native pipeline's augmentation (by default drawn
-    from `generator` each epoch, as torch draws its base seed).  Differences:
+    from `generator` each epoch, as torch draws its base seed);
+    `num_workers="auto"`; and `max_memory=` (bytes or "auto"), a cap on the
+    batches prefetched ahead of the training loop.  Differences:
     workers are threads of this process (nothing is pickled or copied; the
     dataset object is shared), `multiprocessing_context` is accepted and
     ignored, and batches of arrays/tensors are stacked in C without the GIL.
@@ -880,7 +979,7 @@ class DataLoader(_Base):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None):
+                 seed=None, max_memory=None):
         if multiprocessing_context is not None:
             warnings.warn(
                 "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
@@ -898,6 +997,7 @@ class DataLoader(_Base):
         if self.prefetch_factor is None and self.num_workers > 0:  # torch sets 2 itself; keep it explicit
             self.prefetch_factor = 2
         self._fl_auto = auto
+        self._fl_max_memory = resolve_max_memory(max_memory)
         self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False
