@@ -33,6 +33,11 @@ def test_slow_dataset_is_reported_as_data_starved(num_workers):
     # 24 sleeps of 10 ms spread over the workers: the wait is at least the
     # serial share and at most the wall time of the loop
     assert 0.24 / max(1, num_workers) * 0.8 < st["consumer_wait_s"] <= wall + 0.05
+    if num_workers:
+        # the workers' busy time is the known work: 24 x 10 ms, within +50%
+        # (sleep overshoot, collation) and never less
+        busy = sum(w["busy_s"] for w in st["workers"])
+        assert 0.24 <= busy <= 0.36, busy
 
 
 def test_slow_consumer_is_not_data_starved():
