@@ -10,6 +10,8 @@ VENV="${FASTLOADER_VENV:-.venv}"
 need_apt=()
 [ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg62-turbo-dev)
 command -v gcc >/dev/null || need_apt+=(gcc)
+# cjpeg/jpegtran make the restart-marker and arithmetic-coding test images
+command -v jpegtran >/dev/null || need_apt+=(libjpeg-turbo-progs)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
