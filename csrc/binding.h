@@ -11,6 +11,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "engine.h"
+
 /* NumPy's C API table is shared by all binding files: module.c imports it,
  * the others declare NO_IMPORT_ARRAY before including this header. */
 #define PY_ARRAY_UNIQUE_SYMBOL fastloader_ARRAY_API
@@ -48,13 +50,23 @@ int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for 
  * *engine after every slice because a signal handler may close it.  When
  * `gil` is not NULL, adds the time taken to re-acquire the GIL after each
  * slice (a direct measure of how much other threads hold it). */
-struct fl_engine;
 typedef struct {
     uint64_t wait_ns; /* total time spent re-taking the GIL */
     uint64_t waits;   /* number of times */
 } fl_gil_probe;
-int fl_py_wait(struct fl_engine *const *engine, long long seq, double timeout, void **result,
+int fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **result,
                int64_t *seq_out, int *worker_out, fl_gil_probe *gil);
+
+/* Start an engine with the GIL released; NULL with RuntimeError set. */
+fl_engine *fl_py_engine_start(int nworkers, const fl_engine_ops *ops, void *ctx);
+
+/* Stop *pe (GIL released while joining, at most timeout_ms, < 0: no limit)
+ * and set it to NULL; NULL is ignored.  Returns 1 when workers were left
+ * running detached (their ctx must then be leaked), else 0. */
+int fl_py_engine_stop(fl_engine **pe, int timeout_ms);
+
+/* Parse an optional timeout (None -> -1.0).  0, or -1 with an exception. */
+int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
 

@@ -162,6 +162,45 @@ static const fl_engine_ops py_ops = {
     .thread_exit = op_thread_exit,
 };
 
+/* ---- helpers shared with py_native.c (declared in binding.h) ------------ */
+
+fl_engine *
+fl_py_engine_start(int nworkers, const fl_engine_ops *ops, void *ctx)
+{
+    char msg[256] = "";
+    fl_engine *e;
+    Py_BEGIN_ALLOW_THREADS
+    e = fl_engine_new(nworkers, ops, ctx, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (!e)
+        PyErr_Format(PyExc_RuntimeError, "could not start worker threads: %s", msg);
+    return e;
+}
+
+int
+fl_py_engine_stop(fl_engine **pe, int timeout_ms)
+{
+    fl_engine *e = *pe;
+    if (e == NULL)
+        return 0;
+    *pe = NULL;
+    int deferred;
+    Py_BEGIN_ALLOW_THREADS
+    deferred = fl_engine_free_timed(e, timeout_ms);
+    Py_END_ALLOW_THREADS
+    return deferred;
+}
+
+int
+fl_py_timeout(PyObject *obj, double *out)
+{
+    *out = -1.0;
+    if (obj == Py_None)
+        return 0;
+    *out = PyFloat_AsDouble(obj);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* ---- helpers -------------------------------------------------------------- */
 
 static void
@@ -180,15 +219,7 @@ ctx_free(py_ctx *ctx)
 static void
 engine_close(EngineObject *self, int timeout_ms)
 {
-    fl_engine *e = self->engine;
-    if (e == NULL)
-        return;
-    self->engine = NULL;
-    int deferred;
-    Py_BEGIN_ALLOW_THREADS
-    deferred = fl_engine_free_timed(e, timeout_ms);
-    Py_END_ALLOW_THREADS
-    if (deferred) {
+    if (fl_py_engine_stop(&self->engine, timeout_ms)) {
         /* closed from one of its own workers, or workers still busy in
          * user code after the timeout: those threads still use ctx */
         self->ctx = NULL;
@@ -235,16 +266,11 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     ctx->nworkers = n;
     self->ctx = ctx;
     self->nworkers = n;
-    char msg[256] = "";
-    fl_engine *e;
-    Py_BEGIN_ALLOW_THREADS
-    e = fl_engine_new(n, &py_ops, ctx, msg, sizeof msg);
-    Py_END_ALLOW_THREADS
-    if (!e) {
+    self->engine = fl_py_engine_start(n, &py_ops, ctx);
+    if (!self->engine) {
         Py_DECREF(self);
-        return PyErr_Format(PyExc_RuntimeError, "could not start worker threads: %s", msg);
+        return NULL;
     }
-    self->engine = e;
     return (PyObject *)self;
 }
 
@@ -318,13 +344,8 @@ engine_wait(EngineObject *self, PyObject *args, PyObject *kwargs)
     PyObject *timeout_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L|O:wait", kwlist, &seq, &timeout_obj))
         return NULL;
-    double timeout = -1.0;
-    if (timeout_obj != Py_None) {
-        timeout = PyFloat_AsDouble(timeout_obj);
-        if (timeout == -1.0 && PyErr_Occurred())
-            return NULL;
-    }
-    if (check_open(self) < 0)
+    double timeout;
+    if (fl_py_timeout(timeout_obj, &timeout) < 0 || check_open(self) < 0)
         return NULL;
     void *res = NULL;
     int64_t got_seq = -1;

@@ -542,15 +542,7 @@ static const fl_engine_ops native_ops = {
 static void
 neng_close(NativeEngineObject *self)
 {
-    fl_engine *e = self->engine;
-    if (!e)
-        return;
-    self->engine = NULL;
-    int deferred;
-    Py_BEGIN_ALLOW_THREADS
-    deferred = fl_engine_free_timed(e, 10000);
-    Py_END_ALLOW_THREADS
-    if (deferred) { /* a worker stuck in a read (e.g. a hung network file system) */
+    if (fl_py_engine_stop(&self->engine, 10000)) { /* a worker stuck in a read (a hung network file system) */
         self->ctx = NULL;
         self->dataset = NULL; /* leaked on purpose: detached threads still read it */
     }
@@ -583,16 +575,11 @@ neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->ctx = ctx;
     self->dataset = Py_NewRef(dataset);
     self->nworkers = n;
-    char msg[256] = "";
-    fl_engine *e;
-    Py_BEGIN_ALLOW_THREADS
-    e = fl_engine_new(n, &native_ops, ctx, msg, sizeof msg);
-    Py_END_ALLOW_THREADS
-    if (!e) {
+    self->engine = fl_py_engine_start(n, &native_ops, ctx);
+    if (!self->engine) {
         Py_DECREF(self);
-        return PyErr_Format(PyExc_RuntimeError, "could not start worker threads: %s", msg);
+        return NULL;
     }
-    self->engine = e;
     return (PyObject *)self;
 }
 
@@ -664,13 +651,8 @@ neng_wait(NativeEngineObject *self, PyObject *args)
     PyObject *timeout_obj = Py_None;
     if (!PyArg_ParseTuple(args, "L|O:wait", &seq, &timeout_obj))
         return NULL;
-    double timeout = -1.0;
-    if (timeout_obj != Py_None) {
-        timeout = PyFloat_AsDouble(timeout_obj);
-        if (timeout == -1.0 && PyErr_Occurred())
-            return NULL;
-    }
-    if (neng_check(self) < 0)
+    double timeout;
+    if (fl_py_timeout(timeout_obj, &timeout) < 0 || neng_check(self) < 0)
         return NULL;
     void *res = NULL;
     int64_t got = -1;
