@@ -69,5 +69,6 @@ int fl_py_engine_stop(fl_engine **pe, int timeout_ms);
 int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
+int fl_register_cuda(PyObject *m);     /* py_cuda.c: cuda_info, cuda_require (CUDA loaded with dlopen) */
 
 #endif

@@ -235,8 +235,11 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
     return 0;
 jpeg_error:
     err->code = jerr.code ? jerr.code : FL_ERR_DECODE;
-    /* path and reason may not both fit: the path is cut first */
-    snprintf(err->msg, sizeof err->msg, "%.*s: %s", (int)(sizeof err->msg / 2), path, jerr.msg);
+    /* path and reason may not both fit: the path is cut first, then the
+     * reason (a truncated message is still a clear one) */
+    if (snprintf(err->msg, sizeof err->msg, "%.*s: %s", (int)(sizeof err->msg / 2), path, jerr.msg) >=
+        (int)sizeof err->msg)
+        err->msg[sizeof err->msg - 1] = '\0';
     if (timing)
         w->decode_ns += fl_now_ns() - t1;
     return -1;

@@ -20,13 +20,11 @@ decode_jpeg = _C.decode_jpeg
 
 def build_info() -> dict:
     """Versions and features of this build: fastloader, libjpeg-turbo, CUDA."""
-    from . import _cuda
-
     return {
         "fastloader": __version__,
         "libjpeg_turbo": _C.libjpeg_turbo_version,
         "jpeg_lib_version": _C.jpeg_lib_version,
-        "cuda": _cuda.probe(),
+        "cuda": _C.cuda_info(),  # CUDA is loaded at run time (dlopen), never linked
     }
 
 

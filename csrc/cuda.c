@@ -1,0 +1,604 @@
+/* cuda.c: the CUDA runtime loaded with dlopen (see cuda.h for contracts).
+ *
+ * Process-wide state.  The dlopen handle, the table of entry points and the
+ * load outcome are C statics: a shared library is loaded once per process
+ * whatever the number of interpreters or module objects, so this is the one
+ * place where a global is the honest model (no Python object is held).
+ * pthread_once cannot take the caller's search paths, so a mutex guards the
+ * one-time load and an atomic flag publishes the result (release/acquire):
+ * readers after a successful load take no lock.
+ */
+#include "cuda.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* We copy dlsym's void * into function-pointer fields; POSIX guarantees
+ * the sizes match. */
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers must fit in void *");
+
+#define FL_CUDA_MSG 4096
+
+enum { LOAD_UNTRIED = 0, LOAD_OK = 1, LOAD_FAILED = -1 };
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int g_state = LOAD_UNTRIED; /* written once, under g_lock */
+static void *g_handle;                    /* never dlclose()d */
+static fl_cuda_api g_api;
+static char g_path[FL_CUDA_MSG];          /* the library's path (link map) */
+static char g_load_err[FL_CUDA_MSG];      /* why the load failed */
+
+/* ---- small string helpers ---------------------------------------------- */
+
+/* Append s to buf[cap] (length *len), ending in "..." once full. */
+static void
+buf_append(char *buf, size_t cap, size_t *len, const char *s)
+{
+    if (*len + 1 >= cap)
+        return;
+    size_t room = cap - *len - 1, n = strlen(s);
+    if (n > room) {
+        memcpy(buf + *len, s, room);
+        *len += room;
+        if (cap >= 4)
+            memcpy(buf + cap - 4, "...", 3);
+    } else {
+        memcpy(buf + *len, s, n);
+        *len += n;
+    }
+    buf[*len] = '\0';
+}
+
+static void
+set_err(char *err, size_t errlen, const char *msg)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s", msg);
+}
+
+int
+fl_cuda_format_error(char *err, size_t errlen, const char *what, int code)
+{
+    if (!err || !errlen)
+        return code;
+    if (code == FL_CUDA_ERR_NO_LIBRARY) {
+        snprintf(err, errlen, "%s failed (CUDA runtime library not loaded)", what);
+        return code;
+    }
+    const fl_cuda_api *api = fl_cuda_get_api();
+    const char *name = api ? api->GetErrorName(code) : NULL;
+    const char *desc = api ? api->GetErrorString(code) : NULL;
+    if (name && desc)
+        snprintf(err, errlen, "%s failed (%s: %s)", what, name, desc);
+    else
+        snprintf(err, errlen, "%s failed (CUDA error %d)", what, code);
+    return code;
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+/* Resolve every entry point of `h` into *api.  Returns NULL, or the name
+ * of the first missing symbol. */
+static const char *
+resolve(void *h, fl_cuda_api *api)
+{
+#define FL_SYM(field, name)                                                                        \
+    do {                                                                                           \
+        void *s_ = dlsym(h, name);                                                                 \
+        if (!s_)                                                                                   \
+            return name;                                                                           \
+        memcpy(&api->field, &s_, sizeof s_);                                                       \
+    } while (0)
+    FL_SYM(GetDeviceCount, "cudaGetDeviceCount");
+    FL_SYM(RuntimeGetVersion, "cudaRuntimeGetVersion");
+    FL_SYM(DriverGetVersion, "cudaDriverGetVersion");
+    FL_SYM(GetErrorName, "cudaGetErrorName");
+    FL_SYM(GetErrorString, "cudaGetErrorString");
+    FL_SYM(SetDevice, "cudaSetDevice");
+    FL_SYM(GetDevice, "cudaGetDevice");
+    FL_SYM(HostAlloc, "cudaHostAlloc");
+    FL_SYM(FreeHost, "cudaFreeHost");
+    FL_SYM(HostRegister, "cudaHostRegister");
+    FL_SYM(HostUnregister, "cudaHostUnregister");
+    FL_SYM(Malloc, "cudaMalloc");
+    FL_SYM(Free, "cudaFree");
+    FL_SYM(MemcpyAsync, "cudaMemcpyAsync");
+    FL_SYM(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
+    FL_SYM(StreamDestroy, "cudaStreamDestroy");
+    FL_SYM(StreamWaitEvent, "cudaStreamWaitEvent");
+    FL_SYM(StreamSynchronize, "cudaStreamSynchronize");
+    FL_SYM(EventCreateWithFlags, "cudaEventCreateWithFlags");
+    FL_SYM(EventRecord, "cudaEventRecord");
+    FL_SYM(EventQuery, "cudaEventQuery");
+    FL_SYM(EventSynchronize, "cudaEventSynchronize");
+    FL_SYM(EventDestroy, "cudaEventDestroy");
+#undef FL_SYM
+    return NULL;
+}
+
+/* Try one candidate.  On success fills g_handle/g_api/g_path and returns 1.
+ * Otherwise appends the candidate (and why, when that says more than "not
+ * there") to tried[] and returns 0.  `label` is printed instead of the path
+ * when not NULL; `always_why` adds dlerror() even for missing files. */
+static int
+try_open(const char *path, int flags, const char *label, int always_why, char *tried,
+         size_t *tlen, int *ntried)
+{
+    void *h = dlopen(path, flags);
+    if (h) {
+        fl_cuda_api api;
+        const char *missing = resolve(h, &api);
+        if (!missing) {
+            struct link_map *lm = NULL;
+            const char *name = path;
+            if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+                name = lm->l_name;
+            /* torch loads it as ".../torch/lib/../../nvidia/...": report the
+             * canonical path. */
+            char *real = realpath(name, NULL);
+            snprintf(g_path, sizeof g_path, "%s", real ? real : name);
+            free(real);
+            g_api = api;
+            g_handle = h;
+            return 1;
+        }
+        dlclose(h);
+        if (flags & RTLD_NOLOAD)
+            return 0;
+        buf_append(tried, FL_CUDA_MSG, tlen, *ntried ? ", " : "");
+        buf_append(tried, FL_CUDA_MSG, tlen, label ? label : path);
+        buf_append(tried, FL_CUDA_MSG, tlen, ": lacks ");
+        buf_append(tried, FL_CUDA_MSG, tlen, missing);
+        (*ntried)++;
+        return 0;
+    }
+    const char *why = dlerror();
+    if (flags & RTLD_NOLOAD)
+        return 0;
+    buf_append(tried, FL_CUDA_MSG, tlen, *ntried ? ", " : "");
+    buf_append(tried, FL_CUDA_MSG, tlen, label ? label : path);
+    /* A missing file needs no explanation; a file that exists but does not
+     * load (wrong architecture, missing dependency) does. */
+    if (why && (always_why || (strchr(path, '/') && access(path, F_OK) == 0))) {
+        buf_append(tried, FL_CUDA_MSG, tlen, " (");
+        buf_append(tried, FL_CUDA_MSG, tlen, why);
+        buf_append(tried, FL_CUDA_MSG, tlen, ")");
+    }
+    (*ntried)++;
+    return 0;
+}
+
+static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+#define N_SONAMES (sizeof sonames / sizeof sonames[0])
+
+/* The search itself (cuda.h, fl_cuda_load); called once, under g_lock. */
+static int
+load_locked(const char *const *paths, size_t n)
+{
+    char tried[FL_CUDA_MSG];
+    size_t tlen = 0;
+    int ntried = 0;
+    const int flags = RTLD_NOW | RTLD_LOCAL;
+    tried[0] = '\0';
+
+    const char *env = getenv("FASTLOADER_CUDART");
+    if (env && env[0]) {
+        char label[FL_CUDA_MSG];
+        snprintf(label, sizeof label, "FASTLOADER_CUDART=%s", env);
+        if (try_open(env, flags, label, 1, tried, &tlen, &ntried))
+            return 0;
+        goto fail;
+    }
+    /* Already in the process (torch imported first): share it. */
+    for (size_t i = 0; i < N_SONAMES; i++)
+        if (try_open(sonames[i], flags | RTLD_NOLOAD, NULL, 0, tried, &tlen, &ntried))
+            return 0;
+    for (size_t i = 0; i < n; i++)
+        if (paths && paths[i] && paths[i][0] &&
+            try_open(paths[i], flags, NULL, 0, tried, &tlen, &ntried))
+            return 0;
+    const char *home = getenv("CUDA_HOME");
+    const char *prefixes[2] = {home && home[0] ? home : NULL, "/usr/local/cuda"};
+    if (prefixes[0] && strcmp(prefixes[0], prefixes[1]) == 0)
+        prefixes[0] = NULL;
+    for (size_t p = 0; p < 2; p++) {
+        if (!prefixes[p])
+            continue;
+        for (size_t i = 0; i < N_SONAMES; i++) {
+            char path[FL_CUDA_MSG];
+            int len = snprintf(path, sizeof path, "%s/lib64/%s", prefixes[p], sonames[i]);
+            if (len < 0 || (size_t)len >= sizeof path)
+                continue;
+            if (try_open(path, flags, NULL, 0, tried, &tlen, &ntried))
+                return 0;
+        }
+    }
+    for (size_t i = 0; i < N_SONAMES; i++)
+        if (try_open(sonames[i], flags, NULL, 0, tried, &tlen, &ntried))
+            return 0;
+fail:;
+    size_t elen = 0;
+    g_load_err[0] = '\0';
+    buf_append(g_load_err, sizeof g_load_err, &elen, "no CUDA runtime library found (tried: ");
+    buf_append(g_load_err, sizeof g_load_err, &elen, tried);
+    buf_append(g_load_err, sizeof g_load_err, &elen, ")");
+    return -1;
+}
+
+int
+fl_cuda_load(const char *const *paths, size_t n, char *err, size_t errlen)
+{
+    int st = atomic_load_explicit(&g_state, memory_order_acquire);
+    if (st == LOAD_UNTRIED) {
+        pthread_mutex_lock(&g_lock);
+        st = atomic_load_explicit(&g_state, memory_order_relaxed);
+        if (st == LOAD_UNTRIED) {
+            st = load_locked(paths, n) == 0 ? LOAD_OK : LOAD_FAILED;
+            atomic_store_explicit(&g_state, st, memory_order_release);
+        }
+        pthread_mutex_unlock(&g_lock);
+    }
+    if (st == LOAD_OK)
+        return FL_CUDA_OK;
+    set_err(err, errlen, g_load_err);
+    return FL_CUDA_ERR_NO_LIBRARY;
+}
+
+const fl_cuda_api *
+fl_cuda_get_api(void)
+{
+    return atomic_load_explicit(&g_state, memory_order_acquire) == LOAD_OK ? &g_api : NULL;
+}
+
+const char *
+fl_cuda_library_path(void)
+{
+    return fl_cuda_get_api() ? g_path : NULL;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* The loaded table, or NULL with err set. */
+static const fl_cuda_api *
+api_or_err(const char *what, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = fl_cuda_get_api();
+    if (!api)
+        fl_cuda_format_error(err, errlen, what, FL_CUDA_ERR_NO_LIBRARY);
+    return api;
+}
+
+/* Make `device` current on this thread for one call; *prev remembers the
+ * thread's device so leave_device restores it. */
+static int
+enter_device(const fl_cuda_api *api, int device, int *prev, char *err, size_t errlen)
+{
+    int cur = 0;
+    int rc = api->GetDevice(&cur);
+    if (rc != FL_CUDA_OK)
+        return fl_cuda_format_error(err, errlen, "cudaGetDevice", rc);
+    *prev = cur;
+    if (cur != device) {
+        rc = api->SetDevice(device);
+        if (rc != FL_CUDA_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "cudaSetDevice(%d)", device);
+            return fl_cuda_format_error(err, errlen, what, rc);
+        }
+    }
+    return FL_CUDA_OK;
+}
+
+static void
+leave_device(const fl_cuda_api *api, int device, int prev)
+{
+    /* Restoring a device that was current a moment ago cannot fail in a way
+     * the caller could act on. */
+    if (prev != device)
+        (void)api->SetDevice(prev);
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+int
+fl_cuda_device_count(int *count, char *err, size_t errlen)
+{
+    *count = 0;
+    const fl_cuda_api *api = api_or_err("cudaGetDeviceCount", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int c = 0;
+    int rc = api->GetDeviceCount(&c);
+    if (rc != FL_CUDA_OK)
+        return fl_cuda_format_error(err, errlen, "cudaGetDeviceCount", rc);
+    *count = c;
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen)
+{
+    if (runtime)
+        *runtime = 0;
+    if (driver)
+        *driver = 0;
+    const fl_cuda_api *api = api_or_err("cudaRuntimeGetVersion", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int v = 0, rc;
+    if (runtime) {
+        if ((rc = api->RuntimeGetVersion(&v)) != FL_CUDA_OK)
+            return fl_cuda_format_error(err, errlen, "cudaRuntimeGetVersion", rc);
+        *runtime = v;
+    }
+    if (driver) {
+        v = 0;
+        if ((rc = api->DriverGetVersion(&v)) != FL_CUDA_OK)
+            return fl_cuda_format_error(err, errlen, "cudaDriverGetVersion", rc);
+        *driver = v;
+    }
+    return FL_CUDA_OK;
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+int
+fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
+{
+    *ptr = NULL;
+    const fl_cuda_api *api = api_or_err("cudaHostAlloc", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    void *p = NULL;
+    rc = api->HostAlloc(&p, bytes, FL_CUDA_HOST_ALLOC_PORTABLE);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaHostAlloc(%zu bytes)", bytes);
+        return fl_cuda_format_error(err, errlen, what, rc);
+    }
+    *ptr = p; /* ownership passes to the caller */
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_host_free(void *ptr, char *err, size_t errlen)
+{
+    if (!ptr)
+        return FL_CUDA_OK;
+    const fl_cuda_api *api = api_or_err("cudaFreeHost", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->FreeHost(ptr);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFreeHost", rc);
+}
+
+int
+fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaHostRegister", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->HostRegister(ptr, bytes, FL_CUDA_HOST_REGISTER_PORTABLE);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaHostRegister(%zu bytes)", bytes);
+        return fl_cuda_format_error(err, errlen, what, rc);
+    }
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_host_unregister(void *ptr, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaHostUnregister", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->HostUnregister(ptr);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaHostUnregister", rc);
+}
+
+int
+fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
+{
+    *ptr = NULL;
+    const fl_cuda_api *api = api_or_err("cudaMalloc", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    void *p = NULL;
+    rc = api->Malloc(&p, bytes);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaMalloc(%zu bytes) on device %d", bytes, device);
+        return fl_cuda_format_error(err, errlen, what, rc);
+    }
+    *ptr = p; /* ownership passes to the caller */
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_free(void *ptr, char *err, size_t errlen)
+{
+    if (!ptr)
+        return FL_CUDA_OK;
+    const fl_cuda_api *api = api_or_err("cudaFree", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->Free(ptr);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFree", rc);
+}
+
+/* ---- streams and events ------------------------------------------------- */
+
+int
+fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t errlen)
+{
+    *stream = NULL;
+    const fl_cuda_api *api = api_or_err("cudaStreamCreateWithFlags", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    fl_cudaStream_t s = NULL;
+    rc = api->StreamCreateWithFlags(&s, FL_CUDA_STREAM_NON_BLOCKING);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK)
+        return fl_cuda_format_error(err, errlen, "cudaStreamCreateWithFlags", rc);
+    *stream = s;
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_stream_destroy(fl_cudaStream_t stream, char *err, size_t errlen)
+{
+    if (!stream)
+        return FL_CUDA_OK;
+    const fl_cuda_api *api = api_or_err("cudaStreamDestroy", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->StreamDestroy(stream);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamDestroy", rc);
+}
+
+int
+fl_cuda_stream_synchronize(fl_cudaStream_t stream, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaStreamSynchronize", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->StreamSynchronize(stream);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamSynchronize", rc);
+}
+
+int
+fl_cuda_stream_wait_event(fl_cudaStream_t stream, fl_cudaEvent_t event, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaStreamWaitEvent", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->StreamWaitEvent(stream, event, 0);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamWaitEvent", rc);
+}
+
+int
+fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
+                     size_t errlen)
+{
+    *event = NULL;
+    const fl_cuda_api *api = api_or_err("cudaEventCreateWithFlags", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    unsigned flags = FL_CUDA_EVENT_DISABLE_TIMING | (blocking_sync ? FL_CUDA_EVENT_BLOCKING_SYNC : 0u);
+    fl_cudaEvent_t e = NULL;
+    rc = api->EventCreateWithFlags(&e, flags);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK)
+        return fl_cuda_format_error(err, errlen, "cudaEventCreateWithFlags", rc);
+    *event = e;
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen)
+{
+    if (!event)
+        return FL_CUDA_OK;
+    const fl_cuda_api *api = api_or_err("cudaEventDestroy", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->EventDestroy(event);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventDestroy", rc);
+}
+
+int
+fl_cuda_event_record(fl_cudaEvent_t event, fl_cudaStream_t stream, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaEventRecord", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->EventRecord(event, stream);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventRecord", rc);
+}
+
+int
+fl_cuda_event_query(fl_cudaEvent_t event, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaEventQuery", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->EventQuery(event);
+    if (rc == FL_CUDA_OK || rc == FL_CUDA_ERR_NOT_READY)
+        return rc;
+    return fl_cuda_format_error(err, errlen, "cudaEventQuery", rc);
+}
+
+int
+fl_cuda_event_synchronize(fl_cudaEvent_t event, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err("cudaEventSynchronize", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->EventSynchronize(event);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventSynchronize", rc);
+}
+
+/* ---- copies ------------------------------------------------------------- */
+
+static int
+memcpy_async(int device, void *dst, const void *src, size_t bytes, int kind,
+             fl_cudaStream_t stream, const char *name, char *err, size_t errlen)
+{
+    if (bytes == 0)
+        return FL_CUDA_OK;
+    const fl_cuda_api *api = api_or_err("cudaMemcpyAsync", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->MemcpyAsync(dst, src, bytes, kind, stream);
+    leave_device(api, device, prev);
+    if (rc != FL_CUDA_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaMemcpyAsync(%s, %zu bytes)", name, bytes);
+        return fl_cuda_format_error(err, errlen, what, rc);
+    }
+    return FL_CUDA_OK;
+}
+
+int
+fl_cuda_memcpy_h2d_async(int device, void *dst_device, const void *src_host, size_t bytes,
+                         fl_cudaStream_t stream, char *err, size_t errlen)
+{
+    return memcpy_async(device, dst_device, src_host, bytes, FL_CUDA_MEMCPY_H2D, stream,
+                        "host to device", err, errlen);
+}
+
+int
+fl_cuda_memcpy_d2h_async(int device, void *dst_host, const void *src_device, size_t bytes,
+                         fl_cudaStream_t stream, char *err, size_t errlen)
+{
+    return memcpy_async(device, dst_host, src_device, bytes, FL_CUDA_MEMCPY_D2H, stream,
+                        "device to host", err, errlen);
+}
