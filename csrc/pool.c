@@ -2,7 +2,10 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+#include "cuda.h"
 
 struct fl_pool {
     pthread_mutex_t mu;
@@ -12,6 +15,9 @@ struct fl_pool {
     int nfree;
     int nalloc;      /* buffers alive (idle + handed out) */
     void **free;     /* max_free slots */
+    int pinned_device; /* >= 0: page-locked with cudaHostAlloc; -1: malloc */
+    int pin_failed;    /* a pinned allocation failed; later ones use malloc */
+    char pin_error[256];
 };
 
 fl_pool *
@@ -29,14 +35,71 @@ fl_pool_new(size_t nbytes, int max_free)
     p->nbytes = nbytes ? nbytes : 1;
     p->refs = 1;
     p->max_free = max_free;
+    p->pinned_device = -1;
     return p;
+}
+
+void
+fl_pool_set_pinned(fl_pool *p, int device)
+{
+    pthread_mutex_lock(&p->mu);
+    p->pinned_device = device;
+    pthread_mutex_unlock(&p->mu);
+}
+
+const char *
+fl_pool_pin_error(fl_pool *p)
+{
+    return p->pin_failed ? p->pin_error : NULL;
+}
+
+/* Every buffer carries a 64-byte header in front of what callers see (so
+ * their pointer stays 64-byte aligned) recording how it was allocated:
+ * page-locked buffers go back with cudaFreeHost, the others with free. */
+#define FL_POOL_HDR 64
+
+static void
+buf_free(void *data)
+{
+    char *base = (char *)data - FL_POOL_HDR;
+    if (*(int *)base) {
+        char err[64];
+        fl_cuda_host_free(base, err, sizeof err);
+    } else {
+        free(base);
+    }
+}
+
+static void *
+buf_alloc(fl_pool *p)
+{
+    void *base = NULL;
+    int pinned = 0;
+    if (p->pinned_device >= 0 && !p->pin_failed) {
+        char err[256] = "";
+        if (fl_cuda_host_alloc(p->pinned_device, p->nbytes + FL_POOL_HDR, &base, err, sizeof err) == 0) {
+            pinned = 1;
+        } else {
+            /* pinned memory ran out (or the driver refused): carry on with
+             * ordinary memory; the binding reports the reason once */
+            pthread_mutex_lock(&p->mu);
+            p->pin_failed = 1;
+            snprintf(p->pin_error, sizeof p->pin_error, "%s", err);
+            pthread_mutex_unlock(&p->mu);
+            base = NULL;
+        }
+    }
+    if (!base && posix_memalign(&base, 64, p->nbytes + FL_POOL_HDR) != 0)
+        return NULL;
+    *(int *)base = pinned;
+    return (char *)base + FL_POOL_HDR;
 }
 
 static void
 pool_destroy(fl_pool *p)
 {
     for (int i = 0; i < p->nfree; i++)
-        free(p->free[i]);
+        buf_free(p->free[i]);
     free(p->free);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -53,7 +116,8 @@ fl_pool_get(fl_pool *p)
     pthread_mutex_unlock(&p->mu);
     if (data)
         return data;
-    if (posix_memalign(&data, 64, p->nbytes) != 0) {
+    data = buf_alloc(p);
+    if (!data) {
         fl_pool_unref(p);
         return NULL;
     }
@@ -77,7 +141,8 @@ fl_pool_put(void *pool, void *data)
     }
     last = --p->refs == 0;
     pthread_mutex_unlock(&p->mu);
-    free(data);
+    if (data)
+        buf_free(data);
     if (last)
         pool_destroy(p);
 }

@@ -28,6 +28,13 @@ void fl_pool_put(void *pool, void *data);
 
 size_t fl_pool_nbytes(const fl_pool *p);
 
+/* Allocate future buffers page-locked for CUDA device `device` (cudaHostAlloc
+ * through the dlopen'd runtime); -1 = ordinary memory.  If a pinned
+ * allocation fails the pool uses ordinary memory from then on and
+ * fl_pool_pin_error returns the CUDA error (else NULL). */
+void fl_pool_set_pinned(fl_pool *p, int device);
+const char *fl_pool_pin_error(fl_pool *p);
+
 /* Bytes currently allocated by the pool (idle + handed out). */
 size_t fl_pool_bytes_in_use(fl_pool *p);
 

@@ -32,6 +32,7 @@ typedef struct {
     fl_native_ds ds;          /* paths/labels owned (malloc) */
     fl_pool *pool;            /* batch buffers for the current batch capacity; owned ref */
     int pool_batch;           /* samples per pool buffer */
+    int pin_device;           /* >= 0: batch buffers page-locked for this CUDA device; -1: not */
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
 
@@ -180,6 +181,8 @@ ds_pool_for(NativeDatasetObject *self, int count)
             PyErr_NoMemory();
             return NULL;
         }
+        if (self->pin_device >= 0)
+            fl_pool_set_pinned(p, self->pin_device);
         fl_pool_unref(self->pool);
         self->pool = p;
         self->pool_batch = count;
@@ -217,6 +220,7 @@ nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!self)
         return NULL;
     fl_native_ds *ds = &self->ds;
+    self->pin_device = -1;
     if (fl_tspec_from_pydict(spec, &ds->spec) < 0)
         goto error;
     if (ds->spec.out_w <= 0 || ds->spec.out_h <= 0) {
@@ -431,6 +435,32 @@ nds_get_pool_bytes(NativeDatasetObject *self, void *Py_UNUSED(c))
     return PyLong_FromSize_t(self->pool ? fl_pool_bytes_in_use(self->pool) : 0);
 }
 
+/* set_pinned(device): future batch buffers are page-locked for CUDA device
+ * `device` (-1: ordinary memory).  The current pool is replaced. */
+static PyObject *
+nds_set_pinned(NativeDatasetObject *self, PyObject *arg)
+{
+    long dev = PyLong_AsLong(arg);
+    if (dev == -1 && PyErr_Occurred())
+        return NULL;
+    if (dev != self->pin_device) {
+        self->pin_device = (int)dev;
+        fl_pool_unref(self->pool); /* buffers out keep their pool alive */
+        self->pool = NULL;
+        self->pool_batch = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+nds_get_pin_error(NativeDatasetObject *self, void *Py_UNUSED(c))
+{
+    const char *e = self->pool ? fl_pool_pin_error(self->pool) : NULL;
+    if (!e)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(e);
+}
+
 static PyObject *
 nds_get_pool_bytes_out(NativeDatasetObject *self, void *Py_UNUSED(c))
 {
@@ -443,6 +473,7 @@ static PyMethodDef nds_methods[] = {
     {"render_array", (PyCFunction)nds_render_array, METH_VARARGS,
      "render_array(image, index, epoch, seed) -> Buffer: transform an already decoded image"},
     {"plan", (PyCFunction)nds_plan, METH_VARARGS, "plan(index, width, height, epoch, seed) -> dict"},
+    {"set_pinned", (PyCFunction)nds_set_pinned, METH_O, "set_pinned(device): page-lock batch buffers for it (-1: off)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -451,6 +482,7 @@ static PyGetSetDef nds_getset[] = {
     {"num_samples", (getter)nds_get_len, NULL, "number of files", NULL},
     {"pool_bytes", (getter)nds_get_pool_bytes, NULL, "bytes held by the batch buffer pool", NULL},
     {"pool_bytes_out", (getter)nds_get_pool_bytes_out, NULL, "bytes of batch buffers in use (not idle)", NULL},
+    {"pin_error", (getter)nds_get_pin_error, NULL, "why pinned allocation failed, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

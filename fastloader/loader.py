@@ -254,6 +254,7 @@ class _Epoch:
         self.epoch = epoch
         self.num_workers = num_workers
         self.cancelled = False
+        self.pin = False      # page-lock batches in the worker (Python datasets)
         self.iters = {}       # worker id -> iterator over an IterableDataset
         self.ended = set()    # worker ids whose iterator is exhausted
         getitems = getattr(dataset, "__getitems__", None) if not iterable else None
@@ -311,9 +312,14 @@ def _fetch(ep: _Epoch, wid, seq, indices):
             except Exception as e:
                 return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
         try:
-            return (_OK, ep.collate_fn(data))
+            batch = ep.collate_fn(data)
         except Exception as e:
             return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
+        if ep.pin:
+            from .cuda_delivery import pin_batch
+
+            batch = pin_batch(batch)  # torch's pin_memory copy, here in the worker thread
+        return (_OK, batch)
     except Exception as e:
         return (_ERR, _annotate(e, f"batch {seq} in {where_worker}"))
 
@@ -524,7 +530,7 @@ class _Iter:
         self._num_yielded = 0
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
-        loader._fl_check_pin_memory()
+        pin = loader._fl_check_pin_memory()
         collate_fn = loader.collate_fn
         if collate_fn in _DEFAULT_COLLATES:
             collate_fn = fast_default_collate
@@ -534,6 +540,12 @@ class _Iter:
             batch_size=loader.batch_size, drop_last=loader.drop_last, collate_fn=collate_fn,
             base_seed=self._base_seed, epoch=epoch, num_workers=self._num_workers,
         )
+        self._ep.pin = pin
+        self._copier = None
+        if loader._fl_device is not None:
+            from .cuda_delivery import DeviceCopier
+
+            self._copier = loader._fl_copier = getattr(loader, "_fl_copier", None) or DeviceCopier(loader._fl_device)
         self._send = 0            # jobs submitted
         self._rcvd = 0            # next seq to hand out (in order)
         self._done = 0            # jobs collected
@@ -541,6 +553,7 @@ class _Iter:
         self._finished = False
         self._t_start = time.perf_counter()
         self._wait_s = 0.0
+        self._h2d_s = 0.0
         self._samples = 0
         self._auto = False
         self._max_memory = getattr(loader, "_fl_max_memory", None)
@@ -557,6 +570,11 @@ class _Iter:
                 and loader._auto_collation and not iterable):
             self._native = loader.dataset
             self._native_seed = loader._fl_seed if loader._fl_seed is not None else self._base_seed
+            # decode straight into page-locked buffers when pinning is on
+            dev = loader._fl_device.index if loader._fl_device is not None else (
+                torch.cuda.current_device() if pin else -1)
+            self._native._native.set_pinned(dev if pin else -1)
+            self._ep.pin = False
         if self._num_workers == 0:
             return
         _patch_torch_worker_info()
@@ -710,9 +728,10 @@ class _Iter:
         t0 = time.perf_counter()
         try:
             with _profile_range("fastloader: load batch (num_workers=0)"):
-                return self._load_inline()
+                batch = self._load_inline()
         finally:
             self._wait_s += time.perf_counter() - t0
+        return self._deliver(batch)
 
     def _load_inline(self):
         ep = self._ep
@@ -758,7 +777,7 @@ class _Iter:
                 out = self._native._finish(result, self._ep.epoch, self._native_seed, seq)
                 self._samples += len(out[1])
                 self._account_memory(out)
-                return out
+                return self._deliver(out)
             status, value = result
             if status == _EXHAUSTED:
                 self._active[wid] = False
@@ -772,7 +791,18 @@ class _Iter:
                 raise value
             self._samples += _batch_len(value)
             self._account_memory(value)
-            return value
+            return self._deliver(value)
+
+    def _deliver(self, batch):
+        """Hand a finished host batch to the consumer (copied to the GPU
+        first when the loader has a device)."""
+        if self._copier is None:
+            return batch
+        with _profile_range("fastloader: host-to-device copy"):
+            t0 = time.perf_counter()
+            out = self._copier.to_device(batch)
+            self._h2d_s += time.perf_counter() - t0
+        return out
 
     # -- memory budget (max_memory) ---------------------------------------------------------
     # Batches in flight cost batch_bytes each.  With a budget the prefetch
@@ -830,6 +860,12 @@ class _Iter:
             "max_memory": self._max_memory,
             "native": self._native is not None,
         }
+        if self._copier is not None:
+            out["device"] = str(self._copier.device)
+            out["h2d_enqueue_s"] = self._h2d_s          # consumer time spent enqueueing copies
+            out["h2d_bytes"] = self._copier.bytes
+            out["h2d_copies_in_flight"] = self._copier.inflight()
+            out["device_memory_bytes"] = torch.cuda.memory_allocated(self._copier.device)
         if self._auto:
             out["num_workers_auto"] = self._auto_n
             out["autotune_history"] = list(self._auto_history)  # (seconds into the epoch, workers)
@@ -968,8 +1004,10 @@ class DataLoader(_Base):
     Same signature, defaults, attributes and validation as torch's, plus
     `seed=`: the seed of the native pipeline's augmentation (by default drawn
     from `generator` each epoch, as torch draws its base seed);
-    `num_workers="auto"`; and `max_memory=` (bytes or "auto"), a cap on the
-    batches prefetched ahead of the training loop.  Differences:
+    `num_workers="auto"`; `max_memory=` (bytes or "auto"), a cap on the
+    batches prefetched ahead of the training loop; and `device="cuda[:N]"`:
+    batches are copied to that GPU on the loader's own stream and arrive as
+    CUDA tensors.  Differences:
     workers are threads of this process (nothing is pickled or copied; the
     dataset object is shared), `multiprocessing_context` is accepted and
     ignored, and batches of arrays/tensors are stacked in C without the GIL.
@@ -979,7 +1017,7 @@ class DataLoader(_Base):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None, max_memory=None):
+                 seed=None, max_memory=None, device=None):
         if multiprocessing_context is not None:
             warnings.warn(
                 "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
@@ -998,6 +1036,14 @@ class DataLoader(_Base):
             self.prefetch_factor = 2
         self._fl_auto = auto
         self._fl_max_memory = resolve_max_memory(max_memory)
+        from .cuda_delivery import parse_device
+
+        # device= (or torch's pin_memory_device="cuda[:N]"): batches arrive on
+        # the GPU, copied on the loader's own stream; raises a clear error
+        # when CUDA is missing
+        self._fl_device = parse_device(device if device is not None else (pin_memory_device or None)
+                                       if (device is not None or str(pin_memory_device).startswith("cuda"))
+                                       else None)
         self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False
@@ -1010,13 +1056,20 @@ class DataLoader(_Base):
         return self._is_iterable
 
     def _fl_check_pin_memory(self):
-        if self.pin_memory and not self._fl_pin_warned:
-            accel = torch is not None and torch.accelerator.is_available() if hasattr(torch, "accelerator") else False
-            if not accel:
+        """Whether batches go to page-locked memory (pin_memory or device=
+        with a usable CUDA device); warns once, as torch does, when
+        pin_memory is asked for without one."""
+        from .cuda_delivery import cuda_available
+
+        want = bool(self.pin_memory) or self._fl_device is not None
+        if want and not cuda_available():
+            if not self._fl_pin_warned:
                 self._fl_pin_warned = True
                 warnings.warn(
                     "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
                     "memory won't be used.", UserWarning, stacklevel=4)
+            return False
+        return want
 
     def _get_iterator(self):
         it = _Iter(self)

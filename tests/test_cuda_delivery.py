@@ -1,0 +1,122 @@
+"""device="cuda" and pin_memory=True with a GPU (skipped, with the reason,
+where there is none) and the clear errors when CUDA is missing."""
+import gc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fastloader  # noqa: E402
+from fastloader import transforms as FT  # noqa: E402
+from fastloader.sample import make_sample  # noqa: E402
+
+HAVE_GPU = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device (torch.cuda.is_available() is False)")
+
+
+class Arange(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((3, 8), float(i)), i
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the error raised without a GPU")
+def test_device_cuda_without_gpu_says_what_is_missing():
+    with pytest.raises(RuntimeError) as ei:
+        fastloader.DataLoader(Arange(), batch_size=4, device="cuda")
+    msg = str(ei.value)
+    assert any(word in msg for word in ("driver", "no CUDA device", "no CUDA runtime", "CUDA support")), msg
+
+
+def test_cpu_and_bad_devices():
+    dl = fastloader.DataLoader(Arange(), batch_size=4, device="cpu")
+    x, y = next(iter(dl))
+    assert x.device.type == "cpu"
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        fastloader.DataLoader(Arange(), batch_size=4, device="meta")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu") / "d"
+    make_sample(str(root), n=64, classes=2, progress=False, processes=1)
+    return str(root)
+
+
+def _native(folder):
+    return fastloader.ImageFolder(folder, transform=FT.Compose([
+        FT.Resize(72), FT.CenterCrop(64), FT.ToTensor(), FT.Normalize([0.5] * 3, [0.25] * 3)]))
+
+
+@gpu
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_native_batches_on_device_equal_cpu_path(folder, num_workers):
+    ds = _native(folder)
+    cpu = list(fastloader.DataLoader(ds, batch_size=16, num_workers=num_workers))
+    dev = list(fastloader.DataLoader(ds, batch_size=16, num_workers=num_workers, device="cuda"))
+    for (xc, yc), (xd, yd) in zip(cpu, dev):
+        assert xd.device.type == "cuda" and yd.device.type == "cuda"
+        assert torch.equal(xc, xd.cpu()) and torch.equal(yc, yd.cpu())
+
+
+@gpu
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_python_batches_on_device_equal_cpu_path(num_workers):
+    cpu = list(fastloader.DataLoader(Arange(), batch_size=4, num_workers=num_workers))
+    dev = list(fastloader.DataLoader(Arange(), batch_size=4, num_workers=num_workers, device="cuda:0"))
+    for (xc, yc), (xd, yd) in zip(cpu, dev):
+        assert xd.device == torch.device("cuda", 0)
+        assert torch.equal(xc, xd.cpu()) and torch.equal(yc, yd.cpu())
+
+
+@gpu
+def test_pin_memory_gives_pinned_batches(folder):
+    x, _ = next(iter(fastloader.DataLoader(_native(folder), batch_size=8, num_workers=2, pin_memory=True)))
+    assert x.is_pinned()
+    x, _ = next(iter(fastloader.DataLoader(Arange(), batch_size=8, num_workers=2, pin_memory=True)))
+    assert x.is_pinned()
+
+
+@gpu
+def test_memory_flat_over_20_epochs(folder):
+    ds = _native(folder)
+    dl = fastloader.DataLoader(ds, batch_size=16, num_workers=2, device="cuda", persistent_workers=True)
+    seen = []
+    for epoch in range(20):
+        for x, y in dl:
+            x.sum().item()
+        del x, y
+        gc.collect()
+        torch.cuda.synchronize()
+        seen.append((torch.cuda.memory_allocated(), ds._native.pool_bytes))
+    assert seen[-1][0] <= seen[2][0] + (1 << 20)
+    assert seen[-1][1] <= seen[2][1]
+
+
+@gpu
+def test_tensors_deleted_in_any_order_return_buffers(folder):
+    ds = _native(folder)
+    dl = fastloader.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=True)
+    kept = [b for b in dl]
+    out_before = ds._native.pool_bytes_out
+    assert out_before > 0
+    for i in (3, 0, 7, 1, 5, 2, 6, 4):
+        kept[i] = None
+    gc.collect()
+    assert ds._native.pool_bytes_out == 0
+
+
+@gpu
+def test_consumer_on_a_non_default_stream(folder):
+    ds = _native(folder)
+    ref = [x for x, _ in fastloader.DataLoader(ds, batch_size=16, num_workers=2)]
+    s = torch.cuda.Stream()
+    got = []
+    with torch.cuda.stream(s):
+        for x, _ in fastloader.DataLoader(ds, batch_size=16, num_workers=2, device="cuda"):
+            got.append((x * 2).sum(dim=(1, 2, 3)))  # work queued on s, after our copy
+    torch.cuda.synchronize()
+    for r, g in zip(ref, got):
+        assert torch.allclose((r * 2).sum(dim=(1, 2, 3)), g.cpu(), rtol=1e-5, atol=1e-3)
