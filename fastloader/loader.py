@@ -561,6 +561,7 @@ class _Iter:
         self._mem_checked = 0.0
         self._mem_warned = False
         self._pressure_warned = False
+        self._pin_warned = False
         self._window_history = []
         self._gil_checked = False
         # Native image datasets with default collation: workers build whole
@@ -830,6 +831,13 @@ class _Iter:
                     f"fastloader: batch buffers use {out >> 20} MiB, over max_memory={self._max_memory >> 20} MiB: "
                     "the training loop is keeping batches alive (a list of outputs?). Nothing is freed until "
                     "it drops them.", PerformanceWarning, stacklevel=4)
+        if self._native is not None and not self._pin_warned:
+            err = self._native._native.pin_error
+            if err:
+                self._pin_warned = True
+                warnings.warn(f"fastloader: page-locked memory could not be allocated ({err}); batch buffers "
+                              "use ordinary memory from now on, so host-to-device copies are not asynchronous",
+                              PerformanceWarning, stacklevel=4)
         if _memory_pressure():
             window = 1
             if not self._pressure_warned:
