@@ -1046,12 +1046,11 @@ class DataLoader(_Base):
         self._fl_max_memory = resolve_max_memory(max_memory)
         from .cuda_delivery import parse_device
 
-        # device= (or torch's pin_memory_device="cuda[:N]"): batches arrive on
-        # the GPU, copied on the loader's own stream; raises a clear error
-        # when CUDA is missing
-        self._fl_device = parse_device(device if device is not None else (pin_memory_device or None)
-                                       if (device is not None or str(pin_memory_device).startswith("cuda"))
-                                       else None)
+        # device="cuda[:N]": batches arrive on the GPU, copied on the loader's
+        # own stream; raises a clear error when CUDA is missing.  (torch's
+        # pin_memory_device only says which device to pin for: batches stay
+        # on the CPU, as with torch.)
+        self._fl_device = parse_device(device)
         self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False
