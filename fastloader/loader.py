@@ -901,7 +901,7 @@ class _Iter:
     # work releases the GIL (NumPy, torch, I/O, sleeping) -- whatever else
     # the machine is doing.  Warn when that holds while the consumer starves,
     # the workers are busy in Python and they get < 1.3 cores of CPU.
-    _GIL_WINDOW_S = 0.5
+    _GIL_WINDOW_S = 0.3
 
     def _gil_snapshot(self):
         return (time.perf_counter(), self._wait_s, self._engine.worker_stats(), _system_idle_s(),
@@ -946,7 +946,7 @@ class _Iter:
         self._gil_snap = self._gil_snapshot()
         if (rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > 0.8
                 and rep["python_cpu_cores"] < 1.3
-                and rep["gil_reacquire_ms"] > 400.0 * sys.getswitchinterval()):
+                and rep["gil_reacquire_ms"] > 300.0 * sys.getswitchinterval()):
             loader._fl_gil_warned = True
             self._gil_checked = True
             warnings.warn(

@@ -420,11 +420,11 @@ def _perf_warnings(fl, rec):
 @pytest.mark.fastloader_only
 def test_gil_bound_dataset_warns_once(DL, fl):
     assert issubclass(fl.PerformanceWarning, UserWarning)
-    ds = H.PythonCpuDataset(500)  # ~2 ms of pure Python per item: ~1 s of GIL-bound work
+    ds = H.PythonCpuDataset(800)  # ~2 ms of pure Python per item: ~1.6 s of GIL-bound work
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         out = _collect(DL(ds, batch_size=10, num_workers=2))
-    assert len(out) == 50
+    assert len(out) == 80
     perf = _perf_warnings(fl, rec)
     assert len(perf) == 1, [str(w.message) for w in perf]
     assert "GIL" in str(perf[0].message)
