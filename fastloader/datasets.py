@@ -62,6 +62,7 @@ class NativeImageDataset(_Dataset):
         self.target_transform = target_transform
         self.on_error = on_error
         self.dct_scaling = dct_scaling
+        self._max_pixels = max_pixels
         spec, rest, description = compile_transform(transform, layout=layout)
         self._spec = spec
         self._rest = rest
@@ -75,6 +76,24 @@ class NativeImageDataset(_Dataset):
 
     def __len__(self):
         return len(self.samples)
+
+    def _wire_variant(self):
+        """(dataset, convert): this dataset producing uint8, and the float
+        conversion to finish on the device; (None, None) when the output is
+        uint8 already or a Python tail follows the native part."""
+        spec = self._spec
+        if spec.get("dtype", "uint8") == "uint8" or self._rest is not None:
+            return None, None
+        from .cuda_delivery import DeviceConvert
+
+        wire = {k: v for k, v in spec.items() if k not in ("mean", "std")}
+        wire.update(dtype="uint8", normalize=False, scale_to_unit=0)
+        v = object.__new__(type(self))
+        v.__dict__.update(self.__dict__)  # shares samples and the skipped/replaced lists
+        v._spec = wire
+        v._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, wire, on_error=self.on_error,
+                                     dct_scaling=bool(self.dct_scaling), max_pixels=int(self._max_pixels))
+        return v, DeviceConvert(spec)
 
     # -- one sample (for torch's DataLoader or for inspection) ------------------
     def __getitem__(self, index):

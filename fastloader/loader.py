@@ -542,6 +542,7 @@ class _Iter:
         )
         self._ep.pin = pin
         self._copier = None
+        self._convert = None
         if loader._fl_device is not None:
             from .cuda_delivery import DeviceCopier
 
@@ -570,6 +571,13 @@ class _Iter:
         if (isinstance(loader.dataset, NativeImageDataset) and collate_fn is fast_default_collate
                 and loader._auto_collation and not iterable):
             self._native = loader.dataset
+            self._convert = None
+            if loader._fl_device is not None and loader._fl_convert_on_device:
+                wire, conv = getattr(loader, "_fl_wire", (None, None))
+                if wire is None:
+                    wire, conv = loader._fl_wire = loader.dataset._wire_variant()
+                if wire is not None:  # uint8 over the wire, float on the device
+                    self._native, self._convert = wire, conv
             self._native_seed = loader._fl_seed if loader._fl_seed is not None else self._base_seed
             # decode straight into page-locked buffers when pinning is on
             dev = loader._fl_device.index if loader._fl_device is not None else (
@@ -802,6 +810,9 @@ class _Iter:
         with _profile_range("fastloader: host-to-device copy"):
             t0 = time.perf_counter()
             out = self._copier.to_device(batch)
+            if self._convert is not None:
+                with torch.cuda.stream(torch.cuda.current_stream(self._copier.device)):
+                    out = (self._convert(out[0]),) + tuple(out[1:])
             self._h2d_s += time.perf_counter() - t0
         return out
 
@@ -1015,7 +1026,8 @@ class DataLoader(_Base):
     `num_workers="auto"`; `max_memory=` (bytes or "auto"), a cap on the
     batches prefetched ahead of the training loop; and `device="cuda[:N]"`:
     batches are copied to that GPU on the loader's own stream and arrive as
-    CUDA tensors.  Differences:
+    CUDA tensors (`convert_on_device=True`: native datasets send uint8 and
+    finish ToTensor/Normalize on the GPU, bit-identical).  Differences:
     workers are threads of this process (nothing is pickled or copied; the
     dataset object is shared), `multiprocessing_context` is accepted and
     ignored, and batches of arrays/tensors are stacked in C without the GIL.
@@ -1025,7 +1037,7 @@ class DataLoader(_Base):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None, max_memory=None, device=None):
+                 seed=None, max_memory=None, device=None, convert_on_device=False):
         if multiprocessing_context is not None:
             warnings.warn(
                 "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
@@ -1051,6 +1063,7 @@ class DataLoader(_Base):
         # pin_memory_device only says which device to pin for: batches stay
         # on the CPU, as with torch.)
         self._fl_device = parse_device(device)
+        self._fl_convert_on_device = bool(convert_on_device)
         self._fl_seed = None if seed is None else int(seed)
         self._fl_epochs = 0
         self._fl_gil_warned = False

@@ -120,3 +120,33 @@ def test_consumer_on_a_non_default_stream(folder):
     torch.cuda.synchronize()
     for r, g in zip(ref, got):
         assert torch.allclose((r * 2).sum(dim=(1, 2, 3)), g.cpu(), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("tf", [
+    lambda: FT.Compose([FT.RandomResizedCrop(48), FT.RandomHorizontalFlip(), FT.ToTensor(),
+                        FT.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]),
+    lambda: FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.PILToTensor(), FT.ToDtype(torch.bfloat16, scale=True)]),
+    lambda: FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.ToImage(), FT.ToDtype(torch.float32, scale=True),
+                        FT.Normalize([0.5], [0.25])]),
+])
+def test_uint8_wire_plus_convert_equals_the_float_pipeline(folder, tf):
+    # the conversion that convert_on_device runs on the GPU, checked here on the CPU
+    ds = fastloader.ImageFolder(folder, transform=tf())
+    wire, convert = ds._wire_variant()
+    assert wire is not None and wire._spec["dtype"] == "uint8"
+    ref, yr = ds.load_batch(range(16), epoch=1, seed=3)
+    u8, yu = wire.load_batch(range(16), epoch=1, seed=3)
+    assert u8.dtype == torch.uint8 and torch.equal(yr, yu)
+    out = convert(u8)
+    assert out.dtype == ref.dtype
+    assert torch.equal(out, ref)
+
+
+@gpu
+def test_convert_on_device_equals_cpu_path(folder):
+    ds = _native(folder)
+    cpu = list(fastloader.DataLoader(ds, batch_size=16, num_workers=2))
+    dev = list(fastloader.DataLoader(ds, batch_size=16, num_workers=2, device="cuda", convert_on_device=True))
+    for (xc, yc), (xd, yd) in zip(cpu, dev):
+        assert xd.device.type == "cuda" and xd.dtype == xc.dtype
+        assert torch.equal(xc, xd.cpu()) and torch.equal(yc, yd.cpu())
