@@ -63,8 +63,9 @@ def gpu_step(ms):
     return step
 
 
-def run(ds, workers, step, batches):
-    dl = fastloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers, device="cuda", seed=0)
+def run(ds, workers, step, batches, convert_on_device=False):
+    dl = fastloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers, device="cuda", seed=0,
+                               convert_on_device=convert_on_device)
     it = iter(dl)
     x, _ = next(it)
     torch.cuda.synchronize()
@@ -106,8 +107,11 @@ def main(argv=None):
     ds = fastloader.ImageFolder(ensure_sample(a.n, progress=False), transform=FT.Compose([
         FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
         FT.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
-    for label, step in (("trivial consumer", None), (f"{a.step_ms:.0f} ms GPU step", gpu_step(a.step_ms))):
-        ips, waitf = run(ds, a.workers, step, a.batches)
+    step = gpu_step(a.step_ms)
+    for label, st, conv in (("trivial consumer", None, False), (f"{a.step_ms:.0f} ms GPU step", step, False),
+                            ("trivial consumer, uint8 on the wire", None, True),
+                            (f"{a.step_ms:.0f} ms GPU step, uint8 on the wire", step, True)):
+        ips, waitf = run(ds, a.workers, st, a.batches, conv)
         print(f"{label}: {ips:.0f} images/s delivered to the device, consumer waiting {100 * waitf:.0f}% "
               f"(num_workers={a.workers})")
     return 0
