@@ -10,19 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fastloader  # noqa: E402
+from helpers_datasets import SleepyDataset as Sleepy  # noqa: E402  (tests/ is on sys.path via conftest)
 from fastloader.loader import auto_worker_limit  # noqa: E402
-
-
-class Sleepy(torch.utils.data.Dataset):
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)  # releases the GIL, like I/O or a C decoder
-        return torch.tensor([i])
 
 
 def test_auto_never_exceeds_usable_cpus():

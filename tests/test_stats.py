@@ -7,18 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fastloader  # noqa: E402
-
-
-class Sleepy(torch.utils.data.Dataset):
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return torch.tensor([i])
+from helpers_datasets import SleepyDataset as Sleepy  # noqa: E402  (tests/ is on sys.path via conftest)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
