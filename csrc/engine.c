@@ -51,6 +51,8 @@ struct fl_engine {
     int stopping;
     int nready;               /* workers past thread_start */
     int nactive;              /* workers with id >= nactive take no jobs (autotune) */
+    int holds;                /* callers inside fl_engine_hold/release (e.g. waiting):
+                                 fl_engine_free waits for them before freeing */
     int nworkers;
     fl_worker *workers;
     fl_engine_ops ops;
@@ -313,6 +315,10 @@ fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
     int rc = FL_WAIT_TIMEOUT;
     pthread_mutex_lock(&e->mu);
     for (;;) {
+        if (e->stopping) {
+            rc = FL_WAIT_CLOSED;
+            break;
+        }
         fl_job *j = take_done_locked(e, seq);
         if (j) {
             *result = j->result;
@@ -387,6 +393,23 @@ fl_engine_outstanding(fl_engine *e)
     n += e->nrunning_cur;
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+void
+fl_engine_hold(fl_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->holds++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void
+fl_engine_release(fl_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    if (--e->holds == 0)
+        pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 int
@@ -481,6 +504,12 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
     }
     if (stragglers)
         return 1; /* the engine stays allocated for the detached threads */
+    /* callers still inside wait()/reset() on other threads: they see
+     * `stopping` and leave; free only after the last one has */
+    pthread_mutex_lock(&e->mu);
+    while (e->holds > 0)
+        pthread_cond_wait(&e->done_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     /* all threads are gone: no lock needed from here */
     fl_job *j = e->pending_head;
     while (j) {

@@ -58,13 +58,23 @@ fl_engine *fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx,
  * the engine is stopping or out of memory (payload is destroyed then). */
 int fl_engine_submit(fl_engine *e, int64_t seq, int worker, void *payload);
 
-enum { FL_WAIT_DONE = 0, FL_WAIT_TIMEOUT = 1, FL_WAIT_NONE = 2 };
+enum { FL_WAIT_DONE = 0, FL_WAIT_TIMEOUT = 1, FL_WAIT_NONE = 2, FL_WAIT_CLOSED = 3 };
+
+/* A caller that uses the engine from another thread than the one that frees
+ * it (a consumer waiting while another thread closes the loader) takes a
+ * hold first; fl_engine_free waits until every hold is released, and
+ * fl_engine_wait returns FL_WAIT_CLOSED once freeing has started.  Take the
+ * hold while the engine is known to be alive (the binding does it with the
+ * GIL held, before releasing the GIL to wait). */
+void fl_engine_hold(fl_engine *e);
+void fl_engine_release(fl_engine *e);
 
 /* Wait up to timeout_ms for job `seq` of the current generation (seq = -1:
  * the finished job with the lowest seq).  On FL_WAIT_DONE the caller owns
  * *result and gets the job's seq and worker in *seq_out / *worker_out.
  * FL_WAIT_NONE: no job with that seq is queued, running or done (a caller
- * bug or an empty queue for seq = -1).  Call without the GIL. */
+ * bug or an empty queue for seq = -1).  FL_WAIT_CLOSED: the engine is being
+ * freed (only seen by callers holding a hold).  Call without the GIL. */
 int fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
                    int64_t *seq_out, int *worker_out);
 

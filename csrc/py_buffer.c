@@ -503,7 +503,7 @@ fl_stack(PyObject *module, PyObject *arg)
     size_t total = per * (size_t)n;
     Py_BEGIN_ALLOW_THREADS
     data = fl_aligned_alloc(total);
-    if (data) {
+    if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
         for (Py_ssize_t k = 0; k < n; k++)
             copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
                          items[k].strides, (size_t)itemsize0);

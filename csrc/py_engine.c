@@ -313,10 +313,16 @@ fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **resul
             return -1;
         }
         int rc;
+        fl_engine_hold(e); /* another thread may close the pool while we wait */
         PyThreadState *ts = PyEval_SaveThread();
         rc = fl_engine_wait(e, seq, slice_ms, result, seq_out, worker_out);
         uint64_t t0 = fl_now_ns();
         PyEval_RestoreThread(ts);
+        fl_engine_release(e); /* e may be freed from here on if rc is CLOSED */
+        if (rc == FL_WAIT_CLOSED) {
+            PyErr_SetString(PyExc_RuntimeError, "the worker pool was closed while waiting");
+            return -1;
+        }
         if (gil) {
             /* how long taking the GIL back took: ~the switch interval when
              * worker threads run pure Python, ~0 when their work releases it */

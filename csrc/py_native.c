@@ -336,9 +336,11 @@ nds_load_batch(NativeDatasetObject *self, PyObject *args)
     fl_native_batch *b;
     fl_native_worker *w = self->inline_worker;
     self->inline_worker = NULL; /* not re-entrant: other threads see none while we run */
+    fl_pool_ref(pool);          /* another thread may replace the dataset's pool meanwhile */
     Py_BEGIN_ALLOW_THREADS
     b = fl_native_load_batch(w, &self->ds, pool, idx, count, seed, epoch, NULL);
     Py_END_ALLOW_THREADS
+    fl_pool_unref(pool);
     if (self->inline_worker == NULL)
         self->inline_worker = w;
     else
@@ -709,9 +711,11 @@ neng_reset(NativeEngineObject *self, PyObject *Py_UNUSED(x))
         return NULL;
     uint64_t g;
     fl_engine *e = self->engine;
+    fl_engine_hold(e); /* close() from another thread waits for us */
     Py_BEGIN_ALLOW_THREADS
     g = fl_engine_reset(e);
     Py_END_ALLOW_THREADS
+    fl_engine_release(e);
     return PyLong_FromUnsignedLongLong(g);
 }
 

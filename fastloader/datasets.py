@@ -132,7 +132,7 @@ class NativeImageDataset(_Dataset):
             elif kind == "replaced":
                 self.replaced.append((self.samples[index][0], self.samples[by][0], msg))
             elif kind == "fixup":
-                ok = self._fixup(images, by, index, epoch, seed, where)
+                ok = self._fixup(images, labels, by, index, epoch, seed, where)
                 if not ok:
                     keep = keep if keep is not None else np.ones(len(labels), dtype=bool)
                     keep[by] = False
@@ -150,7 +150,7 @@ class NativeImageDataset(_Dataset):
                 labels = fast_default_collate(labels)
         return images, labels
 
-    def _fixup(self, images, slot, index, epoch, seed, where):
+    def _fixup(self, images, labels, slot, index, epoch, seed, where):
         """Decode a non-JPEG file with Pillow into batch slot `slot`.  Returns
         False when the sample must be dropped (on_error='skip')."""
         path = self.samples[index][0]
@@ -159,7 +159,7 @@ class NativeImageDataset(_Dataset):
         except ImportError:
             err = _C.DecodeError(f"{path}: not a JPEG file, and Pillow is not installed to decode it"
                                  f" [sample index {index}{where}]")
-            return self._fixup_failed(err, images, slot, index, epoch, seed)
+            return self._fixup_failed(err, images, labels, slot, index, epoch, seed)
         if not getattr(self, "_pil_warned", False):
             self._pil_warned = True
             warnings.warn(f"fastloader: {path} is not a JPEG; decoding it (and any other non-JPEG files) "
@@ -169,14 +169,14 @@ class NativeImageDataset(_Dataset):
                 arr = np.asarray(im.convert("L" if self._spec.get("out_channels", 3) == 1 else "RGB"))
         except Exception as e:
             err = _C.DecodeError(f"{path}: {e} [sample index {index}{where}]")
-            return self._fixup_failed(err, images, slot, index, epoch, seed)
+            return self._fixup_failed(err, images, labels, slot, index, epoch, seed)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         sample = _to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
         images[slot] = sample
         return True
 
-    def _fixup_failed(self, err, images, slot, index, epoch, seed):
+    def _fixup_failed(self, err, images, labels, slot, index, epoch, seed):
         if self.on_error == "raise":
             raise err
         path = self.samples[index][0]
@@ -189,6 +189,7 @@ class NativeImageDataset(_Dataset):
             res = self._native.load_batch([alt], int(epoch), int(seed))
             if not res[3] and not res[2]:
                 images[slot] = _to_output(res[0])[0]
+                labels[slot] = self.targets[alt]  # the replacement's label, as the native path does
                 self.replaced.append((path, self.samples[alt][0], str(err)))
                 return True
         raise err

@@ -725,6 +725,7 @@ class _Iter:
             # stop at once: workers stop at their next sample; they are
             # joined when the iterator goes away, not here, so Ctrl-C never
             # waits for a slow __getitem__
+            self._save_stats()
             self._finished = True
             self._ep.cancelled = True
             if self._engine is not None and not self._engine.closed:
@@ -763,6 +764,8 @@ class _Iter:
 
     def _next_threaded(self):
         while True:
+            if self._engine is None:  # shut down from another thread (interpreter exit)
+                raise RuntimeError("the DataLoader's workers were shut down while this iterator was in use")
             self._top_up()
             if self._done >= self._send:
                 raise StopIteration

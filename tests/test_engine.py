@@ -166,3 +166,42 @@ def test_buffer_dlpack_device_and_errors():
         buf.__dlpack__(dl_device=(2, 0))
     with pytest.raises(BufferError):
         buf.__dlpack__(copy=True)
+
+
+def test_close_from_another_thread_while_waiting_raises_instead_of_crashing():
+    gate = threading.Event()
+
+    def fetch(wid, payload):
+        gate.wait(0.05)
+        return payload
+
+    for _ in range(10):
+        eng = _C.Engine(2, fetch)
+        for seq in range(50):
+            eng.submit(seq, seq)
+        errors = []
+
+        def waiter():
+            try:
+                eng.wait(49)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.02)
+        eng.close()
+        t.join(5)
+        assert not t.is_alive()
+        assert errors == [] or "closed" in errors[0]
+
+
+def test_stack_of_empty_non_compact_tensors_matches_torch():
+    # e.g. boxes[:, :4] of an image without annotations: shape (0, 4), strides (5, 1)
+    items = [torch.zeros(0, 5)[:, :4], torch.zeros(0, 5)[:, :4]]
+    got = _C.stack(items)
+    assert got is not None
+    out = torch.from_dlpack(got)
+    assert out.shape == (2, 0, 4) and torch.equal(out, torch.stack(items))
+    t = [torch.zeros(3, 0).t(), torch.zeros(3, 0).t()]
+    assert torch.equal(torch.from_dlpack(_C.stack(t)), torch.stack(t))

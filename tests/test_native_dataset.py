@@ -224,3 +224,44 @@ def test_huge_header_is_refused_before_allocating(tmp_path, folder):
     ds = fastloader.ImageList([str(p)], transform=_val_tf())
     with pytest.raises(fastloader.DecodeError, match="huge.jpg"):
         ds.load_batch([0], 0, 0)
+
+
+def test_replaced_undecodable_non_jpeg_gets_the_replacements_label(tmp_path, folder):
+    # a file with PNG magic bytes that Pillow cannot decode either, in class "a";
+    # its replacement comes from class "b" and must carry b's label
+    root = tmp_path / "lab"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 40)
+    src = tv.datasets.ImageFolder(folder).samples
+    for i in range(3):
+        shutil.copy(src[i][0], root / "b" / f"ok{i}.jpg")
+    ds = fastloader.ImageFolder(str(root), transform=_val_tf(), on_error="replace")
+    with pytest.warns(UserWarning):
+        x, y = ds.load_batch([0], epoch=0, seed=0)
+    (bad, repl, _), = ds.replaced
+    assert bad.endswith("bad.png")
+    assert int(y[0]) == ds.class_to_idx["b"] == dict(ds.samples)[repl]
+
+
+def test_loading_while_another_thread_replaces_the_pool(folder):
+    import threading
+
+    ds = fastloader.ImageFolder(folder, transform=FT.Compose([FT.RandomResizedCrop(32), FT.ToTensor()]))
+    stop = threading.Event()
+    errors = []
+
+    def loader():
+        try:
+            while not stop.is_set():
+                ds.load_batch([0, 1], 0, 0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=loader)
+    t.start()
+    for i in range(200):
+        ds._native.set_pinned(-1 if i % 2 else 0)  # replaces the pool each time
+    stop.set()
+    t.join(10)
+    assert errors == []

@@ -58,3 +58,22 @@ def test_native_stats_has_stage_times_and_bytes(tmp_path):
                                    for c in ds.classes for f in __import__("os").listdir(tmp_path / "d" / c))
     assert all(v > 0 for v in st["stages_s"].values())
     assert st["skipped"] == [] and st["replaced"] == []
+
+
+def test_stats_of_an_epoch_interrupted_by_ctrl_c_are_kept():
+    import _thread
+    import threading
+
+    dl = fastloader.DataLoader(Sleepy(40, 0.01), batch_size=2, num_workers=2)
+    list(dl)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    threading.Timer(0.05, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            time.sleep(0.02)
+    st = dl.stats()
+    assert st["epoch"] == 1 and 3 <= st["batches"] < 20
+    del it
+    assert dl.stats()["epoch"] == 1
