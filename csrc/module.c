@@ -8,6 +8,8 @@
 #include <numpy/arrayobject.h>
 #include <jpeglib.h>
 
+#include "jpeg.h"
+
 #define FL_STR2(x) #x
 #define FL_STR(x) FL_STR2(x)
 
@@ -23,6 +25,19 @@ fl_exec(PyObject *m)
     fl_module_state *st = fl_get_state(m);
     if (_import_array() < 0)
         return -1;
+    /* libjpeg checks JPEG_LIB_VERSION and the struct size when a decoder is
+     * created: a loaded library that does not match the headers this build
+     * used fails here, once, with a clear message, instead of at the first
+     * image of an epoch. */
+    fl_jpeg *probe = fl_jpeg_new();
+    if (probe == NULL) {
+        PyErr_Format(PyExc_ImportError,
+                     "fastloader._C: the libjpeg loaded at run time does not match the libjpeg-turbo %s headers "
+                     "(JPEG_LIB_VERSION %d) it was built with; reinstall fastloader against the installed "
+                     "libjpeg62-turbo", FL_STR(LIBJPEG_TURBO_VERSION), JPEG_LIB_VERSION);
+        return -1;
+    }
+    fl_jpeg_free(probe);
     st->DecodeError = PyErr_NewExceptionWithDoc(
         "fastloader.DecodeError",
         "An image could not be decoded. The message names the file (or the "
