@@ -502,8 +502,29 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
         pthread_detach(e->workers[i].thread);
         stragglers++;
     }
-    if (stragglers)
-        return 1; /* the engine stays allocated for the detached threads */
+    if (stragglers) {
+        /* The engine stays allocated for the detached threads.  Free what no
+         * thread will touch again: queued and finished jobs (their payloads
+         * and results hold user objects); the stragglers' own jobs belong to
+         * a dead generation now, so they destroy those when they finish. */
+        pthread_mutex_lock(&e->mu);
+        e->gen++;
+        fl_job *pending = e->pending_head, *done = e->done_head;
+        e->pending_head = e->pending_tail = NULL;
+        e->done_head = NULL;
+        pthread_mutex_unlock(&e->mu);
+        while (pending) {
+            fl_job *n = pending->next;
+            destroy_job(e, pending);
+            pending = n;
+        }
+        while (done) {
+            fl_job *n = done->next;
+            destroy_job(e, done);
+            done = n;
+        }
+        return 1;
+    }
     /* callers still inside wait()/reset() on other threads: they see
      * `stopping` and leave; free only after the last one has */
     pthread_mutex_lock(&e->mu);

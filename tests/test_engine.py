@@ -205,3 +205,34 @@ def test_stack_of_empty_non_compact_tensors_matches_torch():
     assert out.shape == (2, 0, 4) and torch.equal(out, torch.stack(items))
     t = [torch.zeros(3, 0).t(), torch.zeros(3, 0).t()]
     assert torch.equal(torch.from_dlpack(_C.stack(t)), torch.stack(t))
+
+
+def test_close_with_a_straggler_releases_queued_payloads():
+    import weakref
+
+    release = threading.Event()
+
+    class Payload:
+        pass
+
+    def fetch(wid, payload):
+        release.wait(5)  # a dataset call that does not return in time
+        return None
+
+    eng = _C.Engine(1, fetch)
+    refs = []
+    for seq in range(5):
+        p = Payload()
+        refs.append(weakref.ref(p))
+        eng.submit(seq, p)
+    del p
+    time.sleep(0.05)  # the worker is now stuck on job 0
+    assert eng.close(0.1) is False  # not every thread could be joined
+    gc.collect()
+    assert sum(r() is not None for r in refs[1:]) == 0  # queued payloads were freed
+    release.set()
+    deadline = time.time() + 5
+    while refs[0]() is not None and time.time() < deadline:  # the straggler frees its own when done
+        time.sleep(0.02)
+        gc.collect()
+    assert refs[0]() is None
