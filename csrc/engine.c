@@ -75,6 +75,19 @@ fl_thread_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The CLOCK_REALTIME instant timeout_ms from now (for timed waits/joins). */
+static void
+deadline_in(int timeout_ms, struct timespec *ts)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 /* Take the first pending job this worker may run.  Caller holds mu. */
 static fl_job *
 take_job_locked(fl_engine *e, int worker_id)
@@ -105,6 +118,17 @@ destroy_job(fl_engine *e, fl_job *j)
     if (j->result && e->ops.destroy_result)
         e->ops.destroy_result(e->ctx, j->result);
     free(j);
+}
+
+/* Destroy a detached list of jobs (no lock held: callbacks may take the GIL). */
+static void
+destroy_jobs(fl_engine *e, fl_job *j)
+{
+    while (j) {
+        fl_job *n = j->next;
+        destroy_job(e, j);
+        j = n;
+    }
 }
 
 static void *
@@ -305,14 +329,8 @@ fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
                int64_t *seq_out, int *worker_out)
 {
     struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    int rc = FL_WAIT_TIMEOUT;
+    deadline_in(timeout_ms, &deadline);
+    int rc = FL_WAIT_TIMEOUT, timed_out = 0;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         if (e->stopping) {
@@ -322,7 +340,6 @@ fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
         fl_job *j = take_done_locked(e, seq);
         if (j) {
             *result = j->result;
-            j->result = NULL;
             if (seq_out)
                 *seq_out = j->seq;
             if (worker_out)
@@ -331,24 +348,14 @@ fl_engine_wait(fl_engine *e, int64_t seq, int timeout_ms, void **result,
             rc = FL_WAIT_DONE;
             break;
         }
+        if (timed_out)
+            break; /* one last look above after the deadline, then FL_WAIT_TIMEOUT */
         if (!exists_locked(e, seq)) {
             rc = FL_WAIT_NONE;
             break;
         }
-        if (pthread_cond_timedwait(&e->done_cv, &e->mu, &deadline) == ETIMEDOUT) {
-            j = take_done_locked(e, seq);
-            if (j) {
-                *result = j->result;
-                j->result = NULL;
-                if (seq_out)
-                    *seq_out = j->seq;
-                if (worker_out)
-                    *worker_out = j->ran_on;
-                free(j);
-                rc = FL_WAIT_DONE;
-            }
-            break;
-        }
+        if (pthread_cond_timedwait(&e->done_cv, &e->mu, &deadline) == ETIMEDOUT)
+            timed_out = 1;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -368,16 +375,8 @@ fl_engine_reset(fl_engine *e)
         if (e->workers[i].current)
             e->workers[i].current->cancelled = 1;
     pthread_mutex_unlock(&e->mu);
-    while (pending) {
-        fl_job *n = pending->next;
-        destroy_job(e, pending);
-        pending = n;
-    }
-    while (done) {
-        fl_job *n = done->next;
-        destroy_job(e, done);
-        done = n;
-    }
+    destroy_jobs(e, pending);
+    destroy_jobs(e, done);
     return gen;
 }
 
@@ -478,15 +477,8 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
         return 1;
     }
     struct timespec deadline;
-    if (timeout_ms >= 0) {
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
+    if (timeout_ms >= 0)
+        deadline_in(timeout_ms, &deadline);
     int stragglers = 0;
     for (int i = 0; i < e->nworkers; i++) {
         if (!e->workers[i].started)
@@ -513,16 +505,8 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
         e->pending_head = e->pending_tail = NULL;
         e->done_head = NULL;
         pthread_mutex_unlock(&e->mu);
-        while (pending) {
-            fl_job *n = pending->next;
-            destroy_job(e, pending);
-            pending = n;
-        }
-        while (done) {
-            fl_job *n = done->next;
-            destroy_job(e, done);
-            done = n;
-        }
+        destroy_jobs(e, pending);
+        destroy_jobs(e, done);
         return 1;
     }
     /* callers still inside wait()/reset() on other threads: they see
@@ -532,18 +516,8 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
         pthread_cond_wait(&e->done_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     /* all threads are gone: no lock needed from here */
-    fl_job *j = e->pending_head;
-    while (j) {
-        fl_job *n = j->next;
-        destroy_job(e, j);
-        j = n;
-    }
-    j = e->done_head;
-    while (j) {
-        fl_job *n = j->next;
-        destroy_job(e, j);
-        j = n;
-    }
+    destroy_jobs(e, e->pending_head);
+    destroy_jobs(e, e->done_head);
     pthread_cond_destroy(&e->work_cv);
     pthread_cond_destroy(&e->done_cv);
     pthread_mutex_destroy(&e->mu);

@@ -563,7 +563,6 @@ class _Iter:
         self._mem_warned = False
         self._pressure_warned = False
         self._pin_warned = False
-        self._window_history = []
         self._gil_checked = False
         # Native image datasets with default collation: workers build whole
         # batches in C without the GIL (csrc/native.c).
@@ -601,7 +600,6 @@ class _Iter:
         if self._engine is None or self._engine.closed:
             self._host = _WorkerHost(self._num_workers, loader.dataset, self._base_seed, epoch, loader.worker_init_fn)
             self._engine = _C.Engine(self._num_workers, self._host.fetch, self._host.init, self._host.finish)
-            self._stats0 = None
         else:
             self._engine.reset()
         self._stats0 = self._engine.worker_stats()
@@ -610,7 +608,6 @@ class _Iter:
             self._auto_start(loader)
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
-        self._pinned = {}         # seq -> worker for iterable datasets
         self._top_up()
 
     # -- num_workers="auto" ---------------------------------------------------------
@@ -858,9 +855,7 @@ class _Iter:
                 self._pressure_warned = True
                 warnings.warn("fastloader: the machine is short of memory; prefetching only one batch ahead "
                               "until it recovers", PerformanceWarning, stacklevel=4)
-        if window != self._window:
-            self._window = window
-            self._window_history.append((round(now - self._t_start, 3), window))
+        self._window = window
 
     # -- statistics ---------------------------------------------------------------------
     def stats(self):
