@@ -31,6 +31,8 @@ typedef struct {
     PyTypeObject *BufferType;  /* fastloader._C.Buffer */
     PyTypeObject *NativeDatasetType;  /* fastloader._C.NativeDataset */
     PyTypeObject *NativeEngineType;   /* fastloader._C.NativeEngine */
+    PyTypeObject *DeviceCopierType;   /* fastloader._C.DeviceCopier */
+    PyTypeObject *DeviceTensorType;   /* fastloader._C.DeviceTensor */
 } fl_module_state;
 
 /* Return the module state of the fastloader._C module object `m`. */
@@ -70,5 +72,11 @@ int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
 int fl_register_cuda(PyObject *m);     /* py_cuda.c: cuda_info, cuda_require (CUDA loaded with dlopen) */
+int fl_register_devcopy(PyObject *m);  /* py_devcopy.c: DeviceCopier, DeviceTensor */
+
+/* Load libcudart if needed and check that `device` can be used: 0, or -1
+ * with a RuntimeError saying whether the library, the driver or the device
+ * is missing (py_cuda.c, the same checks as _C.cuda_require). */
+int fl_py_cuda_require(int device);
 
 #endif

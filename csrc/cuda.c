@@ -118,6 +118,7 @@ resolve(void *h, fl_cuda_api *api)
     FL_SYM(EventQuery, "cudaEventQuery");
     FL_SYM(EventSynchronize, "cudaEventSynchronize");
     FL_SYM(EventDestroy, "cudaEventDestroy");
+    FL_SYM(EventElapsedTime, "cudaEventElapsedTime");
 #undef FL_SYM
     return NULL;
 }
@@ -498,9 +499,8 @@ fl_cuda_stream_wait_event(fl_cudaStream_t stream, fl_cudaEvent_t event, char *er
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamWaitEvent", rc);
 }
 
-int
-fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
-                     size_t errlen)
+static int
+event_create(int device, unsigned flags, fl_cudaEvent_t *event, char *err, size_t errlen)
 {
     *event = NULL;
     const fl_cuda_api *api = api_or_err("cudaEventCreateWithFlags", err, errlen);
@@ -509,7 +509,6 @@ fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char 
     int prev = device, rc = enter_device(api, device, &prev, err, errlen);
     if (rc != FL_CUDA_OK)
         return rc;
-    unsigned flags = FL_CUDA_EVENT_DISABLE_TIMING | (blocking_sync ? FL_CUDA_EVENT_BLOCKING_SYNC : 0u);
     fl_cudaEvent_t e = NULL;
     rc = api->EventCreateWithFlags(&e, flags);
     leave_device(api, device, prev);
@@ -517,6 +516,33 @@ fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char 
         return fl_cuda_format_error(err, errlen, "cudaEventCreateWithFlags", rc);
     *event = e;
     return FL_CUDA_OK;
+}
+
+int
+fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
+                     size_t errlen)
+{
+    return event_create(device,
+                        FL_CUDA_EVENT_DISABLE_TIMING | (blocking_sync ? FL_CUDA_EVENT_BLOCKING_SYNC : 0u),
+                        event, err, errlen);
+}
+
+int
+fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen)
+{
+    return event_create(device, FL_CUDA_EVENT_DEFAULT, event, err, errlen);
+}
+
+int
+fl_cuda_event_elapsed_ms(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
+                         size_t errlen)
+{
+    *ms = 0.0f;
+    const fl_cuda_api *api = api_or_err("cudaEventElapsedTime", err, errlen);
+    if (!api)
+        return FL_CUDA_ERR_NO_LIBRARY;
+    int rc = api->EventElapsedTime(ms, start, end);
+    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventElapsedTime", rc);
 }
 
 int

@@ -93,6 +93,7 @@ typedef struct {
     fl_cudaError_t (*EventQuery)(fl_cudaEvent_t event);
     fl_cudaError_t (*EventSynchronize)(fl_cudaEvent_t event);
     fl_cudaError_t (*EventDestroy)(fl_cudaEvent_t event);
+    fl_cudaError_t (*EventElapsedTime)(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end);
 } fl_cuda_api;
 
 /* ---- loading ---------------------------------------------------------- */
@@ -187,6 +188,12 @@ int fl_cuda_stream_wait_event(fl_cudaStream_t stream, fl_cudaEvent_t event, char
  * NULL on failure. */
 int fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
                          size_t errlen);
+/* Like fl_cuda_event_create, with timing enabled (for
+ * fl_cuda_event_elapsed_ms; a little dearer to record). */
+int fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen);
+/* *ms = time between two completed timed events recorded on one stream. */
+int fl_cuda_event_elapsed_ms(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
+                             size_t errlen);
 /* NULL is a no-op. */
 int fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen);
 /* Capture the work queued on `stream` so far in `event` (same device). */

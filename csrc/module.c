@@ -52,7 +52,7 @@ fl_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
         return -1;
     if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_native(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0 ||
-        fl_register_cuda(m) < 0)
+        fl_register_cuda(m) < 0 || fl_register_devcopy(m) < 0)
         return -1;
     return 0;
 }
@@ -66,6 +66,8 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->BufferType);
     Py_VISIT(st->NativeDatasetType);
     Py_VISIT(st->NativeEngineType);
+    Py_VISIT(st->DeviceCopierType);
+    Py_VISIT(st->DeviceTensorType);
     return 0;
 }
 
@@ -78,6 +80,8 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->BufferType);
     Py_CLEAR(st->NativeDatasetType);
     Py_CLEAR(st->NativeEngineType);
+    Py_CLEAR(st->DeviceCopierType);
+    Py_CLEAR(st->DeviceTensorType);
     return 0;
 }
 

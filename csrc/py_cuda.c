@@ -356,6 +356,20 @@ fl_cuda_require(PyObject *m, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+int
+fl_py_cuda_require(int device)
+{
+    PyObject *args = Py_BuildValue("(i)", device);
+    if (!args)
+        return -1;
+    PyObject *r = fl_cuda_require(NULL, args, NULL);
+    Py_DECREF(args);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* ---- test helpers -------------------------------------------------------- */
 
 /* Host memory that is page-locked either by cudaHostAlloc or by

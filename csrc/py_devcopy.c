@@ -1,0 +1,676 @@
+/* py_devcopy.c: fastloader._C.DeviceCopier and DeviceTensor, the Python
+ * face of devpool.c (batches copied to a GPU on the loader's own stream and
+ * handed out through DLPack).
+ *
+ *   c = DeviceCopier(device, max_buffers=4)
+ *   d = c.copy(host)        # host: anything with __dlpack__ on the CPU (a
+ *                           # torch tensor, a fastloader Buffer), compact
+ *   torch.from_dlpack(d)    # torch passes its current stream: that stream
+ *                           # waits on the copy's event, nothing else does
+ *   d.copy_done()           # True once the copy finished; the host memory
+ *                           # is released then (or by d.wait(), or when d dies)
+ *
+ * Ownership.  A DeviceTensor holds one fl_devbuf reference and, until its
+ * copy is known to be finished, the consumed host DLPack tensor (so the
+ * host batch cannot be reused while the GPU still reads it).  Every capsule
+ * it exports holds its own fl_devbuf reference in manager_ctx; the capsule
+ * deleter only drops that reference, needs no GIL and may run on any thread
+ * (torch frees tensors wherever the last reference goes).  The buffer goes
+ * back to the pool after the last of them, ordered after the importing
+ * streams' work (devpool.h).
+ *
+ * GIL: copies and blocking waits run with it released; everything else
+ * holds it.
+ */
+#define NO_IMPORT_ARRAY
+#include "binding.h"
+#include "devpool.h"
+#include "dlpack.h"
+
+#include <structmember.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FL_DEV_MAX_NDIM 16
+#define FL_DEV_ERRLEN 1024
+
+typedef struct {
+    PyObject_HEAD
+    fl_devpool *pool; /* owned reference; NULL after close() */
+    int device;
+} fl_copier;
+
+typedef struct {
+    PyObject_HEAD
+    fl_devbuf *buf;   /* owned reference */
+    int device;
+    int ndim;
+    int64_t shape[FL_DEV_MAX_NDIM];
+    DLDataType dtype;
+    void *host;       /* consumed host DLManagedTensor[Versioned], or NULL once released */
+    int host_versioned;
+    PyObject *weakreflist;
+} fl_devtensor;
+
+/* ---- the consumed host tensor ------------------------------------------- */
+
+/* Call the host tensor's deleter (GIL held: producers may need it). */
+static void
+release_host(fl_devtensor *d)
+{
+    void *h = d->host;
+    d->host = NULL;
+    if (!h)
+        return;
+    if (d->host_versioned) {
+        DLManagedTensorVersioned *m = h;
+        if (m->deleter)
+            m->deleter(m);
+    } else {
+        DLManagedTensor *m = h;
+        if (m->deleter)
+            m->deleter(m);
+    }
+}
+
+/* Take the DLPack tensor out of `obj` (consuming the capsule as the
+ * protocol says: renamed to used_*).  Returns the DLTensor and sets
+ * *managed / *versioned, or NULL with an exception. */
+static DLTensor *
+take_host_tensor(PyObject *obj, void **managed, int *versioned)
+{
+    PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+    if (!cap)
+        return NULL;
+    DLTensor *t = NULL;
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (m && PyCapsule_SetName(cap, "used_dltensor") == 0) {
+            *managed = m;
+            *versioned = 0;
+            t = &m->dl_tensor;
+        }
+    } else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m && PyCapsule_SetName(cap, "used_dltensor_versioned") == 0) {
+            *managed = m;
+            *versioned = 1;
+            t = &m->dl_tensor;
+        }
+    } else {
+        PyErr_Format(PyExc_TypeError, "DeviceCopier.copy: %.100s.__dlpack__() did not return a DLPack capsule",
+                     Py_TYPE(obj)->tp_name);
+    }
+    Py_DECREF(cap);
+    return t;
+}
+
+/* ---- DeviceTensor --------------------------------------------------------- */
+
+static void
+dev_managed_deleter(DLManagedTensor *m)
+{
+    if (!m)
+        return;
+    fl_devbuf_unref(m->manager_ctx);
+    free(m);
+}
+
+static void
+dev_managed_versioned_deleter(DLManagedTensorVersioned *m)
+{
+    if (!m)
+        return;
+    fl_devbuf_unref(m->manager_ctx);
+    free(m);
+}
+
+static void
+dev_capsule_destructor(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (m && m->deleter)
+            m->deleter(m);
+    } else {
+        PyErr_Clear();
+    }
+}
+
+static void
+dev_capsule_versioned_destructor(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m && m->deleter)
+            m->deleter(m);
+    } else {
+        PyErr_Clear();
+    }
+}
+
+/* DLPack's `stream` argument for CUDA (array API standard): None and 1 mean
+ * the legacy default stream, 2 the per-thread default stream, any other
+ * positive integer a cudaStream_t, -1 "do not synchronise" (the consumer
+ * orders its own work; we then order the release after the legacy default
+ * stream), and 0 is ambiguous and refused. */
+static int
+parse_stream(PyObject *obj, fl_cudaStream_t *stream, int *no_wait)
+{
+    *no_wait = 0;
+    *stream = FL_CUDA_STREAM_LEGACY;
+    if (obj == Py_None)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "__dlpack__: stream must be None or an int, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow > 0) { /* a pointer above LLONG_MAX */
+        *stream = PyLong_AsVoidPtr(obj);
+        return *stream || !PyErr_Occurred() ? 0 : -1;
+    }
+    if (overflow < 0 || v < -1) {
+        PyErr_Format(PyExc_ValueError, "__dlpack__: invalid CUDA stream %R", obj);
+        return -1;
+    }
+    if (v == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__dlpack__: stream=0 is ambiguous for CUDA; pass 1 (legacy default stream), "
+                        "2 (per-thread default stream) or a stream handle");
+        return -1;
+    }
+    if (v == -1)
+        *no_wait = 1;
+    else
+        *stream = (fl_cudaStream_t)(uintptr_t)v;
+    return 0;
+}
+
+static PyObject *
+devtensor_dlpack(fl_devtensor *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_obj,
+                                     &max_version, &dl_device, &copy))
+        return NULL;
+    fl_cudaStream_t stream;
+    int no_wait;
+    if (parse_stream(stream_obj, &stream, &no_wait) < 0)
+        return NULL;
+    if (dl_device != Py_None) {
+        int dt, di;
+        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &di))
+            return NULL;
+        if (dt != kDLCUDA || di != self->device) {
+            PyErr_Format(PyExc_BufferError, "cannot export to device (%d, %d): data lives on (%d, %d)",
+                         dt, di, (int)kDLCUDA, self->device);
+            return NULL;
+        }
+    }
+    if (copy == Py_True) {
+        PyErr_SetString(PyExc_BufferError, "fastloader device batches are exported without copying");
+        return NULL;
+    }
+    int versioned = 0;
+    if (max_version != Py_None) {
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1)
+            return PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple");
+        long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
+        if (major == -1 && PyErr_Occurred())
+            return NULL;
+        versioned = major >= 1;
+    }
+    size_t shape_bytes = sizeof(int64_t) * (size_t)(self->ndim ? self->ndim : 1);
+    void *mem = versioned ? calloc(1, sizeof(DLManagedTensorVersioned) + shape_bytes)
+                          : calloc(1, sizeof(DLManagedTensor) + shape_bytes);
+    if (!mem)
+        return PyErr_NoMemory();
+    DLTensor *t;
+    if (versioned) {
+        DLManagedTensorVersioned *m = mem;
+        m->version.major = FL_DLPACK_MAJOR;
+        m->version.minor = FL_DLPACK_MINOR;
+        m->manager_ctx = self->buf;
+        m->deleter = dev_managed_versioned_deleter;
+        t = &m->dl_tensor;
+        t->shape = (int64_t *)(m + 1);
+    } else {
+        DLManagedTensor *m = mem;
+        m->manager_ctx = self->buf;
+        m->deleter = dev_managed_deleter;
+        t = &m->dl_tensor;
+        t->shape = (int64_t *)(m + 1);
+    }
+    t->data = fl_devbuf_ptr(self->buf);
+    t->device.device_type = kDLCUDA;
+    t->device.device_id = self->device;
+    t->ndim = self->ndim;
+    t->dtype = self->dtype;
+    for (int i = 0; i < self->ndim; i++)
+        t->shape[i] = self->shape[i];
+    t->strides = NULL;
+    t->byte_offset = 0;
+    char err[FL_DEV_ERRLEN];
+    /* takes the capsule's buffer reference; queues the stream wait */
+    int rc = fl_devbuf_export(self->buf, stream, no_wait, err, sizeof err);
+    if (rc != FL_CUDA_OK) {
+        free(mem);
+        PyErr_SetString(rc == -2 ? PyExc_BufferError : PyExc_RuntimeError, err);
+        return NULL;
+    }
+    PyObject *cap = versioned
+        ? PyCapsule_New(mem, "dltensor_versioned", dev_capsule_versioned_destructor)
+        : PyCapsule_New(mem, "dltensor", dev_capsule_destructor);
+    if (!cap) {
+        fl_devbuf_unref(self->buf);
+        free(mem);
+        return NULL;
+    }
+    return cap;
+}
+
+static PyObject *
+devtensor_dlpack_device(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(ii)", (int)kDLCUDA, self->device);
+}
+
+static PyObject *
+devtensor_copy_done(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
+{
+    char err[FL_DEV_ERRLEN];
+    int rc = fl_devbuf_copy_query(self->buf, err, sizeof err);
+    if (rc == FL_CUDA_ERR_NOT_READY)
+        Py_RETURN_FALSE;
+    if (rc != FL_CUDA_OK) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    release_host(self);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+devtensor_wait(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
+{
+    char err[FL_DEV_ERRLEN];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_devbuf_copy_wait(self->buf, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_CUDA_OK) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    release_host(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+devtensor_copy_ms(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
+{
+    char err[FL_DEV_ERRLEN];
+    int rc = fl_devbuf_copy_query(self->buf, err, sizeof err);
+    if (rc == FL_CUDA_ERR_NOT_READY)
+        Py_RETURN_NONE;
+    float ms = 0.0f;
+    if (rc == FL_CUDA_OK)
+        rc = fl_devbuf_copy_ms(self->buf, &ms, err, sizeof err);
+    if (rc != FL_CUDA_OK) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    return PyFloat_FromDouble(ms);
+}
+
+static PyObject *
+devtensor_get_shape(fl_devtensor *self, void *Py_UNUSED(closure))
+{
+    PyObject *t = PyTuple_New(self->ndim);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < self->ndim; i++) {
+        PyObject *v = PyLong_FromLongLong(self->shape[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyObject *
+devtensor_get_nbytes(fl_devtensor *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(fl_devbuf_bytes(self->buf));
+}
+
+static PyObject *
+devtensor_get_ptr(fl_devtensor *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromVoidPtr(fl_devbuf_ptr(self->buf));
+}
+
+static PyObject *
+devtensor_get_device(fl_devtensor *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->device);
+}
+
+static PyObject *
+devtensor_get_holds_host(fl_devtensor *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->host != NULL);
+}
+
+static void
+devtensor_dealloc(fl_devtensor *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->host && self->buf && fl_devbuf_copy_query(self->buf, NULL, 0) != FL_CUDA_OK) {
+        /* The host memory may still be read by the copy: wait for it before
+         * giving the memory back (the loader avoids this wait by keeping a
+         * DeviceTensor until copy_done()).  Errors cannot be reported from
+         * here; the wait fails only when the device is lost, and then nothing
+         * reads. */
+        Py_BEGIN_ALLOW_THREADS
+        fl_devbuf_copy_wait(self->buf, NULL, 0);
+        Py_END_ALLOW_THREADS
+    }
+    release_host(self);
+    fl_devbuf_unref(self->buf);
+    self->buf = NULL;
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef devtensor_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))devtensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "Export as a DLPack capsule on CUDA.  stream (array API rules: None/1 legacy default, 2 "
+     "per-thread default, a handle, -1 no synchronisation) waits for the copy on the GPU."},
+    {"__dlpack_device__", (PyCFunction)devtensor_dlpack_device, METH_NOARGS,
+     "(kDLCUDA, device index)."},
+    {"copy_done", (PyCFunction)devtensor_copy_done, METH_NOARGS,
+     "True once the host-to-device copy has finished (then the host batch is released)."},
+    {"wait", (PyCFunction)devtensor_wait, METH_NOARGS,
+     "Block until the copy has finished (GIL released) and release the host batch."},
+    {"copy_ms", (PyCFunction)devtensor_copy_ms, METH_NOARGS,
+     "Milliseconds the copy took on the device, or None while it runs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef devtensor_getset[] = {
+    {"shape", (getter)devtensor_get_shape, NULL, "shape", NULL},
+    {"nbytes", (getter)devtensor_get_nbytes, NULL, "size in bytes", NULL},
+    {"ptr", (getter)devtensor_get_ptr, NULL, "device address", NULL},
+    {"device", (getter)devtensor_get_device, NULL, "CUDA device index", NULL},
+    {"holds_host", (getter)devtensor_get_holds_host, NULL,
+     "whether the host batch is still kept (its copy not yet seen finished)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef devtensor_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(fl_devtensor, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot devtensor_slots[] = {
+    {Py_tp_dealloc, devtensor_dealloc},
+    {Py_tp_methods, devtensor_methods},
+    {Py_tp_getset, devtensor_getset},
+    {Py_tp_members, devtensor_members},
+    {Py_tp_doc, "A batch tensor in a fastloader device buffer, exported with DLPack."},
+    {0, NULL},
+};
+
+static PyType_Spec devtensor_spec = {
+    .name = "fastloader._C.DeviceTensor",
+    .basicsize = sizeof(fl_devtensor),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = devtensor_slots,
+};
+
+/* ---- DeviceCopier ----------------------------------------------------------- */
+
+static PyObject *
+copier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"device", "max_buffers", NULL};
+    int device, max_buffers = 4;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|i:DeviceCopier", kwlist, &device, &max_buffers))
+        return NULL;
+    if (max_buffers < 1)
+        return PyErr_Format(PyExc_ValueError, "max_buffers must be >= 1, got %d", max_buffers);
+    if (fl_py_cuda_require(device) < 0)
+        return NULL;
+    char err[FL_DEV_ERRLEN];
+    fl_devpool *pool;
+    Py_BEGIN_ALLOW_THREADS
+    pool = fl_devpool_new(device, max_buffers, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (!pool) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    fl_copier *self = (fl_copier *)type->tp_alloc(type, 0);
+    if (!self) {
+        fl_devpool_unref(pool);
+        return NULL;
+    }
+    self->pool = pool;
+    self->device = device;
+    return (PyObject *)self;
+}
+
+static int
+copier_check(fl_copier *self)
+{
+    if (self->pool)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "DeviceCopier is closed");
+    return -1;
+}
+
+static PyObject *
+copier_copy(fl_copier *self, PyObject *obj)
+{
+    if (copier_check(self) < 0)
+        return NULL;
+    void *managed = NULL;
+    int versioned = 0;
+    DLTensor *t = take_host_tensor(obj, &managed, &versioned);
+    if (!t)
+        return NULL;
+    fl_devtensor *d = NULL;
+    const char *why = NULL;
+    size_t elem = ((size_t)t->dtype.bits * t->dtype.lanes + 7) / 8, count = 1;
+    if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+        why = "the tensor is not in host memory";
+    else if (t->ndim < 0 || t->ndim > FL_DEV_MAX_NDIM)
+        why = "the tensor has too many dimensions";
+    else if (t->dtype.bits % 8 != 0)
+        why = "sub-byte dtypes are not supported";
+    if (!why) {
+        int64_t expect = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            if (t->strides && t->shape[i] > 1 && t->strides[i] != expect)
+                why = "the tensor is not contiguous (call .contiguous() first)";
+            expect *= t->shape[i];
+            count *= (size_t)t->shape[i];
+        }
+    }
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "DeviceCopier.copy: %s", why);
+        goto fail;
+    }
+    PyTypeObject *tp = fl_get_state(PyType_GetModule(Py_TYPE(self)))->DeviceTensorType;
+    d = (fl_devtensor *)tp->tp_alloc(tp, 0);
+    if (!d)
+        goto fail;
+    d->device = self->device;
+    d->ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        d->shape[i] = t->shape[i];
+    d->dtype = t->dtype;
+    const void *src = (const char *)t->data + t->byte_offset;
+    size_t bytes = count * elem;
+    char err[FL_DEV_ERRLEN];
+    fl_devbuf *buf = NULL;
+    int rc;
+    fl_devpool *pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_devpool_copy(pool, src, bytes, &buf, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_CUDA_OK) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        goto fail;
+    }
+    d->buf = buf;
+    d->host = managed; /* kept until the copy is seen finished */
+    d->host_versioned = versioned;
+    return (PyObject *)d;
+fail:
+    if (versioned)
+        ((DLManagedTensorVersioned *)managed)->deleter((DLManagedTensorVersioned *)managed);
+    else
+        ((DLManagedTensor *)managed)->deleter((DLManagedTensor *)managed);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+static PyObject *
+copier_synchronize(fl_copier *self, PyObject *Py_UNUSED(ignored))
+{
+    if (copier_check(self) < 0)
+        return NULL;
+    char err[FL_DEV_ERRLEN];
+    int rc;
+    fl_devpool *pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_devpool_synchronize(pool, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_CUDA_OK) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+copier_stats(fl_copier *self, PyObject *Py_UNUSED(ignored))
+{
+    if (copier_check(self) < 0)
+        return NULL;
+    fl_devpool_stats s;
+    fl_devpool_get_stats(self->pool, &s);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:n}", "copies",
+                         (unsigned long long)s.copies, "bytes_copied",
+                         (unsigned long long)s.bytes_copied, "allocations",
+                         (unsigned long long)s.allocations, "reused_ready",
+                         (unsigned long long)s.reused_ready, "reused_waiting",
+                         (unsigned long long)s.reused_waiting, "over_cap",
+                         (unsigned long long)s.over_cap, "freed", (unsigned long long)s.freed,
+                         "buffers", s.buffers, "idle", s.idle, "device_bytes",
+                         (Py_ssize_t)s.device_bytes);
+}
+
+static PyObject *
+copier_close(fl_copier *self, PyObject *Py_UNUSED(ignored))
+{
+    fl_devpool *pool = self->pool;
+    self->pool = NULL;
+    if (pool) {
+        /* the last reference synchronises the stream and frees idle buffers */
+        Py_BEGIN_ALLOW_THREADS
+        fl_devpool_unref(pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+copier_get_stream(fl_copier *self, void *Py_UNUSED(closure))
+{
+    if (copier_check(self) < 0)
+        return NULL;
+    return PyLong_FromVoidPtr(fl_devpool_stream(self->pool));
+}
+
+static PyObject *
+copier_get_device(fl_copier *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->device);
+}
+
+static void
+copier_dealloc(fl_copier *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    fl_devpool *pool = self->pool;
+    self->pool = NULL;
+    if (pool) {
+        Py_BEGIN_ALLOW_THREADS
+        fl_devpool_unref(pool);
+        Py_END_ALLOW_THREADS
+    }
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef copier_methods[] = {
+    {"copy", (PyCFunction)copier_copy, METH_O,
+     "copy(host) -> DeviceTensor: queue host -> device on the loader's stream (no host wait)."},
+    {"synchronize", (PyCFunction)copier_synchronize, METH_NOARGS,
+     "Block until every queued copy has finished (GIL released)."},
+    {"stats", (PyCFunction)copier_stats, METH_NOARGS, "Pool counters as a dict."},
+    {"close", (PyCFunction)copier_close, METH_NOARGS,
+     "Drop the pool; device tensors still alive keep their buffers."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef copier_getset[] = {
+    {"stream", (getter)copier_get_stream, NULL, "the copy stream (cudaStream_t as int)", NULL},
+    {"device", (getter)copier_get_device, NULL, "CUDA device index", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot copier_slots[] = {
+    {Py_tp_new, copier_new},
+    {Py_tp_dealloc, copier_dealloc},
+    {Py_tp_methods, copier_methods},
+    {Py_tp_getset, copier_getset},
+    {Py_tp_doc, "DeviceCopier(device, max_buffers=4): host batches to one CUDA device on a stream "
+                "of its own, into pooled device buffers."},
+    {0, NULL},
+};
+
+static PyType_Spec copier_spec = {
+    .name = "fastloader._C.DeviceCopier",
+    .basicsize = sizeof(fl_copier),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = copier_slots,
+};
+
+int
+fl_register_devcopy(PyObject *m)
+{
+    fl_module_state *st = fl_get_state(m);
+    st->DeviceTensorType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &devtensor_spec, NULL);
+    if (!st->DeviceTensorType || PyModule_AddType(m, st->DeviceTensorType) < 0)
+        return -1;
+    st->DeviceCopierType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &copier_spec, NULL);
+    if (!st->DeviceCopierType || PyModule_AddType(m, st->DeviceCopierType) < 0)
+        return -1;
+    return 0;
+}

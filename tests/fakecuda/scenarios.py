@@ -1,0 +1,471 @@
+"""Scenarios for fastloader's device copier against the fake CUDA runtime.
+
+Run by tests/test_devcopy.py in a child process whose FASTLOADER_CUDART
+points at libfakecudart.so (the CUDA library is loaded once per process, so
+this cannot share the test process).  Each scenario raises on failure; the
+runner prints one JSON object {name: "ok" or the traceback}.
+
+The consumer side is written the way a DLPack consumer in C would do it:
+take the capsule, rename it "used_dltensor", read the memory with a
+device-to-host copy on the consumer's own stream, and call the deleter when
+done.  In the fake runtime device memory is host memory and every stream is
+a thread, so ordering mistakes show up as wrong bytes.
+"""
+import ctypes
+import json
+import os
+import random
+import sys
+import traceback
+
+import numpy as np
+
+from fastloader import _C
+
+lib = ctypes.CDLL(os.environ["FASTLOADER_CUDART"])
+lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+lib.fakecuda_sleep_on.argtypes = [ctypes.c_void_p, ctypes.c_long]
+lib.fakecuda_set_copy_delay_us.argtypes = [ctypes.c_long]
+lib.fakecuda_set_fail_malloc_after.argtypes = [ctypes.c_long]
+lib.fakecuda_counter.restype = ctypes.c_long
+lib.fakecuda_device_bytes.restype = ctypes.c_long
+lib.fakecuda_device_bytes.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+
+STREAM_SYNCS, EVENT_SYNCS, MALLOCS, FREES, HOST_ALLOCS, HOST_FREES, WAITS, COPIES = range(8)
+
+capi = ctypes.pythonapi
+capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+capi.PyCapsule_GetName.restype = ctypes.c_char_p
+capi.PyCapsule_GetName.argtypes = [ctypes.py_object]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+def new_stream():
+    s = ctypes.c_void_p()
+    assert lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+    return s.value
+
+
+class Imported:
+    """What a C consumer holds after importing a capsule."""
+
+    def __init__(self, dev, stream, versioned=False):
+        kw = {"stream": stream}
+        if versioned:
+            kw["max_version"] = (1, 0)
+        cap = dev.__dlpack__(**kw)
+        name = capi.PyCapsule_GetName(cap)
+        self.ptr = capi.PyCapsule_GetPointer(cap, name)
+        assert capi.PyCapsule_SetName(cap, b"used_" + name) == 0
+        cls = DLManagedTensorVersioned if versioned else DLManagedTensor
+        self.m = cls.from_address(self.ptr)
+        self.name = name
+        t = self.m.dl_tensor
+        self.data = t.data
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        self.device = (t.device.device_type, t.device.device_id)
+        self.dtype = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
+        self.nbytes = int(np.prod(self.shape)) * t.dtype.bits // 8
+        self.released = False
+
+    def read_async(self, stream, out):
+        """Queue a device-to-host copy of the whole tensor on `stream`."""
+        assert lib.cudaMemcpyAsync(out.ctypes.data, self.data, self.nbytes, 2, stream) == 0
+
+    def read(self, stream):
+        out = np.empty(self.nbytes, np.uint8)
+        self.read_async(stream, out)
+        lib.cudaStreamSynchronize(stream)
+        return out
+
+    def release(self):
+        assert not self.released
+        self.released = True
+        self.m.deleter(self.ptr)
+
+
+def device_allocs():
+    b = ctypes.c_size_t()
+    n = lib.fakecuda_device_bytes(ctypes.byref(b))
+    return n, b.value
+
+
+def batch(seed, shape=(4, 3, 32, 32)):
+    return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
+
+
+# ---- scenarios ------------------------------------------------------------------
+
+def roundtrip():
+    """Bytes on the device equal the host batch; DLPack metadata is right."""
+    lib.fakecuda_set_copy_delay_us(20000)
+    c = _C.DeviceCopier(0)
+    s = new_stream()
+    for dtype in (np.uint8, np.float32, np.int64):
+        host = (batch(1) if dtype == np.uint8 else batch(2).astype(dtype))
+        d = c.copy(host)
+        assert d.__dlpack_device__() == (2, 0)
+        assert d.shape == host.shape and d.nbytes == host.nbytes and d.device == 0
+        imp = Imported(d, s)
+        assert imp.device == (2, 0) and imp.shape == host.shape
+        assert imp.dtype == {np.uint8: (1, 8, 1), np.float32: (2, 32, 1), np.int64: (0, 64, 1)}[dtype]
+        assert imp.read(s).tobytes() == host.tobytes(), dtype
+        imp.release()
+    c.close()
+
+
+def missing_wait_is_caught():
+    """Negative control: with stream=-1 (no synchronisation) a read queued at
+    once on another stream sees the buffer before the copy lands, so the
+    fake runtime really does catch a missing wait."""
+    lib.fakecuda_set_copy_delay_us(100000)
+    c = _C.DeviceCopier(0)
+    s = new_stream()
+    host = batch(3)
+    d = c.copy(host)
+    imp = Imported(d, -1)
+    assert imp.read(s).tobytes() != host.tobytes()
+    d.wait()
+    assert imp.read(s).tobytes() == host.tobytes()
+    imp.release()
+
+
+def default_streams():
+    """stream=None and 1 (legacy default) and 2 (per-thread default) work."""
+    lib.fakecuda_set_copy_delay_us(20000)
+    c = _C.DeviceCopier(0)
+    host = batch(4)
+    for stream in (None, 1, 2):
+        d = c.copy(host)
+        imp = Imported(d, stream)
+        assert imp.read(stream or 1).tobytes() == host.tobytes(), stream
+        imp.release()
+
+
+def host_kept_until_copy_done():
+    """The host batch stays referenced until its copy has finished."""
+    lib.fakecuda_set_copy_delay_us(100000)
+    c = _C.DeviceCopier(0)
+    host = batch(5)
+    before = sys.getrefcount(host)
+    d = c.copy(host)
+    assert d.holds_host and sys.getrefcount(host) > before
+    assert d.copy_done() is False and d.copy_ms() is None
+    d.wait()
+    assert not d.holds_host and sys.getrefcount(host) == before
+    assert d.copy_done() is True and d.copy_ms() >= 50.0  # the fake's 100 ms delay
+    # a tensor dropped while its copy runs waits for the copy, then lets go
+    d2 = c.copy(host)
+    assert sys.getrefcount(host) > before
+    del d2
+    assert sys.getrefcount(host) == before
+
+
+def release_ordered_after_consumer():
+    """A released buffer is rewritten only after the consumer's stream has
+    passed the release point: with one buffer, batch B's copy must wait
+    for a slow read of batch A queued before A was released."""
+    lib.fakecuda_set_copy_delay_us(0)
+    c = _C.DeviceCopier(0, max_buffers=1)
+    s = new_stream()
+    a, b = batch(6), batch(7)
+    da = c.copy(a)
+    ia = Imported(da, s)
+    ptr = ia.data
+    out = np.empty(ia.nbytes, np.uint8)
+    lib.fakecuda_sleep_on(s, 150000)  # a 150 ms "kernel" before the read
+    ia.read_async(s, out)
+    del da
+    ia.release()  # consumer lets go while its stream still has work queued
+    db = c.copy(b)
+    ib = Imported(db, s)
+    assert ib.data == ptr, "the single buffer must be reused"
+    st = c.stats()
+    assert st["reused_waiting"] == 1 and st["allocations"] == 1, st
+    lib.cudaStreamSynchronize(s)
+    assert out.tobytes() == a.tobytes(), "batch A was overwritten before the consumer read it"
+    assert ib.read(s).tobytes() == b.tobytes()
+    ib.release()
+
+
+def ready_buffer_preferred():
+    """Under the cap, a buffer whose consumer is still busy is not taken:
+    a new one is allocated instead, so the copy need not wait."""
+    lib.fakecuda_set_copy_delay_us(0)
+    c = _C.DeviceCopier(0, max_buffers=2)
+    s = new_stream()
+    i1 = Imported(c.copy(batch(8)), s)
+    lib.fakecuda_sleep_on(s, 200000)
+    i1.release()
+    d2 = c.copy(batch(9))
+    i2 = Imported(d2, s)
+    st = c.stats()
+    assert i2.data != i1.data and st["allocations"] == 2 and st["reused_waiting"] == 0, st
+    i2.release()
+    lib.cudaStreamSynchronize(s)
+    i3 = Imported(c.copy(batch(10)), s)  # both idle and passed now: reuse
+    assert c.stats()["reused_ready"] == 1 and c.stats()["allocations"] == 2
+    i3.release()
+
+
+def pool_flat_any_order():
+    """20 epochs of images + labels, released in random order: the device
+    allocations stop growing after the first epoch, every buffer comes back,
+    and the steady state never blocks the host on the device."""
+    lib.fakecuda_set_copy_delay_us(0)
+    rng = random.Random(0)
+    c = _C.DeviceCopier(0, max_buffers=8)
+    s = new_stream()
+    base = device_allocs()
+    counts = []
+    syncs_before = None
+    inflight = []
+    for epoch in range(20):
+        held = []
+        for i in range(10):
+            n = 4 if i < 9 else 3  # a short last batch, as with drop_last=False
+            img = batch(100 * epoch + i, (n, 3, 16, 16))
+            lab = np.arange(n, dtype=np.int64) + i
+            dimg, dlab = c.copy(img), c.copy(lab)
+            held += [Imported(dimg, s), Imported(dlab, s)]
+            # as the loader does: keep each DeviceTensor (and so its host
+            # batch) until its copy is seen finished, never blocking on it
+            inflight += [dimg, dlab]
+            inflight = [d for d in inflight if not d.copy_done()]
+            del dimg, dlab
+            if len(held) > 6:  # the loop keeps a few batches, drops them in any order
+                rng.shuffle(held)
+                while len(held) > 2:
+                    held.pop().release()
+        rng.shuffle(held)
+        for h in held:
+            h.release()
+        while inflight:
+            inflight = [d for d in inflight if not d.copy_done()]
+        st = c.stats()
+        assert st["idle"] == st["buffers"], st  # everything came back
+        counts.append(device_allocs())
+        if epoch == 1:
+            syncs_before = (lib.fakecuda_counter(STREAM_SYNCS), lib.fakecuda_counter(EVENT_SYNCS))
+    assert counts[1] == counts[-1], counts
+    assert c.stats()["buffers"] <= 2 * 8  # two size classes (images, labels), capped each
+    syncs_after = (lib.fakecuda_counter(STREAM_SYNCS), lib.fakecuda_counter(EVENT_SYNCS))
+    assert syncs_after == syncs_before, (syncs_before, syncs_after, c.stats())
+    c.close()
+    assert device_allocs() == base
+
+
+def outlives_copier():
+    """Device tensors keep their buffer after the copier is closed and
+    dropped; the last release frees everything."""
+    lib.fakecuda_set_copy_delay_us(0)
+    base = device_allocs()
+    c = _C.DeviceCopier(0)
+    s = new_stream()
+    host = batch(11)
+    d = c.copy(host)
+    imp = Imported(d, s)
+    c.close()
+    del c, d
+    assert device_allocs()[0] == base[0] + 1
+    assert imp.read(s).tobytes() == host.tobytes()
+    imp.release()
+    assert device_allocs() == base
+
+
+def versioned_capsule():
+    lib.fakecuda_set_copy_delay_us(10000)
+    c = _C.DeviceCopier(0)
+    s = new_stream()
+    host = batch(12)
+    imp = Imported(c.copy(host), s, versioned=True)
+    assert imp.name == b"dltensor_versioned" and (imp.m.major, imp.m.minor) == (1, 0)
+    assert imp.read(s).tobytes() == host.tobytes()
+    imp.release()
+
+
+def unconsumed_capsule_released():
+    """A capsule nobody imports gives its reference back when it dies."""
+    c = _C.DeviceCopier(0, max_buffers=1)
+    d = c.copy(batch(13))
+    cap = d.__dlpack__(stream=1)
+    del cap, d
+    c.synchronize()
+    st = c.stats()
+    assert st["idle"] == st["buffers"] == 1, st
+
+
+def errors():
+    c = _C.DeviceCopier(0)
+    host = batch(14)
+    d = c.copy(host)
+    for bad, exc, text in [
+        (dict(stream=0), ValueError, "stream=0 is ambiguous"),
+        (dict(stream="x"), TypeError, "stream must be None or an int"),
+        (dict(stream=-5), ValueError, "invalid CUDA stream"),
+        (dict(stream=1, dl_device=(1, 0)), BufferError, "cannot export to device (1, 0)"),
+        (dict(stream=1, dl_device=(2, 1)), BufferError, "cannot export to device (2, 1)"),
+        (dict(stream=1, copy=True), BufferError, "without copying"),
+    ]:
+        try:
+            d.__dlpack__(**bad)
+        except exc as e:
+            assert text in str(e), (bad, e)
+        else:
+            raise AssertionError(f"no error for {bad}")
+    try:
+        c.copy(np.zeros((4, 6), np.uint8)[:, ::2])
+    except (ValueError, BufferError, TypeError) as e:
+        assert "contiguous" in str(e) or "strides" in str(e) or "DLPack" in str(e), e
+    else:
+        raise AssertionError("non-contiguous host accepted")
+    try:
+        c.copy(object())
+    except (AttributeError, TypeError):
+        pass
+    else:
+        raise AssertionError("object without __dlpack__ accepted")
+    # nine different streams: the ninth is refused with a clear error
+    imps = [Imported(d, new_stream()) for _ in range(8)]
+    try:
+        d.__dlpack__(stream=new_stream())
+    except BufferError as e:
+        assert "at most 8 different streams" in str(e)
+    else:
+        raise AssertionError("ninth stream accepted")
+    for i in imps:
+        i.release()
+    # out of device memory: the CUDA error, named, and the host batch let go
+    lib.fakecuda_set_fail_malloc_after(0)
+    before = sys.getrefcount(host)
+    try:
+        c.copy(batch(15, (64, 3, 64, 64)))
+    except RuntimeError as e:
+        assert "cudaMalloc(" in str(e) and "(cudaErrorMemoryAllocation: out of memory)" in str(e), e
+    else:
+        raise AssertionError("failed cudaMalloc not reported")
+    try:
+        c.copy(host)
+    except RuntimeError:
+        pass
+    assert sys.getrefcount(host) == before
+    lib.fakecuda_set_fail_malloc_after(-1)
+    assert c.stats()["buffers"] == 1  # the failed allocations are not counted
+    c.close()
+    try:
+        c.copy(host)
+    except RuntimeError as e:
+        assert "closed" in str(e)
+    else:
+        raise AssertionError("closed copier copied")
+    try:
+        _C.DeviceCopier(3)
+    except RuntimeError as e:
+        assert "CUDA device 3 requested but only 1 present" in str(e), e
+    else:
+        raise AssertionError("missing device accepted")
+
+
+def threads():
+    """Copies from several threads and releases from others (as torch frees
+    tensors wherever the last reference goes) keep data and counts right."""
+    import threading
+    lib.fakecuda_set_copy_delay_us(0)
+    base = device_allocs()
+    c = _C.DeviceCopier(0, max_buffers=4)
+    errors = []
+
+    def work(seed):
+        try:
+            s = new_stream()
+            for i in range(50):
+                host = batch(seed * 1000 + i, (2, 3, 8, 8))
+                imp = Imported(c.copy(host), s)
+                if imp.read(s).tobytes() != host.tobytes():
+                    errors.append((seed, i))
+                threading.Thread(target=imp.release).start()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    c.close()
+    import time
+    deadline = time.time() + 5
+    while device_allocs() != base and time.time() < deadline:
+        time.sleep(0.01)
+    assert device_allocs() == base
+
+
+def many_sizes():
+    """Batches of 24 different sizes: the pool keeps at most 16 size
+    classes, evicting wholly idle ones, and every byte arrives intact."""
+    lib.fakecuda_set_copy_delay_us(0)
+    base = device_allocs()
+    c = _C.DeviceCopier(0, max_buffers=2)
+    s = new_stream()
+    for k in range(24):
+        host = np.full((2 * k + 1, 1 << 20), k, np.uint8)  # 1, 3, .. 47 MiB: 24 classes
+        host[:, ::4097] = (np.arange(2 * k + 1) % 251).astype(np.uint8)[:, None]
+        imp = Imported(c.copy(host), s)
+        assert imp.read(s).tobytes() == host.tobytes(), k
+        imp.release()
+    st = c.stats()
+    assert st["buffers"] <= 16 and st["freed"] >= 1, st
+    c.close()
+    assert device_allocs() == base
+
+
+SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
+             release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
+             outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes]
+
+
+def main(names):
+    out = {}
+    for fn in SCENARIOS:
+        if names and fn.__name__ not in names:
+            continue
+        try:
+            fn()
+            out[fn.__name__] = "ok"
+        except Exception:
+            out[fn.__name__] = traceback.format_exc()
+    print("FAKECUDA-RESULTS " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
