@@ -1,22 +1,28 @@
-"""Batches to the GPU: pinned host buffers and asynchronous copies on the
-loader's own CUDA stream.
+"""Batches to the GPU: pinned host buffers, asynchronous copies on the
+loader's own CUDA stream, CUDA tensors handed out through DLPack.
 
 Data flow for `DataLoader(..., device="cuda")`:
 
     worker threads -> batch in page-locked host memory (native datasets decode
                       straight into it; Python datasets are pinned in the worker)
-    consumer       -> copy host->device with non_blocking=True on the loader's
-                      stream, record an event, make the consumer's current
-                      stream wait on that event (no device-wide sync), mark the
-                      device tensors as used by that stream (record_stream), and
-                      keep the host batch alive until the event has completed,
-                      so a host buffer is never reused while its copy runs.
+    consumer       -> _C.DeviceCopier.copy: cudaMemcpyAsync into a pooled
+                      device buffer on the loader's non-blocking stream, then
+                      an event (csrc/devpool.c); the host does not wait
+                   -> torch.from_dlpack(DeviceTensor): torch passes its current
+                      stream to __dlpack__(stream=...), and that stream waits
+                      on the copy's event on the GPU (no device-wide sync)
+                   -> the host batch is kept until the copy has finished
+                      (DeviceTensor.copy_done, polled, never a blocking wait),
+                      so a host slot is reused only after its copy
+    tensor dies    -> the DLPack deleter records an event on the consumer's
+                      stream and the device buffer goes back to the pool; a
+                      later copy rewrites it only after that event.
 
-This layer uses torch's CUDA streams, events and caching allocator, so device
-memory comes from (and returns to) torch's pool and stays flat over epochs.
-CUDA itself is only touched when a device is asked for; without one the
-constructor raises an error that says which part is missing (see
-fastloader._C.cuda_require).
+Device memory is fastloader's own pool (not torch's caching allocator), so
+torch.cuda.memory_allocated does not count it; DataLoader.stats() reports it
+as device_pool_bytes.  CUDA itself is only touched when a device is asked
+for; without one the constructor raises an error that says which part is
+missing (see fastloader._C.cuda_require).
 """
 from __future__ import annotations
 
@@ -80,49 +86,76 @@ def pin_batch(batch):
 
 
 class DeviceCopier:
-    """Copies batches to one CUDA device on a stream of its own.
+    """Copies batches to one CUDA device on a stream of its own (C side:
+    fastloader._C.DeviceCopier).
 
-    `to_device(batch)` returns the batch on the device, ordered before
-    anything the consumer's current stream does next.  Host batches stay
-    referenced until their copy has finished (checked with event.query(), never
-    a blocking sync), which bounds host memory to the copies in flight.
+    `to_device(batch)` returns the batch with every tensor on the device,
+    ordered before anything the consumer's current stream does next.  Host
+    tensors stay referenced until their copy has finished (polled with
+    copy_done(), never a blocking sync), which bounds host memory to the
+    copies in flight.  `max_buffers` caps the device buffers of one size kept
+    by the pool (see csrc/devpool.h).
     """
 
-    def __init__(self, device):
+    MAX_INFLIGHT = 8
+
+    def __init__(self, device, max_buffers=4):
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
-        self._inflight = collections.deque()  # (event, host batch)
-        self.copy_s = 0.0
+        self._c = _C.DeviceCopier(device.index if device.index is not None else 0, max_buffers=max_buffers)
+        # torch's view of our stream, for users who want to order work on it
+        self.stream = torch.cuda.ExternalStream(self._c.stream, device=device)
+        self._inflight = collections.deque()  # DeviceTensors whose copy may still read host memory
         self.bytes = 0
+        self.copies = 0
+        self.copy_gpu_s = 0.0  # time the copies took on the device (events)
 
     def _release_finished(self):
-        while self._inflight and self._inflight[0][0].query():
-            self._inflight.popleft()
+        while self._inflight and self._inflight[0].copy_done():
+            d = self._inflight.popleft()
+            self.copy_gpu_s += d.copy_ms() / 1e3
+
+    def _copy(self, t):
+        if t.device.type == "cuda":
+            return t if t.device == self.device else t.to(self.device, non_blocking=True)
+        if t.device.type != "cpu":
+            return t
+        if t.requires_grad:
+            t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        d = self._c.copy(t)
+        self._inflight.append(d)
+        self.bytes += d.nbytes
+        self.copies += 1
+        # from_dlpack passes torch's current stream for this device: that
+        # stream waits on the copy's event
+        return torch.from_dlpack(d)
 
     def to_device(self, batch):
         self._release_finished()
-        consumer = torch.cuda.current_stream(self.device)
-        nbytes = [0]
-
-        def copy(t):
-            nbytes[0] += t.element_size() * t.nelement()
-            return t.to(self.device, non_blocking=True)
-
-        with torch.cuda.stream(self.stream):
-            out = _map_tensors(copy, batch)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        consumer.wait_event(ev)
-        # the device memory was allocated on our stream but is used on the
-        # consumer's: tell the caching allocator not to reuse it too early
-        _map_tensors(lambda t: t.record_stream(consumer), out)
-        self._inflight.append((ev, batch))
-        self.bytes += nbytes[0]
-        return out
+        # backpressure: the host never runs more than MAX_INFLIGHT copies
+        # ahead of the copy engine (each holds a host batch and a buffer)
+        while len(self._inflight) >= self.MAX_INFLIGHT:
+            d = self._inflight.popleft()
+            d.wait()
+            self.copy_gpu_s += d.copy_ms() / 1e3
+        return _map_tensors(self._copy, batch)
 
     def inflight(self):
         self._release_finished()
         return len(self._inflight)
+
+    def pool_stats(self):
+        return self._c.stats()
+
+    def synchronize(self):
+        self._c.synchronize()
+        self._release_finished()
+
+    def close(self):
+        self._c.synchronize()
+        self._inflight.clear()
+        self._c.close()
 
 
 class DeviceConvert:

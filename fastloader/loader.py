@@ -880,9 +880,12 @@ class _Iter:
         if self._copier is not None:
             out["device"] = str(self._copier.device)
             out["h2d_enqueue_s"] = self._h2d_s          # consumer time spent enqueueing copies
-            out["h2d_bytes"] = self._copier.bytes
             out["h2d_copies_in_flight"] = self._copier.inflight()
-            out["device_memory_bytes"] = torch.cuda.memory_allocated(self._copier.device)
+            out["h2d_bytes"] = self._copier.bytes            # since the loader's first epoch
+            out["h2d_gpu_s"] = self._copier.copy_gpu_s       # the finished copies' time on the GPU
+            pool = self._copier.pool_stats()
+            out["device_pool_bytes"] = pool["device_bytes"]
+            out["device_pool_buffers"] = pool["buffers"]
         if self._auto:
             out["num_workers_auto"] = self._auto_n
             out["autotune_history"] = list(self._auto_history)  # (seconds into the epoch, workers)

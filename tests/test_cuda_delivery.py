@@ -87,12 +87,15 @@ def test_memory_flat_over_20_epochs(folder):
     for epoch in range(20):
         for x, y in dl:
             x.sum().item()
+        st = dl.stats()
         del x, y
         gc.collect()
         torch.cuda.synchronize()
-        seen.append((torch.cuda.memory_allocated(), ds._native.pool_bytes))
-    assert seen[-1][0] <= seen[2][0] + (1 << 20)
-    assert seen[-1][1] <= seen[2][1]
+        seen.append((st["device_pool_bytes"], st["device_pool_buffers"], torch.cuda.memory_allocated(),
+                     ds._native.pool_bytes))
+    assert seen[-1][:2] == seen[2][:2], seen       # our device pool: same buffers
+    assert seen[-1][2] <= seen[2][2] + (1 << 20)   # torch's allocator: nothing growing
+    assert seen[-1][3] <= seen[2][3]               # host pool
 
 
 @gpu
@@ -106,6 +109,58 @@ def test_tensors_deleted_in_any_order_return_buffers(folder):
         kept[i] = None
     gc.collect()
     assert ds._native.pool_bytes_out == 0
+
+
+@gpu
+def test_device_tensors_deleted_in_any_order_return_device_buffers(folder):
+    dl = fastloader.DataLoader(_native(folder), batch_size=8, num_workers=2, device="cuda")
+    kept = [b for b in dl]
+    copier = dl._fl_copier
+    copier.synchronize()
+    st = copier.pool_stats()
+    assert st["buffers"] - st["idle"] >= 2 * len(kept)  # images and labels are out
+    for i in (3, 0, 7, 1, 5, 2, 6, 4):
+        kept[i] = None
+    gc.collect()
+    st = copier.pool_stats()
+    assert st["idle"] == st["buffers"], st
+
+
+@gpu
+def test_device_copier_roundtrip_and_dlpack_metadata():
+    from fastloader import _C
+    c = _C.DeviceCopier(0)
+    host = torch.arange(3 * 5 * 7, dtype=torch.float32).reshape(3, 5, 7).pin_memory()
+    d = c.copy(host)
+    assert d.__dlpack_device__() == (2, 0) and d.shape == (3, 5, 7) and d.nbytes == host.nbytes
+    x = torch.from_dlpack(d)
+    assert x.device == torch.device("cuda", 0) and x.dtype == torch.float32 and x.shape == host.shape
+    assert torch.equal(x.cpu(), host)
+    d.wait()
+    assert d.copy_done() and not d.holds_host and d.copy_ms() >= 0.0
+
+
+@gpu
+def test_release_is_ordered_after_the_consumer_stream():
+    """One device buffer: batch B's copy must not overwrite A while work
+    queued on the consumer's stream before A was released still reads it."""
+    from fastloader import _C
+    c = _C.DeviceCopier(0, max_buffers=1)
+    a = torch.full((1 << 20,), 7, dtype=torch.uint8).pin_memory()
+    b = torch.full((1 << 20,), 9, dtype=torch.uint8).pin_memory()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        xa = torch.from_dlpack(c.copy(a))
+        ptr = xa.data_ptr()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on s before reading A
+        ya = xa.clone()
+        del xa  # released while s still has the sleep and the clone queued
+        xb = torch.from_dlpack(c.copy(b))
+        assert xb.data_ptr() == ptr  # the single buffer was reused ...
+        assert c.stats()["reused_waiting"] == 1
+    torch.cuda.synchronize()
+    assert torch.all(ya == 7).item()  # ... only after the clone had read A
+    assert torch.all(xb == 9).item()
 
 
 @gpu

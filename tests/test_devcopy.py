@@ -24,7 +24,7 @@ FAKE_DIR = os.path.join(HERE, "fakecuda")
 SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kept_until_copy_done",
              "release_ordered_after_consumer", "ready_buffer_preferred", "pool_flat_any_order",
              "outlives_copier", "versioned_capsule", "unconsumed_capsule_released", "errors", "threads",
-             "many_sizes"]
+             "many_sizes", "python_copier"]
 
 
 @pytest.fixture(scope="module")

@@ -276,8 +276,14 @@ def pool_flat_any_order():
         counts.append(device_allocs())
         if epoch == 1:
             syncs_before = (lib.fakecuda_counter(STREAM_SYNCS), lib.fakecuda_counter(EVENT_SYNCS))
-    assert counts[1] == counts[-1], counts
-    assert c.stats()["buffers"] <= 2 * 8  # two size classes (images, labels), capped each
+    # bounded, not growing with epochs: two size classes (images, labels),
+    # at most max_buffers each; how soon the cap is reached depends on how
+    # far the consumer's stream lags, so only the bound is deterministic
+    assert max(n for n, _ in counts) <= 2 * 8, counts
+    # buffers allocated past the cap while the consumer held many are freed
+    # when they come back
+    st = c.stats()
+    assert st["buffers"] <= 2 * 8 and st["allocations"] - st["freed"] == st["buffers"], st
     syncs_after = (lib.fakecuda_counter(STREAM_SYNCS), lib.fakecuda_counter(EVENT_SYNCS))
     assert syncs_after == syncs_before, (syncs_before, syncs_after, c.stats())
     c.close()
@@ -449,9 +455,48 @@ def many_sizes():
     assert device_allocs() == base
 
 
+def python_copier():
+    """fastloader.cuda_delivery.DeviceCopier (the loader's layer) with
+    torch's CUDA half stubbed out: torch.from_dlpack becomes the C-style
+    consumer above on a stream of its own.  Nested batches keep their
+    structure, non-tensors pass through, grad and non-contiguous tensors are
+    handled, the host side is held only while copies run, and the host never
+    gets more than MAX_INFLIGHT copies ahead."""
+    import torch
+    from fastloader import cuda_delivery as cd
+    lib.fakecuda_set_copy_delay_us(5000)
+    s = new_stream()
+    torch.cuda.ExternalStream = lambda *a, **k: None
+    torch.from_dlpack = lambda d: Imported(d, s)
+    cp = cd.DeviceCopier(torch.device("cuda", 0))
+    outs, refs = [], []
+    for i in range(12):
+        x = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4) + i
+        batch = {"x": x.t(), "y": [torch.tensor([i, i + 1]), "name"], "w": torch.ones(3, requires_grad=True)}
+        out = cp.to_device(batch)
+        assert cp.inflight() <= cp.MAX_INFLIGHT + 2  # checked per batch of three tensors
+        assert out["y"][1] == "name" and isinstance(out["x"], Imported)
+        outs.append(out)
+        refs.append((x.t().contiguous(), torch.tensor([i, i + 1]), torch.ones(3)))
+    cp.synchronize()
+    assert cp.inflight() == 0 and cp.copies == 36 and cp.copy_gpu_s > 0.0
+    assert cp.bytes == 12 * (96 + 16 + 12)
+    for out, (x, y, w) in zip(outs, refs):
+        assert out["x"].shape == (4, 6)
+        assert out["x"].read(s).tobytes() == x.numpy().tobytes()
+        assert out["y"][0].read(s).tobytes() == y.numpy().tobytes()
+        assert out["w"].read(s).tobytes() == w.numpy().tobytes()
+        for imp in (out["x"], out["y"][0], out["w"]):
+            imp.release()
+    st = cp.pool_stats()
+    assert st["idle"] == st["buffers"], st
+    cp.close()
+
+
 SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
              release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
-             outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes]
+             outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes,
+             python_copier]
 
 
 def main(names):
