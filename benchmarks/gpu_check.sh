@@ -4,7 +4,7 @@
 # (that machine has no libjpeg-turbo), run the GPU tests, take the GPU
 # measurements.  A few minutes at most.
 #
-# Here, once:  mkdir -p .debs && (cd .debs && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
+# Here, once:  bash benchmarks/gpu_prep.sh   (fills the git-ignored .debs/)
 # There:       run with carry=[".debs"]:  bash benchmarks/gpu_check.sh
 # Results go to $OUT (or ./gpu-out) as gpu_check.log.
 set -uo pipefail
@@ -20,10 +20,12 @@ export FASTLOADER_JPEG_PREFIX="$prefix"
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 nvidia-smi -L || true
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
-"$PY" -m pip install -q scikit-image 2>/dev/null || echo "scikit-image not installable: sample data tests will skip"
+# the sample's source photographs travel in .debs/sources (no scikit-image there)
+[ -d .debs/sources ] && export FASTLOADER_SAMPLE_SOURCES="$PWD/.debs/sources"
+export FASTLOADER_CACHE="$PWD/gpu-cache"
 time "$PY" setup.py -q build_ext --inplace || exit 1
 "$PY" -c "import fastloader, json; print(json.dumps(fastloader.build_info()))"
 echo "== GPU tests"
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -ra tests/test_cuda.py tests/test_cuda_delivery.py
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -ra tests/test_cuda.py tests/test_cuda_delivery.py tests/test_devcopy.py
 echo "== GPU measurements"
 timeout 240 "$PY" benchmarks/bench_gpu.py --n 1000 --workers 8 --batches 40

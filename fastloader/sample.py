@@ -79,6 +79,13 @@ def default_sample_dir(n: int = 5000, seed: int = 0) -> str:
 
 
 def _skimage_data_dir() -> str:
+    # a folder holding copies of the source photographs (for machines that
+    # cannot install scikit-image, such as an offline GPU box)
+    override = os.environ.get("FASTLOADER_SAMPLE_SOURCES")
+    if override:
+        if not os.path.isdir(override):
+            raise RuntimeError(f"FASTLOADER_SAMPLE_SOURCES={override!r} is not a folder")
+        return override
     try:
         import skimage  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment

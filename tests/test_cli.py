@@ -265,3 +265,22 @@ def test_bench_step_lowers_consumer_wait(tiny_sample, tmp_path, capsys):
     assert r["batch_ms"] >= 290  # the step is in the batch time
     assert r["wait_pct"] < 50
     assert "| torch" not in cap.out
+
+
+def test_sample_sources_override(tmp_path, monkeypatch):
+    """FASTLOADER_SAMPLE_SOURCES (used on the offline GPU box) replaces
+    scikit-image's folder; a missing folder is a clear error."""
+    from fastloader import sample
+    src = tmp_path / "sources"
+    src.mkdir()
+    real = sample._skimage_data_dir()
+    shutil.copy(os.path.join(real, "astronaut.png"), src)
+    shutil.copy(os.path.join(real, "camera.png"), src)
+    monkeypatch.setenv("FASTLOADER_SAMPLE_SOURCES", str(src))
+    color, gray = sample._source_list()
+    # (matplotlib's sample photograph joins when matplotlib is installed)
+    assert [os.path.basename(p) for p, _ in color if p.startswith(str(src))] == ["astronaut.png"]
+    assert [os.path.basename(p) for p, _ in gray] == ["camera.png"]
+    monkeypatch.setenv("FASTLOADER_SAMPLE_SOURCES", str(tmp_path / "nope"))
+    with pytest.raises(RuntimeError, match="FASTLOADER_SAMPLE_SOURCES=.*is not a folder"):
+        sample._source_list()

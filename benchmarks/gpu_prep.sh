@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run here (with network) before benchmarks/gpu_check.sh runs on the GPU
+# machine (which has no libjpeg-turbo, no scikit-image and no network):
+# fills .debs/ (git-ignored; pass it in the device tool's carry) with
+# Debian's libjpeg-turbo packages and copies of the sample's source
+# photographs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+mkdir -p .debs/sources
+(cd .debs && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
+"$PY" - <<'PYEOF'
+import os, shutil
+from fastloader import sample
+src = sample._skimage_data_dir()
+for name, _ in sample._COLOR_SOURCES + sample._GRAY_SOURCES:
+    if os.path.exists(os.path.join(src, name)):
+        shutil.copy(os.path.join(src, name), ".debs/sources/")
+print("sources:", sorted(os.listdir(".debs/sources")))
+PYEOF
+du -sh .debs
