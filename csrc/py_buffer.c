@@ -97,137 +97,36 @@ buffer_dealloc(fl_buffer *b)
 
 /* ---- DLPack export ------------------------------------------------------ */
 
-/* Deleters may run on any thread, with or without the GIL: they take it
- * themselves.  During interpreter finalization they leak the small struct
- * rather than touch a dying interpreter. */
+/* Release of one export: drops the capsule's reference to the Buffer.  May
+ * run on any thread, with or without the GIL: it takes it.  During
+ * interpreter finalization it leaks the reference rather than touch a dying
+ * interpreter. */
 static void
-managed_deleter(DLManagedTensor *m)
+buffer_export_release(void *ctx)
 {
-    if (m == NULL)
-        return;
     if (Py_IsInitialized() && !FL_IS_FINALIZING()) {
         PyGILState_STATE g = PyGILState_Ensure();
-        Py_XDECREF((PyObject *)m->manager_ctx);
+        Py_DECREF((PyObject *)ctx);
         PyGILState_Release(g);
-        free(m);
-    }
-}
-
-static void
-managed_versioned_deleter(DLManagedTensorVersioned *m)
-{
-    if (m == NULL)
-        return;
-    if (Py_IsInitialized() && !FL_IS_FINALIZING()) {
-        PyGILState_STATE g = PyGILState_Ensure();
-        Py_XDECREF((PyObject *)m->manager_ctx);
-        PyGILState_Release(g);
-        free(m);
-    }
-}
-
-/* Capsule destructors: only call the deleter when nobody consumed it. */
-static void
-capsule_destructor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "dltensor")) {
-        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
-    }
-}
-
-static void
-capsule_versioned_destructor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
     }
 }
 
 static PyObject *
 buffer_dlpack(fl_buffer *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream,
-                                     &max_version, &dl_device, &copy))
+    fl_dlpack_request req;
+    /* host memory: the stream argument needs no synchronisation */
+    if (fl_dlpack_parse(args, kwargs, self->device, "fastloader buffers are exported without copying",
+                        &req) < 0)
         return NULL;
-    (void)stream; /* host memory: nothing to synchronise */
     if (self->data == NULL && self->nbytes) {
         PyErr_SetString(PyExc_BufferError, "buffer has been released");
         return NULL;
     }
-    if (dl_device != Py_None) {
-        int dt, di;
-        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &di))
-            return NULL;
-        if (dt != self->device.device_type || di != self->device.device_id) {
-            PyErr_Format(PyExc_BufferError, "cannot export to device (%d, %d): data lives on (%d, %d)",
-                         dt, di, self->device.device_type, self->device.device_id);
-            return NULL;
-        }
-    }
-    if (copy == Py_True) {
-        PyErr_SetString(PyExc_BufferError, "fastloader buffers are exported without copying");
-        return NULL;
-    }
-    int versioned = 0;
-    if (max_version != Py_None) {
-        long major;
-        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1)
-            return PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple");
-        major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
-        if (major == -1 && PyErr_Occurred())
-            return NULL;
-        versioned = major >= 1;
-    }
-    size_t shape_bytes = sizeof(int64_t) * (size_t)(self->ndim ? self->ndim : 1);
-    DLTensor *t;
-    void *mem;
-    if (versioned) {
-        DLManagedTensorVersioned *m = calloc(1, sizeof *m + shape_bytes);
-        if (!m)
-            return PyErr_NoMemory();
-        m->version.major = FL_DLPACK_MAJOR;
-        m->version.minor = FL_DLPACK_MINOR;
-        m->manager_ctx = self;
-        m->deleter = managed_versioned_deleter;
-        t = &m->dl_tensor;
-        t->shape = (int64_t *)(m + 1);
-        mem = m;
-    } else {
-        DLManagedTensor *m = calloc(1, sizeof *m + shape_bytes);
-        if (!m)
-            return PyErr_NoMemory();
-        m->manager_ctx = self;
-        m->deleter = managed_deleter;
-        t = &m->dl_tensor;
-        t->shape = (int64_t *)(m + 1);
-        mem = m;
-    }
-    t->data = self->data;
-    t->device = self->device;
-    t->ndim = self->ndim;
-    t->dtype = self->dtype;
-    for (int i = 0; i < self->ndim; i++)
-        t->shape[i] = self->shape[i];
-    t->strides = NULL; /* compact row-major */
-    t->byte_offset = 0;
-    PyObject *cap = versioned
-        ? PyCapsule_New(mem, "dltensor_versioned", capsule_versioned_destructor)
-        : PyCapsule_New(mem, "dltensor", capsule_destructor);
-    if (!cap) {
-        free(mem);
-        return NULL;
-    }
-    Py_INCREF(self); /* owned by manager_ctx until the deleter runs */
+    PyObject *cap = fl_dlpack_capsule(self->data, self->device, self->ndim, self->shape, self->dtype,
+                                      req.versioned, buffer_export_release, self);
+    if (cap)
+        Py_INCREF(self); /* owned by the export until its release */
     return cap;
 }
 
@@ -240,18 +139,7 @@ buffer_dlpack_device(fl_buffer *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 buffer_get_shape(fl_buffer *self, void *Py_UNUSED(closure))
 {
-    PyObject *t = PyTuple_New(self->ndim);
-    if (!t)
-        return NULL;
-    for (int i = 0; i < self->ndim; i++) {
-        PyObject *v = PyLong_FromLongLong(self->shape[i]);
-        if (!v) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
+    return fl_shape_tuple(self->ndim, self->shape);
 }
 
 static PyObject *

@@ -26,6 +26,7 @@
 #include "binding.h"
 #include "devpool.h"
 #include "dlpack.h"
+#include "pybuffer.h"
 
 #include <structmember.h>
 
@@ -109,46 +110,12 @@ take_host_tensor(PyObject *obj, void **managed, int *versioned)
 
 /* ---- DeviceTensor --------------------------------------------------------- */
 
+/* Release of one export: drops the capsule's buffer reference.  No GIL
+ * needed; torch calls it wherever the last tensor reference goes. */
 static void
-dev_managed_deleter(DLManagedTensor *m)
+dev_export_release(void *ctx)
 {
-    if (!m)
-        return;
-    fl_devbuf_unref(m->manager_ctx);
-    free(m);
-}
-
-static void
-dev_managed_versioned_deleter(DLManagedTensorVersioned *m)
-{
-    if (!m)
-        return;
-    fl_devbuf_unref(m->manager_ctx);
-    free(m);
-}
-
-static void
-dev_capsule_destructor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "dltensor")) {
-        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
-    }
-}
-
-static void
-dev_capsule_versioned_destructor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
-    }
+    fl_devbuf_unref(ctx);
 }
 
 /* DLPack's `stream` argument for CUDA (array API standard): None and 1 mean
@@ -196,84 +163,26 @@ parse_stream(PyObject *obj, fl_cudaStream_t *stream, int *no_wait)
 static PyObject *
 devtensor_dlpack(fl_devtensor *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_obj,
-                                     &max_version, &dl_device, &copy))
+    DLDevice where = {kDLCUDA, self->device};
+    fl_dlpack_request req;
+    if (fl_dlpack_parse(args, kwargs, where, "fastloader device batches are exported without copying",
+                        &req) < 0)
         return NULL;
     fl_cudaStream_t stream;
     int no_wait;
-    if (parse_stream(stream_obj, &stream, &no_wait) < 0)
+    if (parse_stream(req.stream, &stream, &no_wait) < 0)
         return NULL;
-    if (dl_device != Py_None) {
-        int dt, di;
-        if (!PyArg_ParseTuple(dl_device, "ii", &dt, &di))
-            return NULL;
-        if (dt != kDLCUDA || di != self->device) {
-            PyErr_Format(PyExc_BufferError, "cannot export to device (%d, %d): data lives on (%d, %d)",
-                         dt, di, (int)kDLCUDA, self->device);
-            return NULL;
-        }
-    }
-    if (copy == Py_True) {
-        PyErr_SetString(PyExc_BufferError, "fastloader device batches are exported without copying");
-        return NULL;
-    }
-    int versioned = 0;
-    if (max_version != Py_None) {
-        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1)
-            return PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple");
-        long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
-        if (major == -1 && PyErr_Occurred())
-            return NULL;
-        versioned = major >= 1;
-    }
-    size_t shape_bytes = sizeof(int64_t) * (size_t)(self->ndim ? self->ndim : 1);
-    void *mem = versioned ? calloc(1, sizeof(DLManagedTensorVersioned) + shape_bytes)
-                          : calloc(1, sizeof(DLManagedTensor) + shape_bytes);
-    if (!mem)
-        return PyErr_NoMemory();
-    DLTensor *t;
-    if (versioned) {
-        DLManagedTensorVersioned *m = mem;
-        m->version.major = FL_DLPACK_MAJOR;
-        m->version.minor = FL_DLPACK_MINOR;
-        m->manager_ctx = self->buf;
-        m->deleter = dev_managed_versioned_deleter;
-        t = &m->dl_tensor;
-        t->shape = (int64_t *)(m + 1);
-    } else {
-        DLManagedTensor *m = mem;
-        m->manager_ctx = self->buf;
-        m->deleter = dev_managed_deleter;
-        t = &m->dl_tensor;
-        t->shape = (int64_t *)(m + 1);
-    }
-    t->data = fl_devbuf_ptr(self->buf);
-    t->device.device_type = kDLCUDA;
-    t->device.device_id = self->device;
-    t->ndim = self->ndim;
-    t->dtype = self->dtype;
-    for (int i = 0; i < self->ndim; i++)
-        t->shape[i] = self->shape[i];
-    t->strides = NULL;
-    t->byte_offset = 0;
     char err[FL_DEV_ERRLEN];
-    /* takes the capsule's buffer reference; queues the stream wait */
+    /* takes the export's buffer reference and queues the stream wait */
     int rc = fl_devbuf_export(self->buf, stream, no_wait, err, sizeof err);
     if (rc != FL_CUDA_OK) {
-        free(mem);
         PyErr_SetString(rc == -2 ? PyExc_BufferError : PyExc_RuntimeError, err);
         return NULL;
     }
-    PyObject *cap = versioned
-        ? PyCapsule_New(mem, "dltensor_versioned", dev_capsule_versioned_destructor)
-        : PyCapsule_New(mem, "dltensor", dev_capsule_destructor);
-    if (!cap) {
+    PyObject *cap = fl_dlpack_capsule(fl_devbuf_ptr(self->buf), where, self->ndim, self->shape,
+                                      self->dtype, req.versioned, dev_export_release, self->buf);
+    if (!cap)
         fl_devbuf_unref(self->buf);
-        free(mem);
-        return NULL;
-    }
     return cap;
 }
 
@@ -334,18 +243,7 @@ devtensor_copy_ms(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 devtensor_get_shape(fl_devtensor *self, void *Py_UNUSED(closure))
 {
-    PyObject *t = PyTuple_New(self->ndim);
-    if (!t)
-        return NULL;
-    for (int i = 0; i < self->ndim; i++) {
-        PyObject *v = PyLong_FromLongLong(self->shape[i]);
-        if (!v) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
+    return fl_shape_tuple(self->ndim, self->shape);
 }
 
 static PyObject *

@@ -18,6 +18,36 @@ typedef void (*fl_buffer_free_fn)(void *ctx, void *data);
 PyObject *fl_buffer_new(PyObject *module, void *data, size_t nbytes, int ndim, const int64_t *shape,
                         DLDataType dtype, DLDevice device, fl_buffer_free_fn free_fn, void *free_ctx);
 
+/* ---- DLPack export (py_dlpack.c) ----------------------------------------- */
+
+/* What a __dlpack__ call asked for.  `stream` is borrowed from the call. */
+typedef struct {
+    PyObject *stream;  /* as passed (Py_None when absent) */
+    int versioned;     /* max_version >= (1, 0): DLManagedTensorVersioned */
+} fl_dlpack_request;
+
+/* Parse __dlpack__(*, stream, max_version, dl_device, copy) for data living
+ * on `where`: dl_device must name it (else BufferError), copy=True is refused
+ * with BufferError(no_copy_msg).  0, or -1 with an exception. */
+int fl_dlpack_parse(PyObject *args, PyObject *kwargs, DLDevice where, const char *no_copy_msg,
+                    fl_dlpack_request *req);
+
+/* Called once when the consumer is done with an export (or the capsule dies
+ * unconsumed).  Any thread, GIL held or not: it must take the GIL itself if
+ * it needs it. */
+typedef void (*fl_dlpack_release_fn)(void *ctx);
+
+/* A DLPack capsule ("dltensor", or "dltensor_versioned" when versioned) for
+ * compact row-major data.  On success the capsule owns one use of `ctx`:
+ * release(ctx) runs exactly once, from the consumer's deleter or the
+ * capsule's destructor.  On failure (NULL, exception set) release is not
+ * called and the caller keeps what it would have handed over. */
+PyObject *fl_dlpack_capsule(void *data, DLDevice device, int ndim, const int64_t *shape,
+                            DLDataType dtype, int versioned, fl_dlpack_release_fn release, void *ctx);
+
+/* shape[0, ndim) as a tuple of ints (a new reference, or NULL). */
+PyObject *fl_shape_tuple(int ndim, const int64_t *shape);
+
 /* 64-byte aligned malloc / free; safe without the GIL.  NULL on failure. */
 void *fl_aligned_alloc(size_t nbytes);
 void fl_aligned_free(void *ctx, void *data);
