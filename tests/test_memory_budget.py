@@ -64,3 +64,32 @@ def test_resolve_max_memory():
     for bad in (0, -5, "lots", 1.5, True):
         with pytest.raises(ValueError):
             resolve_max_memory(bad)
+
+
+def test_memory_pressure_shrinks_the_window_to_one_batch(ds, monkeypatch):
+    """When the machine (or cgroup) has under 5% of its memory left, the
+    loader prefetches one batch instead of prefetch_factor x workers, warns
+    once, and still delivers every sample."""
+    from fastloader import loader as L
+    monkeypatch.setattr(L, "_memory_limits", lambda: (3 << 20, 100 << 20))  # 3% left
+    dl = fastloader.DataLoader(ds, batch_size=8, num_workers=2)
+    depths = []
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        n = 0
+        for _, y in dl:
+            depths.append(dl.stats()["queue_depth"])
+            n += len(y)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, fastloader.PerformanceWarning)]
+    assert len(msgs) == 1 and "short of memory" in msgs[0], msgs
+    assert dl.stats()["prefetch_window"] == 1
+    # batches queued before the first check drain; after that one at a time
+    assert max(depths[3:]) <= 1, depths
+    assert n == 96
+
+
+def test_memory_pressure_threshold(monkeypatch):
+    from fastloader import loader as L
+    for avail, total, expect in [(4, 100, True), (6, 100, False), (None, 100, False), (1, None, False)]:
+        monkeypatch.setattr(L, "_memory_limits", lambda a=avail, t=total: (a, t))
+        assert L._memory_pressure() is expect, (avail, total)
