@@ -257,6 +257,9 @@ class _Epoch:
         self.pin = False      # page-lock batches in the worker (Python datasets)
         self.iters = {}       # worker id -> iterator over an IterableDataset
         self.ended = set()    # worker ids whose iterator is exhausted
+        # seconds per worker (last slot: the main thread) in the dataset,
+        # in collate_fn and in pinning; each thread writes only its own slot
+        self.stage_s = [[0.0, 0.0, 0.0] for _ in range(num_workers + 1)]
         getitems = getattr(dataset, "__getitems__", None) if not iterable else None
         self.getitems = getitems if getitems else None
 
@@ -265,6 +268,7 @@ def _fetch(ep: _Epoch, wid, seq, indices):
     """Load and collate one batch.  Returns (status, value); never raises."""
     _tls.epoch_ctx = (ep.base_seed, ep.epoch)
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
+    t0 = time.perf_counter()
     try:
         if ep.iterable:
             if wid in ep.ended:
@@ -311,14 +315,20 @@ def _fetch(ep: _Epoch, wid, seq, indices):
                 data = ep.dataset[indices]
             except Exception as e:
                 return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
+        t1 = time.perf_counter()
         try:
             batch = ep.collate_fn(data)
         except Exception as e:
             return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
+        t2 = time.perf_counter()
         if ep.pin:
             from .cuda_delivery import pin_batch
 
             batch = pin_batch(batch)  # torch's pin_memory copy, here in the worker thread
+        slot = ep.stage_s[wid]  # wid -1 (main thread) is the last slot
+        slot[0] += t1 - t0
+        slot[1] += t2 - t1
+        slot[2] += time.perf_counter() - t2
         return (_OK, batch)
     except Exception as e:
         return (_ERR, _annotate(e, f"batch {seq} in {where_worker}"))
@@ -901,8 +911,11 @@ class _Iter:
             out["pool_bytes"] = self._native._native.pool_bytes
             out["skipped"] = list(self._native.skipped)
             out["replaced"] = list(self._native.replaced)
-        elif workers:
-            out["gil"] = self.gil_report()
+        else:
+            st = self._ep.stage_s
+            out["stages_s"] = {k: sum(w[i] for w in st) for i, k in enumerate(("dataset_s", "collate_s", "pin_s"))}
+            if workers:
+                out["gil"] = self.gil_report()
         return out
 
     # -- GIL-bound detection ---------------------------------------------------------

@@ -77,3 +77,22 @@ def test_stats_of_an_epoch_interrupted_by_ctrl_c_are_kept():
     assert st["epoch"] == 1 and 3 <= st["batches"] < 20
     del it
     assert dl.stats()["epoch"] == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_python_dataset_stages_against_known_work(num_workers):
+    """stages_s splits a Python dataset's time into the dataset itself, the
+    collate_fn and pinning: 24 x 10 ms of __getitem__, 6 x 20 ms of collate."""
+    from torch.utils.data import default_collate
+
+    def slow_collate(batch):
+        time.sleep(0.02)
+        return default_collate(batch)
+
+    dl = fastloader.DataLoader(Sleepy(24, 0.01), batch_size=4, num_workers=num_workers, collate_fn=slow_collate)
+    assert sum(len(b) for b in dl) == 24
+    st = dl.stats()["stages_s"]
+    assert set(st) == {"dataset_s", "collate_s", "pin_s"}
+    assert 0.24 <= st["dataset_s"] <= 0.36, st
+    assert 0.12 <= st["collate_s"] <= 0.18, st
+    assert st["pin_s"] < 0.01, st  # no pinning asked for
