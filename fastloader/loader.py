@@ -1119,7 +1119,10 @@ class DataLoader(_Base):
         workers (per-worker counters), worker_busy_fraction; for native
         datasets stages_s (read/decode/transform seconds summed over
         workers), bytes_read, pool_bytes, skipped, replaced; for Python
-        datasets with workers, gil (see README, "The GIL trade-off").
+        datasets stages_s (dataset/collate/pin seconds) and, with workers,
+        gil (see README, "The GIL trade-off"); with device=, device,
+        h2d_enqueue_s, h2d_gpu_s (the copies' time on the GPU), h2d_bytes,
+        h2d_copies_in_flight, device_pool_bytes, device_pool_buffers.
         Returns {} before the first epoch.
         """
         ref = getattr(self, "_fl_last_iter", None)
