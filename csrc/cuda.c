@@ -490,12 +490,17 @@ fl_cuda_stream_synchronize(fl_cudaStream_t stream, char *err, size_t errlen)
 }
 
 int
-fl_cuda_stream_wait_event(fl_cudaStream_t stream, fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
+                          size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaStreamWaitEvent", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->StreamWaitEvent(stream, event, 0);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->StreamWaitEvent(stream, event, 0);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamWaitEvent", rc);
 }
 
@@ -558,12 +563,17 @@ fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen)
 }
 
 int
-fl_cuda_event_record(fl_cudaEvent_t event, fl_cudaStream_t stream, char *err, size_t errlen)
+fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, char *err,
+                     size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaEventRecord", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->EventRecord(event, stream);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->EventRecord(event, stream);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventRecord", rc);
 }
 

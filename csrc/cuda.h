@@ -178,8 +178,11 @@ int fl_cuda_stream_destroy(fl_cudaStream_t stream, char *err, size_t errlen);
  * Call without the GIL: it may wait for a long time. */
 int fl_cuda_stream_synchronize(fl_cudaStream_t stream, char *err, size_t errlen);
 /* Make future work on `stream` wait until `event`'s last recorded work is
- * done; the host does not block.  Streams of another device may wait too. */
-int fl_cuda_stream_wait_event(fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
+ * done; the host does not block.  `device` is made current for the call:
+ * the special handles (0, cudaStreamLegacy, cudaStreamPerThread) name the
+ * default stream of the *current* device, so pass the device they are
+ * meant on. */
+int fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
                               size_t errlen);
 
 /* An event on `device` with timing disabled (cheaper to record and query).
@@ -196,8 +199,11 @@ int fl_cuda_event_elapsed_ms(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end
                              size_t errlen);
 /* NULL is a no-op. */
 int fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen);
-/* Capture the work queued on `stream` so far in `event` (same device). */
-int fl_cuda_event_record(fl_cudaEvent_t event, fl_cudaStream_t stream, char *err, size_t errlen);
+/* Capture the work queued on `stream` so far in `event`; both must be on
+ * `device`, which is made current for the call (see
+ * fl_cuda_stream_wait_event on the special stream handles). */
+int fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, char *err,
+                         size_t errlen);
 /* Returns 0 when the recorded work is done (or nothing was recorded),
  * FL_CUDA_ERR_NOT_READY while it is pending (err untouched: not an error),
  * another code on failure.  Never blocks. */

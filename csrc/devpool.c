@@ -189,6 +189,12 @@ pool_destroy(fl_devpool *p)
 }
 
 void
+fl_devpool_ref(fl_devpool *p)
+{
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+}
+
+void
 fl_devpool_unref(fl_devpool *p)
 {
     if (p && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
@@ -303,16 +309,16 @@ fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, 
     /* Order the overwrite after every consumer stream's release point. */
     if (how == TAKE_WAIT)
         for (int i = 0; i < pick->npending && rc == FL_CUDA_OK; i++)
-            rc = fl_cuda_stream_wait_event(p->stream, pick->released[i], err, errlen);
+            rc = fl_cuda_stream_wait_event(p->device, p->stream, pick->released[i], err, errlen);
     pick->npending = 0;
     pick->nusers = 0;
     pick->bytes = bytes;
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_event_record(pick->start, p->stream, err, errlen);
+        rc = fl_cuda_event_record(p->device, pick->start, p->stream, err, errlen);
     if (rc == FL_CUDA_OK)
         rc = fl_cuda_memcpy_h2d_async(p->device, pick->ptr, host, bytes, p->stream, err, errlen);
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_event_record(pick->ready, p->stream, err, errlen);
+        rc = fl_cuda_event_record(p->device, pick->ready, p->stream, err, errlen);
     if (rc != FL_CUDA_OK) {
         /* The buffer's state is unknown: free it rather than pool it. */
         pthread_mutex_lock(&p->lock);
@@ -382,10 +388,16 @@ int
 fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, size_t errlen)
 {
     fl_devpool *p = b->pool;
+    /* The release is recorded later on whatever thread drops the last
+     * reference, where cudaStreamPerThread would name that thread's stream,
+     * not the importer's.  The legacy default stream is ordered after every
+     * thread's per-thread default stream (CUDA's stream semantics), so the
+     * release of a per-thread import is recorded there. */
+    fl_cudaStream_t release_on = stream == FL_CUDA_STREAM_PER_THREAD ? FL_CUDA_STREAM_LEGACY : stream;
     pthread_mutex_lock(&p->lock);
     int known = 0;
     for (int i = 0; i < b->nusers; i++)
-        known |= b->users[i] == stream;
+        known |= b->users[i] == release_on;
     if (!known) {
         if (b->nusers == FL_DEVBUF_MAX_USERS) {
             pthread_mutex_unlock(&p->lock);
@@ -394,11 +406,11 @@ fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, s
                      FL_DEVBUF_MAX_USERS);
             return -2;
         }
-        b->users[b->nusers++] = stream;
+        b->users[b->nusers++] = release_on;
     }
     pthread_mutex_unlock(&p->lock);
     if (!no_wait) {
-        int rc = fl_cuda_stream_wait_event(stream, b->ready, err, errlen);
+        int rc = fl_cuda_stream_wait_event(p->device, stream, b->ready, err, errlen);
         if (rc != FL_CUDA_OK)
             return rc; /* the stream stays listed: harmless, release orders after it */
     }
@@ -418,23 +430,25 @@ fl_devbuf_unref(fl_devbuf *b)
     if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
         return;
     fl_devpool *p = b->pool;
-    /* Last holder: mark the release point on every stream that used it.  No
-     * other thread can touch b now, so its user list is read without the
-     * lock. */
-    int ok = 1;
+    /* Last holder; no other thread can touch b now.  Decide first whether
+     * it goes back to the pool: only then are release points recorded.  Its
+     * class cannot be evicted meanwhile (b is counted alive, not idle). */
+    pthread_mutex_lock(&p->lock);
+    size_cls *c = b->tracked ? class_find(p, b->cap) : NULL;
+    int ok = c && c->alive <= p->max_buffers;
+    pthread_mutex_unlock(&p->lock);
+    /* Mark the release point on every stream that used it. */
     for (int i = 0; i < b->nusers && ok; i++) {
         if (!b->released[i] && fl_cuda_event_create(p->device, 0, &b->released[i], NULL, 0))
             ok = 0;
-        else if (fl_cuda_event_record(b->released[i], b->users[i], NULL, 0))
+        else if (fl_cuda_event_record(p->device, b->released[i], b->users[i], NULL, 0))
             ok = 0;
     }
     b->npending = ok ? b->nusers : 0;
     b->nusers = 0;
     b->pool = NULL;
     pthread_mutex_lock(&p->lock);
-    size_cls *c = b->tracked ? class_find(p, b->cap) : NULL;
-    int keep = ok && c && c->alive <= p->max_buffers;
-    if (keep) {
+    if (ok) {
         b->next = p->idle;
         p->idle = b;
         p->st.idle++;
@@ -447,7 +461,7 @@ fl_devbuf_unref(fl_devbuf *b)
         p->st.freed++;
     }
     pthread_mutex_unlock(&p->lock);
-    if (!keep)
+    if (!ok)
         devbuf_destroy(b); /* cudaFree synchronises: safe even without the events */
     fl_devpool_unref(p);
 }

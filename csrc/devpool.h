@@ -65,6 +65,10 @@ typedef struct fl_devbuf fl_devbuf;
  * call may initialise the driver). */
 fl_devpool *fl_devpool_new(int device, int max_buffers, char *err, size_t errlen);
 
+/* Take one more reference (a caller about to use the pool without the GIL,
+ * while another thread could drop the last one). */
+void fl_devpool_ref(fl_devpool *p);
+
 /* Drop a reference (NULL is ignored).  The last one synchronises the copy
  * stream, waits for idle buffers' released events, frees them and destroys
  * the stream; errors there are ignored (nobody is left to tell). */
@@ -93,9 +97,11 @@ void fl_devpool_get_stats(fl_devpool *p, fl_devpool_stats *out);
 
 /* Queue a copy of host[0, bytes) into a device buffer of at least `bytes`
  * bytes (bytes may be 0) on the pool's stream.  On success *out is a new
- * buffer reference owned by the caller.  Never blocks on the device (a
- * pageable `host` makes the CUDA runtime stage it synchronously; pinned
- * memory does not).  Call without the GIL. */
+ * buffer reference owned by the caller.  Does not wait for the device,
+ * with two exceptions: a pageable `host` makes the CUDA runtime stage it
+ * synchronously (pinned memory does not), and evicting a size class (only
+ * when more than 16 sizes are in use) frees memory, which synchronises the
+ * device.  Call without the GIL. */
 int fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, char *err,
                     size_t errlen);
 
@@ -112,18 +118,23 @@ int fl_devbuf_copy_wait(fl_devbuf *b, char *err, size_t errlen);
 int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen);
 
 /* Hand b to a consumer working on `stream` (a handle, FL_CUDA_STREAM_LEGACY
- * or FL_CUDA_STREAM_PER_THREAD): unless no_wait, future work on `stream`
+ * or FL_CUDA_STREAM_PER_THREAD, meant on the pool's device whatever the
+ * calling thread's current device): unless no_wait, future work on `stream`
  * waits for the copy; the stream is remembered so that the release is
- * ordered after its work.  Takes a new reference for the consumer (drop it
+ * ordered after its work (a per-thread import's release is recorded on the
+ * legacy stream, which follows every thread's per-thread stream).  The
+ * consumer's stream must outlive its use of b: the release is recorded on
+ * it.  Takes a new reference for the consumer (drop it
  * with fl_devbuf_unref).  Returns 0, a CUDA error, or -2 when b already has
  * FL_DEVBUF_MAX_USERS other streams (err says so). */
 int fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, size_t errlen);
 
 void fl_devbuf_ref(fl_devbuf *b);
 /* Drop a reference; the last one releases the buffer to its pool as
- * described above (if a released event cannot be recorded, the buffer is
- * freed instead of pooled, which cudaFree makes safe).  Any thread, no GIL
- * needed; NULL is ignored. */
+ * described above.  A buffer past its class's cap, or whose release event
+ * cannot be recorded, is freed instead of pooled (cudaFree synchronises the
+ * device, which makes that safe, and is why it is kept to those cases).
+ * Any thread, no GIL needed; NULL is ignored. */
 void fl_devbuf_unref(fl_devbuf *b);
 
 #endif

@@ -498,12 +498,12 @@ device_roundtrip(int device, const void *src, void *dst, size_t n, int two_strea
     memset(hdst.ptr, 0, n);
     fl_cudaStream_t sd = two_streams ? sb : sa;
     if ((rc = fl_cuda_memcpy_h2d_async(device, dbuf, hsrc.ptr, n, sa, err, errlen)) ||
-        (rc = fl_cuda_event_record(ea, sa, err, errlen)))
+        (rc = fl_cuda_event_record(device, ea, sa, err, errlen)))
         goto done;
-    if (two_streams && (rc = fl_cuda_stream_wait_event(sb, ea, err, errlen)))
+    if (two_streams && (rc = fl_cuda_stream_wait_event(device, sb, ea, err, errlen)))
         goto done;
     if ((rc = fl_cuda_memcpy_d2h_async(device, hdst.ptr, dbuf, n, sd, err, errlen)) ||
-        (rc = fl_cuda_event_record(eb, sd, err, errlen)) ||
+        (rc = fl_cuda_event_record(device, eb, sd, err, errlen)) ||
         (rc = fl_cuda_event_synchronize(eb, err, errlen)))
         goto done;
     /* Both events have completed now: a query must say so. */

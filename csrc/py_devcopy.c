@@ -120,9 +120,11 @@ dev_export_release(void *ctx)
 
 /* DLPack's `stream` argument for CUDA (array API standard): None and 1 mean
  * the legacy default stream, 2 the per-thread default stream, any other
- * positive integer a cudaStream_t, -1 "do not synchronise" (the consumer
- * orders its own work; we then order the release after the legacy default
- * stream), and 0 is ambiguous and refused. */
+ * positive integer a cudaStream_t, and 0 is ambiguous and refused.  -1 means
+ * "do not synchronise": the consumer orders its use after the copy itself
+ * (e.g. DeviceTensor.wait()) and must also have finished with the memory
+ * when it drops the tensor; we can only order the release after the legacy
+ * default stream, which does not cover non-blocking streams. */
 static int
 parse_stream(PyObject *obj, fl_cudaStream_t *stream, int *no_wait)
 {
@@ -427,8 +429,10 @@ copier_copy(fl_copier *self, PyObject *obj)
     fl_devbuf *buf = NULL;
     int rc;
     fl_devpool *pool = self->pool;
+    fl_devpool_ref(pool); /* close() on another thread must not free it under us */
     Py_BEGIN_ALLOW_THREADS
     rc = fl_devpool_copy(pool, src, bytes, &buf, err, sizeof err);
+    fl_devpool_unref(pool);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
         PyErr_SetString(PyExc_RuntimeError, err);
@@ -439,11 +443,13 @@ copier_copy(fl_copier *self, PyObject *obj)
     d->host_versioned = versioned;
     return (PyObject *)d;
 fail:
-    if (versioned)
-        ((DLManagedTensorVersioned *)managed)->deleter((DLManagedTensorVersioned *)managed);
-    else
-        ((DLManagedTensor *)managed)->deleter((DLManagedTensor *)managed);
-    Py_XDECREF(d);
+    if (d) {
+        Py_DECREF(d); /* holds neither the host tensor nor a buffer yet */
+    }
+    {
+        fl_devtensor tmp = {.host = managed, .host_versioned = versioned};
+        release_host(&tmp);
+    }
     return NULL;
 }
 
@@ -455,8 +461,10 @@ copier_synchronize(fl_copier *self, PyObject *Py_UNUSED(ignored))
     char err[FL_DEV_ERRLEN];
     int rc;
     fl_devpool *pool = self->pool;
+    fl_devpool_ref(pool);
     Py_BEGIN_ALLOW_THREADS
     rc = fl_devpool_synchronize(pool, err, sizeof err);
+    fl_devpool_unref(pool);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
         PyErr_SetString(PyExc_RuntimeError, err);

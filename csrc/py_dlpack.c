@@ -47,29 +47,33 @@ versioned_deleter(DLManagedTensorVersioned *m)
 }
 
 /* Capsule destructors: the deleter runs only when nobody consumed the
- * capsule (a consumer renames it to used_dltensor[_versioned]). */
+ * capsule (a consumer renames it to used_dltensor[_versioned]).  A
+ * destructor may run while an exception is being raised: keep it intact
+ * (PyCapsule_IsValid sets none; the deleter may run Python code). */
 static void
 legacy_destructor(PyObject *cap)
 {
-    if (PyCapsule_IsValid(cap, "dltensor")) {
-        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
-    }
+    if (!PyCapsule_IsValid(cap, "dltensor"))
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter)
+        m->deleter(m);
+    PyErr_Restore(type, value, tb);
 }
 
 static void
 versioned_destructor(PyObject *cap)
 {
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-        if (m && m->deleter)
-            m->deleter(m);
-    } else {
-        PyErr_Clear();
-    }
+    if (!PyCapsule_IsValid(cap, "dltensor_versioned"))
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    if (m && m->deleter)
+        m->deleter(m);
+    PyErr_Restore(type, value, tb);
 }
 
 int

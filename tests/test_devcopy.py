@@ -24,7 +24,8 @@ FAKE_DIR = os.path.join(HERE, "fakecuda")
 SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kept_until_copy_done",
              "release_ordered_after_consumer", "ready_buffer_preferred", "pool_flat_any_order",
              "outlives_copier", "versioned_capsule", "unconsumed_capsule_released", "errors", "threads",
-             "many_sizes", "python_copier"]
+             "many_sizes", "python_copier", "other_device_default_stream",
+             "per_thread_stream_released_elsewhere", "exception_survives_capsule_free", "close_while_copy_blocks"]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,11 @@ def fake_results(tmp_path_factory):
     if not shutil.which(cc):
         cc = "cc"
     lib = str(tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", lib,
-                    os.path.join(FAKE_DIR, "fake_cudart.c")], check=True)
-    env = dict(os.environ, FASTLOADER_CUDART=lib, PYTHONPATH=os.pathsep.join(
+    flags = ["-shared", "-fPIC", "-O1", "-g", "-pthread"]
+    if os.environ.get("FASTLOADER_UNDER_ASAN"):  # scripts/test-asan.sh: check the fake too
+        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    subprocess.run([cc, *flags, "-o", lib, os.path.join(FAKE_DIR, "fake_cudart.c")], check=True)
+    env = dict(os.environ, FASTLOADER_CUDART=lib, FAKECUDA_DEVICES="2", PYTHONPATH=os.pathsep.join(
         [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run([sys.executable, os.path.join(FAKE_DIR, "scenarios.py")], env=env,

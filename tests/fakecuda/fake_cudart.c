@@ -7,8 +7,14 @@
  * event records, waits on events, and sleeps standing in for kernels.  No
  * stream is ever ordered with another one except through events, so a
  * missing cudaStreamWaitEvent or a buffer reused too early shows up as
- * wrong bytes.  The legacy (0, 0x1) and per-thread (0x2) default streams
- * are one shared stream here.
+ * wrong bytes.  As in CUDA: streams and events belong to the device current
+ * when they were made, an event is recorded only on a stream of its own
+ * device, the handles 0 and 0x1 name the legacy default stream of the
+ * calling thread's current device and 0x2 the calling thread's own
+ * per-thread default stream, the legacy stream and the per-thread streams
+ * of a device are ordered with each other (created streams, all made
+ * non-blocking by fastloader and these tests, are not), and an event may be
+ * destroyed while records of it are still queued.
  *
  * Test hooks (called with ctypes): fakecuda_set_copy_delay_us (slows down
  * host-to-device copies),
@@ -34,6 +40,9 @@ typedef struct fake_event {
     uint64_t recorded, completed; /* generations */
     double t;                     /* when the last record completed */
     int timing;
+    int dev;
+    int pending;                  /* queued operations that use it */
+    int destroyed;                /* freed when pending drops to 0 */
 } fake_event;
 
 typedef struct op {
@@ -47,10 +56,13 @@ typedef struct op {
     struct op *next;
 } op;
 
+enum { S_CREATED, S_LEGACY, S_PER_THREAD };
+
 typedef struct fake_stream {
     pthread_t th;
     op *head, *tail;
     int busy, quit;
+    int dev, kind;
     struct fake_stream *next_all;
 } fake_stream;
 
@@ -62,8 +74,10 @@ typedef struct alloc {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+#define MAX_DEV 8
 static fake_stream *all_streams;
-static fake_stream *default_stream;
+static fake_stream *legacy[MAX_DEV];
+static __thread fake_stream *per_thread[MAX_DEV];
 static alloc *dev_allocs;
 static long copy_delay_us;
 static long fail_malloc_after = -1;
@@ -84,7 +98,8 @@ static int
 device_count(void)
 {
     const char *e = getenv("FAKECUDA_DEVICES");
-    return e ? atoi(e) : 1;
+    int n = e ? atoi(e) : 1;
+    return n < 0 ? 0 : n > MAX_DEV ? MAX_DEV : n;
 }
 
 /* ---- streams --------------------------------------------------------------- */
@@ -119,6 +134,8 @@ stream_main(void *arg)
                 o->ev->completed = o->gen;
             o->ev->t = now_s();
         }
+        if (o->ev && --o->ev->pending == 0 && o->ev->destroyed)
+            free(o->ev);
         s->head = o->next;
         if (!s->head)
             s->tail = NULL;
@@ -131,9 +148,11 @@ stream_main(void *arg)
 }
 
 static fake_stream *
-stream_new_locked(void)
+stream_new_locked(int kind)
 {
     fake_stream *s = calloc(1, sizeof *s);
+    s->dev = cur_device;
+    s->kind = kind;
     s->next_all = all_streams;
     all_streams = s;
     pthread_create(&s->th, NULL, stream_main, s);
@@ -144,23 +163,64 @@ static fake_stream *
 resolve_locked(void *handle)
 {
     uintptr_t h = (uintptr_t)handle;
-    if (h == 0 || h == 1 || h == 2) {
-        if (!default_stream)
-            default_stream = stream_new_locked();
-        return default_stream;
+    if (h == 0 || h == 1) {
+        if (!legacy[cur_device])
+            legacy[cur_device] = stream_new_locked(S_LEGACY);
+        return legacy[cur_device];
+    }
+    if (h == 2) {
+        if (!per_thread[cur_device])
+            per_thread[cur_device] = stream_new_locked(S_PER_THREAD);
+        return per_thread[cur_device];
     }
     return handle;
 }
 
 static void
-push_locked(fake_stream *s, op *o)
+push_raw_locked(fake_stream *s, op *o)
 {
+    if (o->ev)
+        o->ev->pending++;
     if (s->tail)
         s->tail->next = o;
     else
         s->head = o;
     s->tail = o;
     pthread_cond_broadcast(&cv);
+}
+
+/* Make `s` wait for everything queued on `other` so far (an internal
+ * event, freed when both operations are done). */
+static void
+order_after_locked(fake_stream *s, fake_stream *other)
+{
+    fake_event *e = calloc(1, sizeof *e);
+    e->destroyed = 1;
+    op *rec = calloc(1, sizeof *rec), *wait = calloc(1, sizeof *wait);
+    rec->kind = OP_RECORD;
+    rec->ev = e;
+    rec->gen = ++e->recorded;
+    wait->kind = OP_WAIT;
+    wait->ev = e;
+    wait->gen = e->recorded;
+    push_raw_locked(other, rec);
+    push_raw_locked(s, wait);
+}
+
+/* Queue work from the API: the legacy stream of a device follows every
+ * per-thread stream of that device, and those follow the legacy stream. */
+static void
+push_locked(fake_stream *s, op *o)
+{
+    if (s->kind == S_LEGACY) {
+        for (fake_stream *t = all_streams; t; t = t->next_all)
+            if (t->kind == S_PER_THREAD && t->dev == s->dev && (t->head || t->busy))
+                order_after_locked(s, t);
+    } else if (s->kind == S_PER_THREAD && legacy[s->dev] &&
+               (legacy[s->dev]->head || legacy[s->dev]->busy)) {
+        order_after_locked(s, legacy[s->dev]);
+    }
+    push_raw_locked(s, o);
 }
 
 static void
@@ -333,7 +393,7 @@ cudaStreamCreateWithFlags(void **s, unsigned flags)
 {
     (void)flags;
     pthread_mutex_lock(&mu);
-    *s = stream_new_locked();
+    *s = stream_new_locked(S_CREATED);
     pthread_mutex_unlock(&mu);
     return OK;
 }
@@ -343,7 +403,7 @@ cudaStreamDestroy(void *handle)
 {
     pthread_mutex_lock(&mu);
     fake_stream *s = resolve_locked(handle);
-    if (s == default_stream) {
+    if (s->kind != S_CREATED) {
         pthread_mutex_unlock(&mu);
         return E_INVALID_HANDLE;
     }
@@ -394,6 +454,7 @@ cudaEventCreateWithFlags(void **event, unsigned flags)
 {
     fake_event *e = calloc(1, sizeof *e);
     e->timing = !(flags & 0x02u);
+    e->dev = cur_device;
     *event = e;
     return OK;
 }
@@ -403,11 +464,16 @@ cudaEventRecord(void *event, void *stream)
 {
     fake_event *e = event;
     pthread_mutex_lock(&mu);
+    fake_stream *s = resolve_locked(stream);
+    if (s->dev != e->dev) { /* as the real runtime: one device for both */
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
     op *o = calloc(1, sizeof *o);
     o->kind = OP_RECORD;
     o->ev = e;
     o->gen = ++e->recorded;
-    push_locked(resolve_locked(stream), o);
+    push_locked(s, o);
     pthread_mutex_unlock(&mu);
     return OK;
 }
@@ -438,7 +504,13 @@ cudaEventSynchronize(void *event)
 API int
 cudaEventDestroy(void *event)
 {
-    free(event);
+    fake_event *e = event;
+    pthread_mutex_lock(&mu);
+    /* as the real runtime: queued records of it still complete */
+    e->destroyed = 1;
+    if (e->pending == 0)
+        free(e);
+    pthread_mutex_unlock(&mu);
     return OK;
 }
 

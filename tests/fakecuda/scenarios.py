@@ -29,6 +29,7 @@ lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctype
 lib.fakecuda_sleep_on.argtypes = [ctypes.c_void_p, ctypes.c_long]
 lib.fakecuda_set_copy_delay_us.argtypes = [ctypes.c_long]
 lib.fakecuda_set_fail_malloc_after.argtypes = [ctypes.c_long]
+lib.cudaSetDevice.argtypes = [ctypes.c_int]
 lib.fakecuda_counter.restype = ctypes.c_long
 lib.fakecuda_device_bytes.restype = ctypes.c_long
 lib.fakecuda_device_bytes.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
@@ -396,7 +397,7 @@ def errors():
     try:
         _C.DeviceCopier(3)
     except RuntimeError as e:
-        assert "CUDA device 3 requested but only 1 present" in str(e), e
+        assert "CUDA device 3 requested but only 2 present" in str(e), e
     else:
         raise AssertionError("missing device accepted")
 
@@ -493,10 +494,138 @@ def python_copier():
     cp.close()
 
 
+def other_device_default_stream():
+    """DataLoader(device="cuda:1") without torch.cuda.set_device(1): torch
+    passes stream=1 (the default stream of cuda:1) while the thread's
+    current device is 0.  The wait must land on device 1's legacy stream,
+    and a release from a thread whose current device is 0 must still be
+    recorded (on device 1), so the buffer is pooled, not freed."""
+    lib.fakecuda_set_copy_delay_us(100000)
+    lib.cudaSetDevice(0)
+    c = _C.DeviceCopier(1, max_buffers=2)
+    a = np.full(1 << 16, 0xAA, np.uint8)
+    d = c.copy(a)
+    imp = Imported(d, 1)
+    out = np.zeros(a.nbytes, np.uint8)
+    lib.cudaSetDevice(1)  # what torch's device guard does for a cuda:1 kernel
+    imp.read_async(1, out)
+    lib.cudaStreamSynchronize(1)
+    assert out.tobytes() == a.tobytes(), "read on cuda:1's default stream ran before the copy"
+    lib.cudaSetDevice(0)
+    d.wait()
+    del d
+    imp.release()
+    lib.fakecuda_set_copy_delay_us(0)
+    for _ in range(5):
+        d = c.copy(a)
+        i2 = Imported(d, 1)
+        d.wait()
+        del d
+        i2.release()
+    st = c.stats()
+    assert st["freed"] == 0 and st["allocations"] <= 2 and st["reused_ready"] + st["reused_waiting"] >= 4, st
+    c.close()
+
+
+def per_thread_stream_released_elsewhere():
+    """An import on the per-thread default stream (stream=2) released from
+    another thread: the release must still follow the importing thread's
+    queued work, so batch A is not overwritten before that work reads it."""
+    import threading
+    lib.fakecuda_set_copy_delay_us(0)
+    lib.cudaSetDevice(0)
+    c = _C.DeviceCopier(0, max_buffers=1)
+    a, b = np.full(1 << 16, 0xAA, np.uint8), np.full(1 << 16, 0xBB, np.uint8)
+    da = c.copy(a)
+    ia = Imported(da, 2)
+    out = np.zeros(a.nbytes, np.uint8)
+    lib.fakecuda_sleep_on(2, 200000)  # 200 ms of work on this thread's stream ...
+    ia.read_async(2, out)             # ... then it reads batch A
+    del da
+    t = threading.Thread(target=ia.release)
+    t.start()
+    t.join()
+    db = c.copy(b)                    # one buffer: rewrites A's
+    assert c.stats()["reused_waiting"] == 1, c.stats()
+    lib.cudaStreamSynchronize(2)
+    assert out.tobytes() == a.tobytes(), "batch A was overwritten before the importing thread read it"
+    ib = Imported(db, 2)
+    assert ib.read(2).tobytes() == b.tobytes()
+    ib.release()
+
+
+def exception_survives_capsule_free():
+    """A consumed capsule freed while an exception propagates leaves that
+    exception alone."""
+    c = _C.DeviceCopier(0)
+    d = c.copy(np.zeros(16, np.uint8))
+    d.wait()
+    kept = []
+
+    def consume(cap):  # what a consumer does: take the pointer and rename
+        kept.append(capi.PyCapsule_GetPointer(cap, b"dltensor"))
+        capi.PyCapsule_SetName(cap, b"used_dltensor")
+        return cap
+
+    for make in (lambda: d.__dlpack__(stream=1), lambda: _C.empty_buffer(16).__dlpack__()):
+        try:
+            [][consume(make())]  # TypeError raised while the capsule is dropped
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("no TypeError")
+    for ptr in kept:
+        DLManagedTensor.from_address(ptr).deleter(ptr)
+
+
+def close_while_copy_blocks():
+    """close() on another thread while copy() runs without the GIL (here
+    blocked evicting a size class whose consumer stream is busy): the copy
+    finishes on a pool that stays alive until its buffers come back."""
+    import threading
+    import time
+    lib.fakecuda_set_copy_delay_us(0)
+    base = device_allocs()
+    c = _C.DeviceCopier(0, max_buffers=1)
+    s = new_stream()
+    imps = []
+    for k in range(16):  # fill the 16 size classes
+        d = c.copy(np.zeros(600 << k, np.uint8))
+        imps.append(Imported(d, s))
+        d.wait()
+        del d
+    lib.fakecuda_sleep_on(s, 500000)  # the consumer stream is busy for 0.5 s
+    for imp in imps:
+        imp.release()                 # release points queued after that
+
+    host = np.full(600 << 17, 3, np.uint8)
+    syncs = lib.fakecuda_counter(EVENT_SYNCS)
+    closed_during_copy = []
+
+    def closer():  # close as soon as copy() is blocked in the eviction
+        deadline = time.time() + 5
+        while lib.fakecuda_counter(EVENT_SYNCS) == syncs and time.time() < deadline:
+            time.sleep(0.005)
+        c.close()
+        closed_during_copy.append(lib.fakecuda_counter(EVENT_SYNCS) > syncs)
+
+    t = threading.Thread(target=closer)
+    t.start()
+    d = c.copy(host)                  # a 17th size evicts a class: waits for s
+    t.join()
+    assert closed_during_copy == [True]
+    imp = Imported(d, s)
+    assert imp.read(s).tobytes() == host.tobytes()
+    del d
+    imp.release()
+    assert device_allocs() == base
+
+
 SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
              release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
              outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes,
-             python_copier]
+             python_copier, other_device_default_stream, per_thread_stream_released_elsewhere,
+             exception_survives_capsule_free, close_while_copy_blocks]
 
 
 def main(names):
