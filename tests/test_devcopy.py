@@ -25,7 +25,8 @@ SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kep
              "release_ordered_after_consumer", "ready_buffer_preferred", "pool_flat_any_order",
              "outlives_copier", "versioned_capsule", "unconsumed_capsule_released", "errors", "threads",
              "many_sizes", "python_copier", "other_device_default_stream",
-             "per_thread_stream_released_elsewhere", "exception_survives_capsule_free", "close_while_copy_blocks"]
+             "per_thread_stream_released_elsewhere", "exception_survives_capsule_free", "close_while_copy_blocks",
+             "loader_end_to_end"]
 
 
 @pytest.fixture(scope="module")
