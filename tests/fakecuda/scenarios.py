@@ -638,7 +638,7 @@ def loader_end_to_end():
     lib.fakecuda_set_copy_delay_us(2000)
     s = new_stream()
 
-    real_from_dlpack = torch.from_dlpack
+    real_from_dlpack = torch.utils.dlpack.from_dlpack  # (another scenario may have stubbed torch.from_dlpack)
 
     def from_dlpack(d):  # for device batches: a consumer that reads them back on its stream
         if d.__dlpack_device__()[0] != 2:
