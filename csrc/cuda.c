@@ -65,6 +65,9 @@ set_err(char *err, size_t errlen, const char *msg)
 int
 fl_cuda_format_error(char *err, size_t errlen, const char *what, int code)
 {
+    const fl_cuda_api *lib = fl_cuda_get_api();
+    if (lib && code > 0)
+        (void)lib->GetLastError(); /* reported to our caller: clear it for torch */
     if (!err || !errlen)
         return code;
     if (code == FL_CUDA_ERR_NO_LIBRARY) {
@@ -119,6 +122,7 @@ resolve(void *h, fl_cuda_api *api)
     FL_SYM(EventSynchronize, "cudaEventSynchronize");
     FL_SYM(EventDestroy, "cudaEventDestroy");
     FL_SYM(EventElapsedTime, "cudaEventElapsedTime");
+    FL_SYM(GetLastError, "cudaGetLastError");
 #undef FL_SYM
     return NULL;
 }
@@ -275,11 +279,40 @@ api_or_err(const char *what, char *err, size_t errlen)
     return api;
 }
 
+/* The driver's cuDevicePrimaryCtxGetState, to tell whether switching a
+ * thread back to a device would create a context there.  Looked up once:
+ * in the runtime library itself (a stand-in runtime may provide it), else
+ * in the already-loaded libcuda.so.1.  NULL when neither has it. */
+typedef int (*fl_ctx_state_fn)(int dev, unsigned int *flags, int *active);
+static _Atomic(fl_ctx_state_fn) g_ctx_state;
+static atomic_int g_ctx_state_tried;
+
+static fl_ctx_state_fn
+ctx_state_fn(void)
+{
+    if (!atomic_load_explicit(&g_ctx_state_tried, memory_order_acquire)) {
+        void *s = dlsym(g_handle, "cuDevicePrimaryCtxGetState");
+        if (!s) {
+            void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+            if (drv)
+                s = dlsym(drv, "cuDevicePrimaryCtxGetState"); /* drv stays open: it is the loaded driver */
+        }
+        fl_ctx_state_fn f;
+        memcpy(&f, &s, sizeof f);
+        atomic_store_explicit(&g_ctx_state, f, memory_order_relaxed);
+        atomic_store_explicit(&g_ctx_state_tried, 1, memory_order_release);
+    }
+    return atomic_load_explicit(&g_ctx_state, memory_order_relaxed);
+}
+
 /* Make `device` current on this thread for one call; *prev remembers the
- * thread's device so leave_device restores it. */
+ * thread's device so leave_device restores it.  device < 0: no change. */
 static int
 enter_device(const fl_cuda_api *api, int device, int *prev, char *err, size_t errlen)
 {
+    *prev = device;
+    if (device < 0)
+        return FL_CUDA_OK;
     int cur = 0;
     int rc = api->GetDevice(&cur);
     if (rc != FL_CUDA_OK)
@@ -299,10 +332,18 @@ enter_device(const fl_cuda_api *api, int device, int *prev, char *err, size_t er
 static void
 leave_device(const fl_cuda_api *api, int device, int prev)
 {
-    /* Restoring a device that was current a moment ago cannot fail in a way
-     * the caller could act on. */
-    if (prev != device)
-        (void)api->SetDevice(prev);
+    if (prev == device)
+        return;
+    /* Switching back to a device without a primary context would create
+     * one (cudaSetDevice initialises it since CUDA 12): such a thread never
+     * really used `prev`, so it stays on `device`, as torch does.  A
+     * restore that fails cannot be acted on by the caller. */
+    fl_ctx_state_fn state = ctx_state_fn();
+    unsigned int flags = 0;
+    int active = 1;
+    if (state && state(prev, &flags, &active) == 0 && !active)
+        return;
+    (void)api->SetDevice(prev);
 }
 
 /* ---- queries ------------------------------------------------------------- */
@@ -372,14 +413,18 @@ fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errle
 }
 
 int
-fl_cuda_host_free(void *ptr, char *err, size_t errlen)
+fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen)
 {
     if (!ptr)
         return FL_CUDA_OK;
     const fl_cuda_api *api = api_or_err("cudaFreeHost", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->FreeHost(ptr);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->FreeHost(ptr);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFreeHost", rc);
 }
 
@@ -403,12 +448,16 @@ fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t err
 }
 
 int
-fl_cuda_host_unregister(void *ptr, char *err, size_t errlen)
+fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaHostUnregister", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->HostUnregister(ptr);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->HostUnregister(ptr);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaHostUnregister", rc);
 }
 
@@ -435,14 +484,18 @@ fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 }
 
 int
-fl_cuda_free(void *ptr, char *err, size_t errlen)
+fl_cuda_free(int device, void *ptr, char *err, size_t errlen)
 {
     if (!ptr)
         return FL_CUDA_OK;
     const fl_cuda_api *api = api_or_err("cudaFree", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->Free(ptr);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->Free(ptr);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFree", rc);
 }
 
@@ -468,24 +521,32 @@ fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t err
 }
 
 int
-fl_cuda_stream_destroy(fl_cudaStream_t stream, char *err, size_t errlen)
+fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t errlen)
 {
     if (!stream)
         return FL_CUDA_OK;
     const fl_cuda_api *api = api_or_err("cudaStreamDestroy", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->StreamDestroy(stream);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->StreamDestroy(stream);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamDestroy", rc);
 }
 
 int
-fl_cuda_stream_synchronize(fl_cudaStream_t stream, char *err, size_t errlen)
+fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, char *err, size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaStreamSynchronize", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->StreamSynchronize(stream);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->StreamSynchronize(stream);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamSynchronize", rc);
 }
 
@@ -535,30 +596,39 @@ fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char 
 int
 fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen)
 {
-    return event_create(device, FL_CUDA_EVENT_DEFAULT, event, err, errlen);
+    /* blocking sync: a host waiting on it sleeps instead of spinning a core */
+    return event_create(device, FL_CUDA_EVENT_BLOCKING_SYNC, event, err, errlen);
 }
 
 int
-fl_cuda_event_elapsed_ms(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
+fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
                          size_t errlen)
 {
     *ms = 0.0f;
     const fl_cuda_api *api = api_or_err("cudaEventElapsedTime", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->EventElapsedTime(ms, start, end);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->EventElapsedTime(ms, start, end);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventElapsedTime", rc);
 }
 
 int
-fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 {
     if (!event)
         return FL_CUDA_OK;
     const fl_cuda_api *api = api_or_err("cudaEventDestroy", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->EventDestroy(event);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->EventDestroy(event);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventDestroy", rc);
 }
 
@@ -578,24 +648,35 @@ fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, c
 }
 
 int
-fl_cuda_event_query(fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaEventQuery", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->EventQuery(event);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->EventQuery(event);
+    if (rc == FL_CUDA_ERR_NOT_READY)
+        (void)api->GetLastError(); /* "not ready" is an answer, not an error: do not leave it
+                                     * as the thread's last error for torch to raise later */
+    leave_device(api, device, prev);
     if (rc == FL_CUDA_OK || rc == FL_CUDA_ERR_NOT_READY)
         return rc;
     return fl_cuda_format_error(err, errlen, "cudaEventQuery", rc);
 }
 
 int
-fl_cuda_event_synchronize(fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 {
     const fl_cuda_api *api = api_or_err("cudaEventSynchronize", err, errlen);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
-    int rc = api->EventSynchronize(event);
+    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
+    if (rc != FL_CUDA_OK)
+        return rc;
+    rc = api->EventSynchronize(event);
+    leave_device(api, device, prev);
     return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventSynchronize", rc);
 }
 

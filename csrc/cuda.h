@@ -18,9 +18,20 @@
  *
  * Threads.  None of these functions needs or touches the GIL; all are safe
  * to call from any thread once fl_cuda_load() has succeeded.  Functions
- * taking a `device` make it current for the call only and restore the
- * calling thread's previous current device afterwards, so they never
- * change the device a user (torch) selected on that thread.
+ * taking a `device` make it current for the call only (the runtime would
+ * otherwise act on, and may create a context for, the thread's current
+ * device) and restore the calling thread's previous device afterwards, so
+ * they never change the device a user (torch) selected on that thread.  The
+ * one exception follows torch: a thread whose previous device has no
+ * primary context (a fresh worker thread reports device 0) stays on
+ * `device`, because switching back would create a context, about half a
+ * GiB, on a GPU the process does not use.  device < 0 leaves the current
+ * device alone.
+ *
+ * Errors handled here (returned as codes) are also cleared from the
+ * runtime's per-thread "last error", which torch checks after every kernel
+ * launch: a failure fastloader reported, or an event that is merely not
+ * ready yet, must not surface later as an error in an unrelated torch op.
  *
  * Ownership.  Pointers, streams and events created here belong to the
  * caller, who releases them with the matching fl_cuda_*_free/destroy.
@@ -94,6 +105,7 @@ typedef struct {
     fl_cudaError_t (*EventSynchronize)(fl_cudaEvent_t event);
     fl_cudaError_t (*EventDestroy)(fl_cudaEvent_t event);
     fl_cudaError_t (*EventElapsedTime)(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end);
+    fl_cudaError_t (*GetLastError)(void);
 } fl_cuda_api;
 
 /* ---- loading ---------------------------------------------------------- */
@@ -150,13 +162,13 @@ int fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen);
  * On failure *ptr is NULL. */
 int fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
 /* Release memory from fl_cuda_host_alloc.  NULL is a no-op. */
-int fl_cuda_host_free(void *ptr, char *err, size_t errlen);
+int fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen);
 
 /* Page-lock the caller's memory [ptr, ptr + bytes) in place (portable).
  * The caller keeps owning ptr and must fl_cuda_host_unregister it before
  * freeing it.  Page-aligned memory avoids locking neighbouring data. */
 int fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t errlen);
-int fl_cuda_host_unregister(void *ptr, char *err, size_t errlen);
+int fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen);
 
 /* Device memory of `bytes` (> 0) bytes on `device`.  On success *ptr is
  * owned by the caller: release with fl_cuda_free.  On failure *ptr is NULL. */
@@ -164,7 +176,7 @@ int fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errle
 /* Release memory from fl_cuda_malloc (implicitly synchronises the device,
  * so pool device buffers instead of freeing them per batch).  NULL is a
  * no-op. */
-int fl_cuda_free(void *ptr, char *err, size_t errlen);
+int fl_cuda_free(int device, void *ptr, char *err, size_t errlen);
 
 /* ---- streams and events ------------------------------------------------ */
 
@@ -173,10 +185,10 @@ int fl_cuda_free(void *ptr, char *err, size_t errlen);
  * fl_cuda_stream_destroy.  *stream is NULL on failure. */
 int fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t errlen);
 /* NULL is a no-op.  Pending work still completes. */
-int fl_cuda_stream_destroy(fl_cudaStream_t stream, char *err, size_t errlen);
+int fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t errlen);
 /* Block the calling thread until all work queued on `stream` is done.
  * Call without the GIL: it may wait for a long time. */
-int fl_cuda_stream_synchronize(fl_cudaStream_t stream, char *err, size_t errlen);
+int fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, char *err, size_t errlen);
 /* Make future work on `stream` wait until `event`'s last recorded work is
  * done; the host does not block.  `device` is made current for the call:
  * the special handles (0, cudaStreamLegacy, cudaStreamPerThread) name the
@@ -191,14 +203,14 @@ int fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t
  * NULL on failure. */
 int fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
                          size_t errlen);
-/* Like fl_cuda_event_create, with timing enabled (for
+/* Like fl_cuda_event_create with blocking_sync, with timing enabled (for
  * fl_cuda_event_elapsed_ms; a little dearer to record). */
 int fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen);
 /* *ms = time between two completed timed events recorded on one stream. */
-int fl_cuda_event_elapsed_ms(float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
+int fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
                              size_t errlen);
 /* NULL is a no-op. */
-int fl_cuda_event_destroy(fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen);
 /* Capture the work queued on `stream` so far in `event`; both must be on
  * `device`, which is made current for the call (see
  * fl_cuda_stream_wait_event on the special stream handles). */
@@ -207,10 +219,10 @@ int fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t strea
 /* Returns 0 when the recorded work is done (or nothing was recorded),
  * FL_CUDA_ERR_NOT_READY while it is pending (err untouched: not an error),
  * another code on failure.  Never blocks. */
-int fl_cuda_event_query(fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen);
 /* Block the calling thread until the recorded work is done.  Call without
  * the GIL. */
-int fl_cuda_event_synchronize(fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t errlen);
 
 /* ---- copies ------------------------------------------------------------ */
 

@@ -18,6 +18,7 @@ struct fl_devbuf {
     fl_devpool *pool;      /* a pool reference while the buffer is out */
     void *ptr;             /* device memory, cap bytes (owned) */
     size_t cap, bytes;     /* capacity; bytes of the current copy */
+    int device;
     fl_cudaEvent_t start, ready;                   /* timed, on the copy stream */
     fl_cudaEvent_t released[FL_DEVBUF_MAX_USERS];  /* created on first need */
     fl_cudaStream_t users[FL_DEVBUF_MAX_USERS];    /* streams of this lease */
@@ -126,10 +127,10 @@ devbuf_destroy(fl_devbuf *b)
     if (!b)
         return;
     for (int i = 0; i < FL_DEVBUF_MAX_USERS; i++)
-        fl_cuda_event_destroy(b->released[i], NULL, 0);
-    fl_cuda_event_destroy(b->start, NULL, 0);
-    fl_cuda_event_destroy(b->ready, NULL, 0);
-    fl_cuda_free(b->ptr, NULL, 0);
+        fl_cuda_event_destroy(b->device, b->released[i], NULL, 0);
+    fl_cuda_event_destroy(b->device, b->start, NULL, 0);
+    fl_cuda_event_destroy(b->device, b->ready, NULL, 0);
+    fl_cuda_free(b->device, b->ptr, NULL, 0);
     free(b);
 }
 
@@ -144,6 +145,7 @@ devbuf_alloc(int device, size_t cap, int *rc, char *err, size_t errlen)
         return NULL;
     }
     b->cap = cap;
+    b->device = device;
     if ((*rc = fl_cuda_malloc(device, cap, &b->ptr, err, errlen)) ||
         (*rc = fl_cuda_event_create_timed(device, &b->start, err, errlen)) ||
         (*rc = fl_cuda_event_create_timed(device, &b->ready, err, errlen))) {
@@ -176,14 +178,14 @@ static void
 pool_destroy(fl_devpool *p)
 {
     /* No buffer is out (each holds a reference), so only idle ones remain. */
-    fl_cuda_stream_synchronize(p->stream, NULL, 0);
+    fl_cuda_stream_synchronize(p->device, p->stream, NULL, 0);
     for (fl_devbuf *b = p->idle, *next; b; b = next) {
         next = b->next;
         for (int i = 0; i < b->npending; i++)
-            fl_cuda_event_synchronize(b->released[i], NULL, 0);
+            fl_cuda_event_synchronize(p->device, b->released[i], NULL, 0);
         devbuf_destroy(b);
     }
-    fl_cuda_stream_destroy(p->stream, NULL, 0);
+    fl_cuda_stream_destroy(p->device, p->stream, NULL, 0);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -216,7 +218,7 @@ fl_devpool_stream(const fl_devpool *p)
 int
 fl_devpool_synchronize(fl_devpool *p, char *err, size_t errlen)
 {
-    return fl_cuda_stream_synchronize(p->stream, err, errlen);
+    return fl_cuda_stream_synchronize(p->device, p->stream, err, errlen);
 }
 
 void
@@ -233,7 +235,7 @@ static int
 released_passed(fl_devbuf *b)
 {
     for (int i = 0; i < b->npending; i++)
-        if (fl_cuda_event_query(b->released[i], NULL, 0) != FL_CUDA_OK)
+        if (fl_cuda_event_query(b->device, b->released[i], NULL, 0) != FL_CUDA_OK)
             return 0;
     return 1;
 }
@@ -288,7 +290,7 @@ fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, 
         fl_devbuf *v = victims;
         victims = v->next;
         for (int i = 0; i < v->npending; i++)
-            fl_cuda_event_synchronize(v->released[i], NULL, 0);
+            fl_cuda_event_synchronize(v->device, v->released[i], NULL, 0);
         devbuf_destroy(v);
     }
     int rc = FL_CUDA_OK;
@@ -369,19 +371,19 @@ fl_devbuf_device(const fl_devbuf *b)
 int
 fl_devbuf_copy_query(fl_devbuf *b, char *err, size_t errlen)
 {
-    return fl_cuda_event_query(b->ready, err, errlen);
+    return fl_cuda_event_query(b->device, b->ready, err, errlen);
 }
 
 int
 fl_devbuf_copy_wait(fl_devbuf *b, char *err, size_t errlen)
 {
-    return fl_cuda_event_synchronize(b->ready, err, errlen);
+    return fl_cuda_event_synchronize(b->device, b->ready, err, errlen);
 }
 
 int
 fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen)
 {
-    return fl_cuda_event_elapsed_ms(ms, b->start, b->ready, err, errlen);
+    return fl_cuda_event_elapsed_ms(b->device, ms, b->start, b->ready, err, errlen);
 }
 
 int

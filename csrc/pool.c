@@ -55,16 +55,17 @@ fl_pool_pin_error(fl_pool *p)
 
 /* Every buffer carries a 64-byte header in front of what callers see (so
  * their pointer stays 64-byte aligned) recording how it was allocated:
- * page-locked buffers go back with cudaFreeHost, the others with free. */
+ * page-locked buffers (device + 1) go back with cudaFreeHost, the others
+ * (0) with free. */
 #define FL_POOL_HDR 64
 
 static void
 buf_free(void *data)
 {
     char *base = (char *)data - FL_POOL_HDR;
-    if (*(int *)base) {
+    if (*(int *)base) { /* page-locked for device (value - 1) */
         char err[64];
-        fl_cuda_host_free(base, err, sizeof err);
+        fl_cuda_host_free(*(int *)base - 1, base, err, sizeof err);
     } else {
         free(base);
     }
@@ -91,7 +92,7 @@ buf_alloc(fl_pool *p)
     }
     if (!base && posix_memalign(&base, 64, p->nbytes + FL_POOL_HDR) != 0)
         return NULL;
-    *(int *)base = pinned;
+    *(int *)base = pinned ? p->pinned_device + 1 : 0;
     return (char *)base + FL_POOL_HDR;
 }
 

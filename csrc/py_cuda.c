@@ -412,10 +412,10 @@ pinned_free(pinned *h, int *rc, char *err, size_t errlen)
         return;
     int r;
     if (h->registered) {
-        r = fl_cuda_host_unregister(h->ptr, *rc ? NULL : err, errlen);
+        r = fl_cuda_host_unregister(-1, h->ptr, *rc ? NULL : err, errlen);
         free(h->ptr);
     } else {
-        r = fl_cuda_host_free(h->ptr, *rc ? NULL : err, errlen);
+        r = fl_cuda_host_free(-1, h->ptr, *rc ? NULL : err, errlen);
     }
     if (!*rc)
         *rc = r;
@@ -493,7 +493,7 @@ device_roundtrip(int device, const void *src, void *dst, size_t n, int two_strea
         ((unsigned char *)hdst.ptr)[i] = (unsigned char)~((const unsigned char *)src)[i];
     /* Prefill the device buffer with the complement and wait for it. */
     if ((rc = fl_cuda_memcpy_h2d_async(device, dbuf, hdst.ptr, n, sa, err, errlen)) ||
-        (rc = fl_cuda_stream_synchronize(sa, err, errlen)))
+        (rc = fl_cuda_stream_synchronize(device, sa, err, errlen)))
         goto done;
     memset(hdst.ptr, 0, n);
     fl_cudaStream_t sd = two_streams ? sb : sa;
@@ -504,10 +504,10 @@ device_roundtrip(int device, const void *src, void *dst, size_t n, int two_strea
         goto done;
     if ((rc = fl_cuda_memcpy_d2h_async(device, hdst.ptr, dbuf, n, sd, err, errlen)) ||
         (rc = fl_cuda_event_record(device, eb, sd, err, errlen)) ||
-        (rc = fl_cuda_event_synchronize(eb, err, errlen)))
+        (rc = fl_cuda_event_synchronize(device, eb, err, errlen)))
         goto done;
     /* Both events have completed now: a query must say so. */
-    int qa = fl_cuda_event_query(ea, err, errlen), qb = fl_cuda_event_query(eb, err, errlen);
+    int qa = fl_cuda_event_query(device, ea, err, errlen), qb = fl_cuda_event_query(device, eb, err, errlen);
     if (qa != FL_CUDA_OK || qb != FL_CUDA_OK) {
         if (qa == FL_CUDA_ERR_NOT_READY || qb == FL_CUDA_ERR_NOT_READY)
             snprintf(err, errlen, "cudaEventQuery reported pending work after cudaEventSynchronize");
@@ -525,14 +525,14 @@ done:;
             rc = r;                                                                                \
     } while (0)
     if (sa)
-        FL_KEEP(fl_cuda_stream_synchronize(sa, rc ? NULL : err, errlen));
+        FL_KEEP(fl_cuda_stream_synchronize(device, sa, rc ? NULL : err, errlen));
     if (sb)
-        FL_KEEP(fl_cuda_stream_synchronize(sb, rc ? NULL : err, errlen));
-    FL_KEEP(fl_cuda_event_destroy(ea, rc ? NULL : err, errlen));
-    FL_KEEP(fl_cuda_event_destroy(eb, rc ? NULL : err, errlen));
-    FL_KEEP(fl_cuda_stream_destroy(sa, rc ? NULL : err, errlen));
-    FL_KEEP(fl_cuda_stream_destroy(sb, rc ? NULL : err, errlen));
-    FL_KEEP(fl_cuda_free(dbuf, rc ? NULL : err, errlen));
+        FL_KEEP(fl_cuda_stream_synchronize(device, sb, rc ? NULL : err, errlen));
+    FL_KEEP(fl_cuda_event_destroy(device, ea, rc ? NULL : err, errlen));
+    FL_KEEP(fl_cuda_event_destroy(device, eb, rc ? NULL : err, errlen));
+    FL_KEEP(fl_cuda_stream_destroy(device, sa, rc ? NULL : err, errlen));
+    FL_KEEP(fl_cuda_stream_destroy(device, sb, rc ? NULL : err, errlen));
+    FL_KEEP(fl_cuda_free(device, dbuf, rc ? NULL : err, errlen));
 #undef FL_KEEP
     pinned_free(&hsrc, &rc, err, errlen);
     pinned_free(&hdst, &rc, err, errlen);

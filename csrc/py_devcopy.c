@@ -428,7 +428,13 @@ copier_copy(fl_copier *self, PyObject *obj)
     char err[FL_DEV_ERRLEN];
     fl_devbuf *buf = NULL;
     int rc;
+    /* __dlpack__ and tp_alloc above may have run Python code that closed
+     * us: check again, and take the reference with no Python code between */
     fl_devpool *pool = self->pool;
+    if (!pool) {
+        PyErr_SetString(PyExc_RuntimeError, "DeviceCopier is closed");
+        goto fail;
+    }
     fl_devpool_ref(pool); /* close() on another thread must not free it under us */
     Py_BEGIN_ALLOW_THREADS
     rc = fl_devpool_copy(pool, src, bytes, &buf, err, sizeof err);

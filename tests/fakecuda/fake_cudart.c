@@ -13,8 +13,12 @@
  * calling thread's current device and 0x2 the calling thread's own
  * per-thread default stream, the legacy stream and the per-thread streams
  * of a device are ordered with each other (created streams, all made
- * non-blocking by fastloader and these tests, are not), and an event may be
- * destroyed while records of it are still queued.
+ * non-blocking by fastloader and these tests, are not), an event may be
+ * destroyed while records of it are still queued, every failing call leaves
+ * its error as the thread's last error until cudaGetLastError takes it, and
+ * a call that needs a context creates the current device's primary context
+ * (cudaSetDevice too, as since CUDA 12), which cuDevicePrimaryCtxGetState
+ * reports.
  *
  * Test hooks (called with ctypes): fakecuda_set_copy_delay_us (slows down
  * host-to-device copies),
@@ -83,6 +87,8 @@ static long copy_delay_us;
 static long fail_malloc_after = -1;
 static long counters[8]; /* see fakecuda_counter */
 static __thread int cur_device;
+static __thread int last_error;
+static unsigned contexts; /* bit d: device d has a primary context */
 
 enum { C_STREAM_SYNC, C_EVENT_SYNC, C_MALLOC, C_FREE, C_HOST_ALLOC, C_HOST_FREE, C_WAIT_EVENT, C_COPY };
 
@@ -100,6 +106,22 @@ device_count(void)
     const char *e = getenv("FAKECUDA_DEVICES");
     int n = e ? atoi(e) : 1;
     return n < 0 ? 0 : n > MAX_DEV ? MAX_DEV : n;
+}
+
+/* The current device's primary context, created on first need. */
+static void
+need_context(void)
+{
+    __atomic_or_fetch(&contexts, 1u << cur_device, __ATOMIC_SEQ_CST);
+}
+
+/* Return `rc`, remembering a failure as the thread's last error. */
+static int
+ret(int rc)
+{
+    if (rc != OK)
+        last_error = rc;
+    return rc;
 }
 
 /* ---- streams --------------------------------------------------------------- */
@@ -248,7 +270,7 @@ find_alloc_locked(const void *p, size_t n)
 
 /* ---- the runtime API --------------------------------------------------------- */
 
-API int cudaGetDeviceCount(int *c) { *c = device_count(); return *c ? OK : E_NO_DEVICE; }
+API int cudaGetDeviceCount(int *c) { *c = device_count(); return ret(*c ? OK : E_NO_DEVICE); }
 API int cudaRuntimeGetVersion(int *v) { *v = 13000; return OK; }
 API int cudaDriverGetVersion(int *v) { *v = 13000; return OK; }
 
@@ -286,8 +308,9 @@ API int
 cudaSetDevice(int d)
 {
     if (d < 0 || d >= device_count())
-        return E_INVALID_DEVICE;
+        return ret(E_INVALID_DEVICE);
     cur_device = d;
+    need_context();
     return OK;
 }
 
@@ -296,17 +319,19 @@ API int cudaGetDevice(int *d) { *d = cur_device; return OK; }
 API int
 cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
+    need_context();
     (void)flags;
     *p = malloc(n ? n : 1);
     pthread_mutex_lock(&mu);
     counters[C_HOST_ALLOC]++;
     pthread_mutex_unlock(&mu);
-    return *p ? OK : E_MEMORY;
+    return ret(*p ? OK : E_MEMORY);
 }
 
 API int
 cudaFreeHost(void *p)
 {
+    need_context();
     pthread_mutex_lock(&mu);
     drain_all_locked(); /* like the real one, it synchronises */
     counters[C_HOST_FREE]++;
@@ -321,11 +346,12 @@ API int cudaHostUnregister(void *p) { (void)p; return OK; }
 API int
 cudaMalloc(void **p, size_t n)
 {
+    need_context();
     *p = NULL;
     pthread_mutex_lock(&mu);
     if (fail_malloc_after == 0) {
         pthread_mutex_unlock(&mu);
-        return E_MEMORY;
+        return ret(E_MEMORY);
     }
     if (fail_malloc_after > 0)
         fail_malloc_after--;
@@ -344,6 +370,7 @@ cudaMalloc(void **p, size_t n)
 API int
 cudaFree(void *p)
 {
+    need_context();
     if (!p)
         return OK;
     pthread_mutex_lock(&mu);
@@ -360,12 +387,13 @@ cudaFree(void *p)
         }
     }
     pthread_mutex_unlock(&mu);
-    return E_INVALID_VALUE;
+    return ret(E_INVALID_VALUE);
 }
 
 API int
 cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream)
 {
+    need_context();
     pthread_mutex_lock(&mu);
     /* 1 = host to device, 2 = device to host: the device side must lie in
      * one allocation, the host side must not. */
@@ -374,7 +402,7 @@ cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream)
               (kind != 1 && kind != 2);
     if (bad) {
         pthread_mutex_unlock(&mu);
-        return E_INVALID_VALUE;
+        return ret(E_INVALID_VALUE);
     }
     op *o = calloc(1, sizeof *o);
     o->kind = OP_COPY;
@@ -391,6 +419,7 @@ cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream)
 API int
 cudaStreamCreateWithFlags(void **s, unsigned flags)
 {
+    need_context();
     (void)flags;
     pthread_mutex_lock(&mu);
     *s = stream_new_locked(S_CREATED);
@@ -401,11 +430,12 @@ cudaStreamCreateWithFlags(void **s, unsigned flags)
 API int
 cudaStreamDestroy(void *handle)
 {
+    need_context();
     pthread_mutex_lock(&mu);
     fake_stream *s = resolve_locked(handle);
     if (s->kind != S_CREATED) {
         pthread_mutex_unlock(&mu);
-        return E_INVALID_HANDLE;
+        return ret(E_INVALID_HANDLE);
     }
     drain_locked(s);
     s->quit = 1;
@@ -424,6 +454,7 @@ cudaStreamDestroy(void *handle)
 API int
 cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
 {
+    need_context();
     (void)flags;
     fake_event *e = event;
     pthread_mutex_lock(&mu);
@@ -442,6 +473,7 @@ cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
 API int
 cudaStreamSynchronize(void *stream)
 {
+    need_context();
     pthread_mutex_lock(&mu);
     counters[C_STREAM_SYNC]++;
     drain_locked(resolve_locked(stream));
@@ -452,6 +484,7 @@ cudaStreamSynchronize(void *stream)
 API int
 cudaEventCreateWithFlags(void **event, unsigned flags)
 {
+    need_context();
     fake_event *e = calloc(1, sizeof *e);
     e->timing = !(flags & 0x02u);
     e->dev = cur_device;
@@ -462,12 +495,13 @@ cudaEventCreateWithFlags(void **event, unsigned flags)
 API int
 cudaEventRecord(void *event, void *stream)
 {
+    need_context();
     fake_event *e = event;
     pthread_mutex_lock(&mu);
     fake_stream *s = resolve_locked(stream);
     if (s->dev != e->dev) { /* as the real runtime: one device for both */
         pthread_mutex_unlock(&mu);
-        return E_INVALID_HANDLE;
+        return ret(E_INVALID_HANDLE);
     }
     op *o = calloc(1, sizeof *o);
     o->kind = OP_RECORD;
@@ -481,16 +515,18 @@ cudaEventRecord(void *event, void *stream)
 API int
 cudaEventQuery(void *event)
 {
+    need_context();
     fake_event *e = event;
     pthread_mutex_lock(&mu);
     int rc = e->completed >= e->recorded ? OK : E_NOT_READY;
     pthread_mutex_unlock(&mu);
-    return rc;
+    return ret(rc);
 }
 
 API int
 cudaEventSynchronize(void *event)
 {
+    need_context();
     fake_event *e = event;
     pthread_mutex_lock(&mu);
     counters[C_EVENT_SYNC]++;
@@ -504,6 +540,7 @@ cudaEventSynchronize(void *event)
 API int
 cudaEventDestroy(void *event)
 {
+    need_context();
     fake_event *e = event;
     pthread_mutex_lock(&mu);
     /* as the real runtime: queued records of it still complete */
@@ -517,6 +554,7 @@ cudaEventDestroy(void *event)
 API int
 cudaEventElapsedTime(float *ms, void *start, void *end)
 {
+    need_context();
     fake_event *a = start, *b = end;
     pthread_mutex_lock(&mu);
     int rc = OK;
@@ -527,12 +565,34 @@ cudaEventElapsedTime(float *ms, void *start, void *end)
     else
         *ms = (float)((b->t - a->t) * 1e3);
     pthread_mutex_unlock(&mu);
-    return rc;
+    return ret(rc);
+}
+
+API int
+cudaGetLastError(void)
+{
+    int e = last_error;
+    last_error = OK;
+    return e;
+}
+
+/* The driver API call fastloader uses to avoid creating contexts. */
+API int
+cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    *flags = 0;
+    *active = (__atomic_load_n(&contexts, __ATOMIC_SEQ_CST) >> dev) & 1u;
+    return 0;
 }
 
 /* ---- test hooks ---------------------------------------------------------------- */
 
 API void fakecuda_set_copy_delay_us(long us) { copy_delay_us = us; }
+
+/* Bit d set: device d has a primary context.  fakecuda_forget_contexts
+ * starts counting afresh. */
+API unsigned fakecuda_contexts(void) { return __atomic_load_n(&contexts, __ATOMIC_SEQ_CST); }
+API void fakecuda_forget_contexts(void) { __atomic_store_n(&contexts, 0u, __ATOMIC_SEQ_CST); }
 
 API void
 fakecuda_set_fail_malloc_after(long n)

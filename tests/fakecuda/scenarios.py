@@ -30,6 +30,7 @@ lib.fakecuda_sleep_on.argtypes = [ctypes.c_void_p, ctypes.c_long]
 lib.fakecuda_set_copy_delay_us.argtypes = [ctypes.c_long]
 lib.fakecuda_set_fail_malloc_after.argtypes = [ctypes.c_long]
 lib.cudaSetDevice.argtypes = [ctypes.c_int]
+lib.fakecuda_contexts.restype = ctypes.c_uint
 lib.fakecuda_counter.restype = ctypes.c_long
 lib.fakecuda_device_bytes.restype = ctypes.c_long
 lib.fakecuda_device_bytes.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
@@ -694,12 +695,108 @@ def loader_end_to_end():
             assert g["meta"][1] == r["meta"][1]
 
 
+def no_error_left_behind():
+    """Polling a copy that is still running, reusing a buffer whose consumer
+    is busy, and a failed allocation all leave the thread's CUDA "last
+    error" clear: torch checks it after every kernel launch and would raise
+    "device not ready" in an unrelated op."""
+    lib.fakecuda_set_copy_delay_us(100000)
+    lib.cudaSetDevice(0)
+    lib.cudaGetLastError()
+    c = _C.DeviceCopier(0, max_buffers=1)
+    s = new_stream()
+    d = c.copy(batch(20))
+    assert d.copy_done() is False and d.copy_ms() is None  # not ready, twice
+    assert lib.cudaGetLastError() == 0
+    imp = Imported(d, s)
+    lib.fakecuda_sleep_on(s, 100000)
+    d.wait()
+    del d
+    imp.release()
+    lib.fakecuda_set_copy_delay_us(0)
+    d2 = c.copy(batch(21))  # queries the busy consumer's release event
+    assert lib.cudaGetLastError() == 0
+    lib.fakecuda_set_fail_malloc_after(0)
+    try:
+        c.copy(batch(22, (9, 9)))
+    except RuntimeError:
+        pass
+    lib.fakecuda_set_fail_malloc_after(-1)
+    assert lib.cudaGetLastError() == 0
+    d2.wait()
+
+
+def no_stray_context():
+    """A loader on cuda:1 must not create a context on GPU 0 (about half a
+    GiB on a real GPU): not from native worker threads pinning their
+    buffers, not from the thread that drops a batch, not from a fresh
+    thread polling a copy.  A fresh thread reports device 0 and has no
+    context there, so it is not switched back to 0."""
+    import tempfile
+    import threading
+
+    import fastloader
+    from fastloader import transforms as FT
+    from fastloader.sample import make_sample
+    lib.fakecuda_set_copy_delay_us(0)
+    lib.cudaSetDevice(1)  # as after torch.cuda.set_device(1)
+    lib.fakecuda_forget_contexts()
+    c = _C.DeviceCopier(1)
+    s = new_stream()
+    imps = []
+    for k in range(4):
+        d = c.copy(batch(30 + k))
+        imps.append(Imported(d, s))
+        t = threading.Thread(target=d.copy_done)
+        t.start()
+        t.join()
+        del d
+    for imp in imps:
+        t = threading.Thread(target=imp.release)
+        t.start()
+        t.join()
+    c.close()
+    # native workers decoding into page-locked buffers for device 1
+    root = tempfile.mkdtemp(prefix="fl-ctx-")
+    make_sample(root, n=16, classes=2, progress=False, processes=1)
+    ds = fastloader.ImageFolder(root, transform=FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.ToTensor()]))
+    ds._native.set_pinned(1)
+    eng = _C.NativeEngine(2, ds._native)
+    for k in range(4):
+        eng.submit(k, list(range(4 * k, 4 * k + 4)), 0, 0)
+    for k in range(4):
+        assert eng.wait(k, 10.0) is not None
+    eng.close()
+    ds._native.set_pinned(-1)
+    assert lib.fakecuda_contexts() == 0b10, bin(lib.fakecuda_contexts())
+    lib.cudaSetDevice(0)
+
+
+def close_inside_dlpack():
+    """A host object whose __dlpack__ closes the copier (or another thread
+    doing so at that moment) gets a clear error, not a crash."""
+    c = _C.DeviceCopier(0)
+    arr = batch(40)
+
+    class Closing:
+        def __dlpack__(self, *a, **k):
+            c.close()
+            return arr.__dlpack__()
+
+    try:
+        c.copy(Closing())
+    except RuntimeError as e:
+        assert "closed" in str(e), e
+    else:
+        raise AssertionError("copy on a closed copier succeeded")
+
+
 SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
              release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
              outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes,
              python_copier, other_device_default_stream, per_thread_stream_released_elsewhere,
              exception_survives_capsule_free, close_while_copy_blocks,
-             loader_end_to_end]
+             loader_end_to_end, no_error_left_behind, no_stray_context, close_inside_dlpack]
 
 
 def main(names):
