@@ -92,6 +92,7 @@ class_for(fl_devpool *p, size_t cap, fl_devbuf **victims)
     return c;
 }
 
+/* The class record for `cap`, or NULL (untracked).  Under the lock. */
 static size_cls *
 class_find(fl_devpool *p, size_t cap)
 {
@@ -174,6 +175,9 @@ fl_devpool_new(int device, int max_buffers, char *err, size_t errlen)
     return p;
 }
 
+/* Free the pool when its last reference went (any thread, no GIL): wait for
+ * queued copies and for idle buffers' consumers, then free everything.
+ * Errors are ignored: nobody is left to report them to. */
 static void
 pool_destroy(fl_devpool *p)
 {
@@ -365,7 +369,7 @@ fl_devbuf_bytes(const fl_devbuf *b)
 int
 fl_devbuf_device(const fl_devbuf *b)
 {
-    return b->pool->device;
+    return b->device;
 }
 
 int
