@@ -1,0 +1,42 @@
+"""Import-time checks of the C extension.
+
+module.c creates one JPEG decompressor when fastloader._C is imported: a
+libjpeg at run time that does not match the headers of the build refuses
+that (JERR_BAD_LIB_VERSION or a struct-size error), and the import must fail
+then, with a message naming both, instead of at the first image of an epoch.
+A preloaded stand-in (tests/fakejpeg/bad_version.c) plays the mismatching
+library.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_mismatched_libjpeg_fails_the_import_clearly(tmp_path):
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(cc):
+        cc = "cc"
+    shim = str(tmp_path / "libbadjpeg.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", shim, os.path.join(HERE, "fakejpeg", "bad_version.c")],
+                   check=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    # after any sanitizer runtimes already preloaded (they must come first)
+    env["LD_PRELOAD"] = " ".join(p for p in [os.environ.get("LD_PRELOAD", ""), shim] if p)
+    proc = subprocess.run([sys.executable, "-c", "import fastloader._C"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr, proc.stderr[-2000:]
+    assert "does not match the libjpeg-turbo" in proc.stderr and "JPEG_LIB_VERSION" in proc.stderr, \
+        proc.stderr[-2000:]
+    # and without the stand-in the same import works
+    env.pop("LD_PRELOAD")
+    if os.environ.get("LD_PRELOAD"):
+        env["LD_PRELOAD"] = os.environ["LD_PRELOAD"]
+    ok = subprocess.run([sys.executable, "-c", "import fastloader._C"], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
