@@ -346,6 +346,22 @@ leave_device(const fl_cuda_api *api, int device, int prev)
     (void)api->SetDevice(prev);
 }
 
+/* The body of a wrapper that only needs the library, `device` current
+ * around one runtime call, and the "what failed (name: text)" convention:
+ * returns from the enclosing function (which has err/errlen parameters). */
+#define FL_CALL_ON(device, name, call)                                                             \
+    do {                                                                                           \
+        const fl_cuda_api *api_ = api_or_err(name, err, errlen);                                   \
+        if (!api_)                                                                                 \
+            return FL_CUDA_ERR_NO_LIBRARY;                                                         \
+        int prev_, rc_ = enter_device(api_, (device), &prev_, err, errlen);                        \
+        if (rc_ != FL_CUDA_OK)                                                                     \
+            return rc_;                                                                            \
+        rc_ = api_->call;                                                                          \
+        leave_device(api_, (device), prev_);                                                       \
+        return rc_ == FL_CUDA_OK ? rc_ : fl_cuda_format_error(err, errlen, name, rc_);             \
+    } while (0)
+
 /* ---- queries ------------------------------------------------------------- */
 
 int
@@ -417,15 +433,7 @@ fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen)
 {
     if (!ptr)
         return FL_CUDA_OK;
-    const fl_cuda_api *api = api_or_err("cudaFreeHost", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->FreeHost(ptr);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFreeHost", rc);
+    FL_CALL_ON(device, "cudaFreeHost", FreeHost(ptr));
 }
 
 int
@@ -450,15 +458,7 @@ fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t err
 int
 fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaHostUnregister", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->HostUnregister(ptr);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaHostUnregister", rc);
+    FL_CALL_ON(device, "cudaHostUnregister", HostUnregister(ptr));
 }
 
 int
@@ -488,15 +488,7 @@ fl_cuda_free(int device, void *ptr, char *err, size_t errlen)
 {
     if (!ptr)
         return FL_CUDA_OK;
-    const fl_cuda_api *api = api_or_err("cudaFree", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->Free(ptr);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaFree", rc);
+    FL_CALL_ON(device, "cudaFree", Free(ptr));
 }
 
 /* ---- streams and events ------------------------------------------------- */
@@ -525,44 +517,20 @@ fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t err
 {
     if (!stream)
         return FL_CUDA_OK;
-    const fl_cuda_api *api = api_or_err("cudaStreamDestroy", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->StreamDestroy(stream);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamDestroy", rc);
+    FL_CALL_ON(device, "cudaStreamDestroy", StreamDestroy(stream));
 }
 
 int
 fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, char *err, size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaStreamSynchronize", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->StreamSynchronize(stream);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamSynchronize", rc);
+    FL_CALL_ON(device, "cudaStreamSynchronize", StreamSynchronize(stream));
 }
 
 int
 fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
                           size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaStreamWaitEvent", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->StreamWaitEvent(stream, event, 0);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaStreamWaitEvent", rc);
+    FL_CALL_ON(device, "cudaStreamWaitEvent", StreamWaitEvent(stream, event, 0));
 }
 
 static int
@@ -605,15 +573,7 @@ fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEve
                          size_t errlen)
 {
     *ms = 0.0f;
-    const fl_cuda_api *api = api_or_err("cudaEventElapsedTime", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->EventElapsedTime(ms, start, end);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventElapsedTime", rc);
+    FL_CALL_ON(device, "cudaEventElapsedTime", EventElapsedTime(ms, start, end));
 }
 
 int
@@ -621,30 +581,14 @@ fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen
 {
     if (!event)
         return FL_CUDA_OK;
-    const fl_cuda_api *api = api_or_err("cudaEventDestroy", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->EventDestroy(event);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventDestroy", rc);
+    FL_CALL_ON(device, "cudaEventDestroy", EventDestroy(event));
 }
 
 int
 fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, char *err,
                      size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaEventRecord", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->EventRecord(event, stream);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventRecord", rc);
+    FL_CALL_ON(device, "cudaEventRecord", EventRecord(event, stream));
 }
 
 int
@@ -669,15 +613,7 @@ fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 int
 fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaEventSynchronize", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->EventSynchronize(event);
-    leave_device(api, device, prev);
-    return rc == FL_CUDA_OK ? rc : fl_cuda_format_error(err, errlen, "cudaEventSynchronize", rc);
+    FL_CALL_ON(device, "cudaEventSynchronize", EventSynchronize(event));
 }
 
 /* ---- copies ------------------------------------------------------------- */

@@ -207,12 +207,6 @@ fl_devpool_unref(fl_devpool *p)
         pool_destroy(p);
 }
 
-int
-fl_devpool_device(const fl_devpool *p)
-{
-    return p->device;
-}
-
 fl_cudaStream_t
 fl_devpool_stream(const fl_devpool *p)
 {
@@ -364,12 +358,6 @@ size_t
 fl_devbuf_bytes(const fl_devbuf *b)
 {
     return b->bytes;
-}
-
-int
-fl_devbuf_device(const fl_devbuf *b)
-{
-    return b->device;
 }
 
 int

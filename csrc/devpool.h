@@ -74,7 +74,6 @@ void fl_devpool_ref(fl_devpool *p);
  * the stream; errors there are ignored (nobody is left to tell). */
 void fl_devpool_unref(fl_devpool *p);
 
-int fl_devpool_device(const fl_devpool *p);
 /* The copy stream (borrowed; valid while the caller holds a reference). */
 fl_cudaStream_t fl_devpool_stream(const fl_devpool *p);
 /* Block until every copy queued so far has finished.  Call without the GIL. */
@@ -107,7 +106,6 @@ int fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **o
 
 void *fl_devbuf_ptr(const fl_devbuf *b);
 size_t fl_devbuf_bytes(const fl_devbuf *b);
-int fl_devbuf_device(const fl_devbuf *b);
 
 /* 0 when the copy into b has finished, FL_CUDA_ERR_NOT_READY while it runs
  * (err untouched), another code on failure.  Never blocks. */

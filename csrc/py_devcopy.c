@@ -57,23 +57,30 @@ typedef struct {
 
 /* ---- the consumed host tensor ------------------------------------------- */
 
-/* Call the host tensor's deleter (GIL held: producers may need it). */
+/* Call a consumed host DLPack tensor's deleter, if it has one (GIL held:
+ * producers may need it). */
+static void
+release_managed(void *managed, int versioned)
+{
+    if (versioned) {
+        DLManagedTensorVersioned *m = managed;
+        if (m->deleter)
+            m->deleter(m);
+    } else {
+        DLManagedTensor *m = managed;
+        if (m->deleter)
+            m->deleter(m);
+    }
+}
+
+/* Let go of d's host tensor (a no-op once done). */
 static void
 release_host(fl_devtensor *d)
 {
     void *h = d->host;
     d->host = NULL;
-    if (!h)
-        return;
-    if (d->host_versioned) {
-        DLManagedTensorVersioned *m = h;
-        if (m->deleter)
-            m->deleter(m);
-    } else {
-        DLManagedTensor *m = h;
-        if (m->deleter)
-            m->deleter(m);
-    }
+    if (h)
+        release_managed(h, d->host_versioned);
 }
 
 /* Take the DLPack tensor out of `obj` (consuming the capsule as the
@@ -449,13 +456,8 @@ copier_copy(fl_copier *self, PyObject *obj)
     d->host_versioned = versioned;
     return (PyObject *)d;
 fail:
-    if (d) {
-        Py_DECREF(d); /* holds neither the host tensor nor a buffer yet */
-    }
-    {
-        fl_devtensor tmp = {.host = managed, .host_versioned = versioned};
-        release_host(&tmp);
-    }
+    Py_XDECREF(d); /* holds neither the host tensor nor a buffer yet */
+    release_managed(managed, versioned);
     return NULL;
 }
 

@@ -109,10 +109,13 @@ class DeviceCopier:
         self.copies = 0
         self.copy_gpu_s = 0.0  # time the copies took on the device (events)
 
+    def _retire(self):
+        """Drop the oldest in-flight copy (finished), counting its GPU time."""
+        self.copy_gpu_s += self._inflight.popleft().copy_ms() / 1e3
+
     def _release_finished(self):
         while self._inflight and self._inflight[0].copy_done():
-            d = self._inflight.popleft()
-            self.copy_gpu_s += d.copy_ms() / 1e3
+            self._retire()
 
     def _copy(self, t):
         if t.device.type == "cuda":
@@ -136,9 +139,8 @@ class DeviceCopier:
         # backpressure: the host never runs more than MAX_INFLIGHT copies
         # ahead of the copy engine (each holds a host batch and a buffer)
         while len(self._inflight) >= self.MAX_INFLIGHT:
-            d = self._inflight.popleft()
-            d.wait()
-            self.copy_gpu_s += d.copy_ms() / 1e3
+            self._inflight[0].wait()
+            self._retire()
         return _map_tensors(self._copy, batch)
 
     def inflight(self):
