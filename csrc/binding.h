@@ -12,6 +12,7 @@
 #include <Python.h>
 
 #include "engine.h"
+#include "jpeg.h"   /* fl_err, FL_ERR_* */
 
 /* NumPy's C API table is shared by all binding files: module.c imports it,
  * the others declare NO_IMPORT_ARRAY before including this header. */
@@ -71,6 +72,19 @@ int fl_py_engine_stop(fl_engine **pe, int timeout_ms);
 int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
+int fl_register_errors(PyObject *m);   /* py_errors.c: _error and the ERR_* codes */
+
+/* The one translator from a core error record (code FL_ERR_*, errno, message)
+ * to a Python exception (py_errors.c; the table of types is at its top).
+ * `filename` (borrowed, may be NULL) becomes OSError.filename; `where` (may
+ * be NULL) is appended to the message.  GIL held.
+ * fl_py_error_new returns a new exception instance, or NULL with an
+ * exception set; fl_py_raise sets it as the current exception and always
+ * returns NULL. */
+PyObject *fl_py_error_new(PyObject *module, int code, int errnum, const char *msg, PyObject *filename,
+                          const char *where);
+PyObject *fl_py_raise(PyObject *module, const fl_err *err, PyObject *filename, const char *where);
+
 int fl_register_cuda(PyObject *m);     /* py_cuda.c: cuda_info, cuda_require (CUDA loaded with dlopen) */
 int fl_register_devcopy(PyObject *m);  /* py_devcopy.c: DeviceCopier, DeviceTensor */
 

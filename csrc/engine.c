@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct fl_job {
     struct fl_job *next;
@@ -41,6 +42,7 @@ typedef struct {
 } fl_worker;
 
 struct fl_engine {
+    pid_t pid;                /* the process that started the workers (see fl_engine_free_timed) */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;   /* workers wait here for jobs */
     pthread_cond_t done_cv;   /* the consumer waits here for results */
@@ -211,6 +213,8 @@ fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size
         return NULL;
     }
     fl_engine *e = calloc(1, sizeof *e);
+    if (e)
+        e->pid = getpid();
     if (!e) {
         snprintf(msg, msglen, "out of memory");
         return NULL;
@@ -454,6 +458,11 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
 {
     if (!e)
         return 0;
+    /* In a child forked from the process that started the workers, the
+     * threads do not exist and the mutex may have been copied locked:
+     * touch nothing, and have the caller leak the engine and its ctx. */
+    if (getpid() != e->pid)
+        return 1;
     pthread_t self = pthread_self();
     int on_worker = 0;
     for (int i = 0; i < e->nworkers; i++)

@@ -109,7 +109,9 @@ int fl_engine_free(fl_engine *e);
  * workers; threads still busy then (inside a dataset call that has not
  * returned) are detached and finish on their own, and 1 is returned: the
  * engine and its ctx must then be leaked.  Used at interpreter exit and when
- * an iterator is dropped mid-epoch, where blocking on user code is worse. */
+ * an iterator is dropped mid-epoch, where blocking on user code is worse.
+ * In a child process forked after the engine started, it touches nothing
+ * and returns 1 (the child has none of the threads). */
 int fl_engine_free_timed(fl_engine *e, int timeout_ms);
 
 /* CPU time consumed by the calling thread, in nanoseconds. */

@@ -1163,7 +1163,7 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     }
     if (L.overflow) {
         fl_set_msg(msg, msglen, "render: scratch size overflows");
-        return -1;
+        return -2;
     }
     if (scratch->cap < L.total) {
         free(scratch->p);   /* contents need not survive: plain malloc, no copy */
@@ -1171,7 +1171,7 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
         scratch->cap = scratch->p ? L.total : 0;
         if (scratch->p == NULL) {
             fl_set_msg(msg, msglen, "render: out of memory (%zu bytes of scratch)", L.total);
-            return -1;
+            return -2;
         }
     }
     uint8_t *S = (uint8_t *)scratch->p;

@@ -113,8 +113,9 @@ void fl_scratch_free(fl_scratch *s);
  * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window; a
  * full-scale view at an integer origin that holds at least the rectangle
  * fl_plan_source_window reports gives the same bytes as the whole image.
- * No GIL.  Returns 0, or -1 with msg filled (out of memory; invalid plan).
- * On error the contents of out are unspecified. */
+ * No GIL.  Returns 0, -1 with msg filled for an invalid plan or view, or -2
+ * with msg filled when out of memory.  On error the contents of out are
+ * unspecified. */
 int fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
               char *msg, size_t msglen);
 

@@ -24,8 +24,10 @@
 /* Files larger than this are refused rather than read (no JPEG that passes
  * the pixel limit needs more). */
 #define FL_MAX_FILE_BYTES ((size_t)1 << 30)
-/* How many other samples "replace" tries before giving up. */
-#define FL_REPLACE_TRIES 16
+/* A worker keeps its file and region buffers between samples up to this
+ * size; a larger one (an outsized image) is freed after its sample, so one
+ * such file does not hold memory for the worker's life. */
+#define FL_KEEP_BYTES ((size_t)64 << 20)
 
 fl_native_worker *
 fl_native_worker_new(const fl_native_ds *ds)
@@ -71,20 +73,41 @@ grow(uint8_t **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* Read a whole file into w->file.  Returns its length, or -1 with err set. */
+static const char *
+file_kind(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
+           : S_ISBLK(m) ? "a block device" : "not a regular file";
+}
+
+/* Read a whole file into w->file.  Returns its length, or -1 with err set
+ * (FL_ERR_IO with errnum for open/read failures: ENOENT, EACCES, EISDIR...;
+ * FL_ERR_IO without errnum for other non-regular files; FL_ERR_LIMIT,
+ * FL_ERR_NOMEM).  Never blocks on a FIFO: it is opened non-blocking, and
+ * refused by its type before anything is read. */
 static long long
 read_file(fl_native_worker *w, const char *path, fl_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         err->code = FL_ERR_IO;
+        err->errnum = errno;
         snprintf(err->msg, sizeof err->msg, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         err->code = FL_ERR_IO;
-        snprintf(err->msg, sizeof err->msg, "%s: not a regular file", path);
+        err->errnum = errno;
+        snprintf(err->msg, sizeof err->msg, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err->code = FL_ERR_IO;
+        err->errnum = S_ISDIR(st.st_mode) ? EISDIR : 0;
+        snprintf(err->msg, sizeof err->msg, "%s: %s, not a regular file", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : file_kind(st.st_mode));
         close(fd);
         return -1;
     }
@@ -108,6 +131,7 @@ read_file(fl_native_worker *w, const char *path, fl_err *err)
             continue;
         if (r <= 0) {
             err->code = FL_ERR_IO;
+            err->errnum = r < 0 ? errno : 0;
             snprintf(err->msg, sizeof err->msg, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "file shrank");
             close(fd);
             return -1;
@@ -153,9 +177,27 @@ fl_native_choose_scale(int box_w, int box_h, int rs_w, int rs_h)
     return 8;
 }
 
-int
-fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch,
-                   void *out, fl_err *err)
+/* Free the worker's file and region buffers when an outsized sample grew
+ * them past FL_KEEP_BYTES (the next sample grows them again as needed). */
+static void
+release_outsized(fl_native_worker *w)
+{
+    if (w->file_cap > FL_KEEP_BYTES) {
+        free(w->file);
+        w->file = NULL;
+        w->file_cap = 0;
+    }
+    if (w->pix_cap > FL_KEEP_BYTES) {
+        free(w->pix);
+        w->pix = NULL;
+        w->pix_cap = 0;
+    }
+}
+
+/* fl_native_load_one without the buffer trim. */
+static int
+load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch, void *out,
+         fl_err *err)
 {
     const char *path = ds->paths[index];
     const int timing = ds->timing;
@@ -183,10 +225,13 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
     fl_err jerr = {0, ""};
     if (fl_jpeg_read_header(w->jpeg, data, (size_t)len, &info, &jerr) < 0)
         goto jpeg_error;
+    /* the pixel limit, before anything image-sized is allocated */
+    if (fl_jpeg_check_limits(w->jpeg, &info, &jerr) < 0)
+        goto jpeg_error;
     fl_plan plan;
     char msg[256];
     if (fl_plan_sample(&ds->spec, info.width, info.height, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
-        err->code = FL_ERR_DECODE;
+        err->code = FL_ERR_INVALID;
         snprintf(err->msg, sizeof err->msg, "%s: %s", path, msg);
         return -1;
     }
@@ -224,8 +269,9 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
     uint64_t t2 = timing ? fl_now_ns() : 0;
     w->decode_ns += t2 - t1;
     fl_view view = {w->pix, reg.w, reg.h, stride, ch, (double)x0, (double)y0, m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
-    if (fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg) < 0) {
-        err->code = FL_ERR_NOMEM;
+    int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
+    if (rrc < 0) {
+        err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;
         snprintf(err->msg, sizeof err->msg, "%s: %s", path, msg);
         return -1;
     }
@@ -245,17 +291,43 @@ jpeg_error:
     return -1;
 }
 
+int
+fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch,
+                   void *out, fl_err *err)
+{
+    int rc = load_one(w, ds, index, seed, epoch, out, err);
+    release_outsized(w);
+    return rc;
+}
+
+/* Append an event.  Returns 0, or -1 when out of memory: the batch is then
+ * marked failed and events_lost, since a lost fix-up or error event would
+ * deliver a wrong batch (the binding raises MemoryError for it). */
+int
+fl_native_replacements(const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch, int64_t *out)
+{
+    fl_rng r;
+    int n = 0;
+    fl_rng_init(&r, seed ^ 0x5eed5eed5eed5eedull, epoch, (uint64_t)index);
+    for (int t = 0; t < FL_NATIVE_REPLACE_TRIES; t++) {
+        int64_t alt = (int64_t)fl_rng_below(&r, (uint64_t)ds->n);
+        if (alt != index)
+            out[n++] = alt;
+    }
+    return n;
+}
+
 static int
 add_event(fl_native_batch *b, int kind, int64_t index, int64_t by, const fl_err *err)
 {
     int n = b->nevents + 1;
     fl_native_event *ev = realloc(b->events, (size_t)n * sizeof *ev);
     if (!ev)
-        return -1;
+        goto nomem;
     b->events = ev;
     int *k = realloc(b->event_kind, (size_t)n * sizeof *k);
     if (!k)
-        return -1;
+        goto nomem;
     b->event_kind = k;
     fl_native_event *e = &b->events[n - 1];
     memset(e, 0, sizeof *e);
@@ -263,11 +335,16 @@ add_event(fl_native_batch *b, int kind, int64_t index, int64_t by, const fl_err 
     e->by = by;
     if (err) {
         e->code = err->code;
+        e->errnum = err->errnum;
         snprintf(e->msg, sizeof e->msg, "%s", err->msg);
     }
     b->event_kind[n - 1] = kind;
     b->nevents = n;
     return 0;
+nomem:
+    b->failed = 1;
+    b->events_lost = 1;
+    return -1;
 }
 
 fl_native_batch *
@@ -277,6 +354,8 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
     fl_native_batch *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;
+    /* The pool first: fl_native_batch_free gives `images` back to it. */
+    b->pool = pool;
     b->labels = malloc(sizeof(int64_t) * (size_t)(count > 0 ? count : 1));
     b->images = fl_pool_get(pool);
     if (!b->labels || !b->images) {
@@ -285,10 +364,9 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         add_event(b, FL_EV_ERROR, count > 0 ? indices[0] : -1, -1, &e);
         return b;
     }
-    b->pool = pool;
     size_t sb = ds->sample_bytes;
     int k = 0;
-    for (int i = 0; i < count; i++) {
+    for (int i = 0; i < count && !b->failed; i++) {
         if (cancelled && *cancelled) {
             b->cancelled = 1;
             break;
@@ -297,7 +375,7 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         void *slot = (char *)b->images + sb * (size_t)k;
         fl_err err = {0, ""};
         if (idx < 0 || idx >= ds->n) {
-            err.code = FL_ERR_DECODE;
+            err.code = FL_ERR_INDEX;
             snprintf(err.msg, sizeof err.msg, "sample index %lld out of range for a dataset of %lld",
                      (long long)idx, (long long)ds->n);
             b->failed = 1;
@@ -315,7 +393,10 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
             b->labels[k++] = ds->labels[idx];
             continue;
         }
-        if (ds->on_error == FL_ON_ERROR_RAISE || err.code == FL_ERR_NOMEM) {
+        /* an index outside the dataset is the sampler's bug, never a bad
+         * file to skip; anything else (out of memory for one outsized
+         * image too) follows on_error */
+        if (ds->on_error == FL_ON_ERROR_RAISE || err.code == FL_ERR_INDEX) {
             b->failed = 1;
             add_event(b, FL_EV_ERROR, idx, -1, &err);
             break;
@@ -325,13 +406,11 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
             continue;
         }
         /* replace: deterministic substitutes keyed by (seed, epoch, idx) */
-        fl_rng r;
-        fl_rng_init(&r, seed ^ 0x5eed5eed5eed5eedull, epoch, (uint64_t)idx);
+        int64_t alts[FL_NATIVE_REPLACE_TRIES];
+        int nalt = fl_native_replacements(ds, idx, seed, epoch, alts);
         int done = 0;
-        for (int t = 0; t < FL_REPLACE_TRIES && !done; t++) {
-            int64_t alt = (int64_t)fl_rng_below(&r, (uint64_t)ds->n);
-            if (alt == idx)
-                continue;
+        for (int t = 0; t < nalt && !done; t++) {
+            int64_t alt = alts[t];
             fl_err aerr = {0, ""};
             int arc = fl_native_load_one(w, ds, alt, seed, epoch, slot, &aerr);
             if (arc == 0 || arc == 1) {
@@ -346,7 +425,7 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         }
         if (!done) {
             snprintf(err.msg + strlen(err.msg), sizeof err.msg - strlen(err.msg),
-                     " (and %d replacement candidates failed too)", FL_REPLACE_TRIES);
+                     " (and %d replacement candidates failed too)", nalt);
             b->failed = 1;
             add_event(b, FL_EV_ERROR, idx, -1, &err);
             break;

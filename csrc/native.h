@@ -49,6 +49,7 @@ typedef struct {
     int64_t index;        /* sample index that failed (or was replaced / needs Python) */
     int64_t by;           /* replacement index, or the batch slot for a fix-up; -1 otherwise */
     int code;             /* FL_ERR_* */
+    int errnum;           /* errno of an FL_ERR_IO failure, else 0 */
     char msg[384];        /* "<path>: <reason>" */
 } fl_native_event;
 
@@ -59,7 +60,8 @@ typedef struct {
     fl_pool *pool;        /* pool `images` came from (NULL if images is NULL) */
     int64_t *labels;      /* malloc'd, n entries */
     int n;                /* samples in the batch (fewer than asked when skipping) */
-    int failed;           /* 1: the batch failed (on_error=raise); events[0] says why */
+    int failed;           /* 1: the batch failed; the last event says why, unless events_lost */
+    int events_lost;      /* 1: out of memory while recording an event (the batch failed) */
     int cancelled;        /* 1: stopped early because the epoch was abandoned */
     int nevents;
     int *event_kind;      /* nevents entries */
@@ -83,6 +85,16 @@ void fl_native_batch_free(fl_native_batch *b);
  * err filled ("<path>: <reason>").  No GIL. */
 int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
                        uint64_t epoch, void *out, fl_err *err);
+
+/* How many other samples on_error="replace" tries before giving up. */
+#define FL_NATIVE_REPLACE_TRIES 16
+
+/* The substitutes on_error="replace" tries for a bad sample `index`, in
+ * order: up to FL_NATIVE_REPLACE_TRIES indices (never `index` itself) drawn
+ * from the counter-based RNG keyed by (seed, epoch, index), written to out
+ * (caller-owned, FL_NATIVE_REPLACE_TRIES entries).  Returns how many.  The
+ * one rule for every replacement, native or Pillow fix-up.  Pure; no GIL. */
+int fl_native_replacements(const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch, int64_t *out);
 
 /* Choose the libjpeg scale (M over 8) for decoding `box` (source pixels)
  * that is then resized to rs_w x rs_h: the smallest fast M (1, 2 or 4; else

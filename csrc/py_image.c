@@ -11,7 +11,8 @@
  * Each call uses its own fl_jpeg (created and freed without the GIL: plain
  * malloc).  The GIL is released only around the jpeg.h calls and the file
  * read.  Decoder errors raise fastloader.DecodeError("<path or '<bytes>'>:
- * <reason>") through fl_image_raise, the single translator.
+ * <reason>") (MemoryError, OSError for the others) through the one
+ * translator in py_errors.c.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
@@ -145,25 +146,21 @@ fl_src_release(fl_src *s)
     Py_CLEAR(s->name);
 }
 
-/* The one translator from fl_err to a Python exception: DecodeError for
- * decode and limit errors, MemoryError and OSError for the others.  Always
- * returns NULL. */
+/* Raise err for source s through the one translator (py_errors.c): the
+ * message is prefixed with the path or "<bytes>", which is also OSError's
+ * filename.  Always returns NULL. */
 static PyObject *
 fl_image_raise(PyObject *m, const fl_src *s, const fl_err *e)
 {
-    PyObject *name = s->name;
-    switch (e->code) {
-    case FL_ERR_NOMEM:
-        return PyErr_Format(PyExc_MemoryError, "%U: %s", name, e->msg);
-    case FL_ERR_IO:
-        return PyErr_Format(PyExc_OSError, "%U: %s", name, e->msg);
-    case FL_ERR_DECODE:
-    case FL_ERR_LIMIT:
-        return PyErr_Format(fl_get_state(m)->DecodeError, "%U: %s", name, e->msg);
-    default:
-        return PyErr_Format(PyExc_SystemError, "%U: unexpected error code %d (this is a bug): %s",
-                            name, e->code, e->msg);
-    }
+    fl_err named = *e;
+    /* backslashreplace: a non-UTF-8 file name still gives a message */
+    PyObject *utf8 = PyUnicode_AsEncodedString(s->name, "utf-8", "backslashreplace");
+    if (utf8 == NULL)
+        return NULL;
+    /* the path is cut first, then the reason, so both fit */
+    snprintf(named.msg, sizeof named.msg, "%.150s: %.160s", PyBytes_AS_STRING(utf8), e->msg);
+    Py_DECREF(utf8);
+    return fl_py_raise(m, &named, s->name, NULL);
 }
 
 /* Create a decoder and read the header of s into *info.  Returns the decoder

@@ -9,7 +9,8 @@
  * A finished batch comes back as (images, labels, events, failed): images
  * and labels are Buffers (DLPack) over the batch memory the workers wrote;
  * events lists skipped / replaced / failed samples and the slots that need a
- * Pillow fix-up (non-JPEG files), as (kind, index, by, message) tuples.
+ * Pillow fix-up (non-JPEG files), as (kind, index, by, message, code, errno)
+ * tuples; code and errno feed _C._error, the one translator.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
@@ -100,13 +101,17 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
     PyObject *images = NULL, *labels = NULL, *events = NULL, *out = NULL;
     if (b == NULL)
         return PyErr_NoMemory();
+    if (b->events_lost) {
+        fl_native_batch_free(b);
+        return PyErr_Format(PyExc_MemoryError, "out of memory while recording what happened to a batch's samples");
+    }
     events = PyList_New(0);
     if (!events)
         goto done;
     for (int i = 0; i < b->nevents; i++) {
         fl_native_event *e = &b->events[i];
-        PyObject *ev = Py_BuildValue("(sLLs)", event_names[b->event_kind[i]], (long long)e->index,
-                                     (long long)e->by, e->msg);
+        PyObject *ev = Py_BuildValue("(sLLsii)", event_names[b->event_kind[i]], (long long)e->index,
+                                     (long long)e->by, e->msg, e->code, e->errnum);
         if (!ev || PyList_Append(events, ev) < 0) {
             Py_XDECREF(ev);
             goto done;
@@ -388,7 +393,9 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
     Py_DECREF(arr);
     if (rc < 0) {
         free(out);
-        return PyErr_Format(PyExc_MemoryError, "%s", msg);
+        fl_err e = {rc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID, "", 0};
+        snprintf(e.msg, sizeof e.msg, "%s", msg);
+        return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     }
     int64_t shape[3];
     sample_shape(&self->ds.spec, shape);
@@ -398,6 +405,31 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
     if (!b)
         free(out);
     return b;
+}
+
+/* replacement_candidates(index, epoch, seed) -> list of int: the samples
+ * on_error="replace" tries for a bad sample, in order (native.h) */
+static PyObject *
+nds_replacement_candidates(NativeDatasetObject *self, PyObject *args)
+{
+    long long index;
+    unsigned long long epoch, seed;
+    int64_t alts[FL_NATIVE_REPLACE_TRIES];
+    if (!PyArg_ParseTuple(args, "LKK:replacement_candidates", &index, &epoch, &seed))
+        return NULL;
+    int n = fl_native_replacements(&self->ds, index, seed, epoch, alts);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)alts[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
 }
 
 /* plan(index, width, height, epoch, seed) -> dict: the sample's decisions */
@@ -475,6 +507,8 @@ static PyMethodDef nds_methods[] = {
     {"render_array", (PyCFunction)nds_render_array, METH_VARARGS,
      "render_array(image, index, epoch, seed) -> Buffer: transform an already decoded image"},
     {"plan", (PyCFunction)nds_plan, METH_VARARGS, "plan(index, width, height, epoch, seed) -> dict"},
+    {"replacement_candidates", (PyCFunction)nds_replacement_candidates, METH_VARARGS,
+     "replacement_candidates(index, epoch, seed) -> list: the substitutes on_error='replace' tries, in order"},
     {"set_pinned", (PyCFunction)nds_set_pinned, METH_O, "set_pinned(device): page-lock batch buffers for it (-1: off)"},
     {NULL, NULL, 0, NULL},
 };

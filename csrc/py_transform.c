@@ -321,7 +321,7 @@ fl_pair(PyObject *v, const char *name, double out[2])
 }
 
 static PyObject *
-fl_py_render(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
+fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"spec", "image", "plan", "seed", "epoch", "index",
                              "view_scale", "view_origin", "src_size", NULL};
@@ -417,10 +417,9 @@ fl_py_render(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
     fl_scratch_free(&scratch);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        if (strstr(msg, "out of memory"))
-            PyErr_SetString(PyExc_MemoryError, msg);
-        else
-            PyErr_SetString(PyExc_ValueError, msg);
+        fl_err e = {rc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID, "", 0};
+        snprintf(e.msg, sizeof e.msg, "%s", msg);
+        fl_py_raise(m, &e, NULL, NULL);
         goto error;
     }
     Py_DECREF(arr);

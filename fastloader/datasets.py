@@ -71,8 +71,11 @@ class NativeImageDataset(_Dataset):
             warnings.warn(f"fastloader: {description}", UserWarning, stacklevel=3)
         self._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, spec, on_error=on_error,
                                         dct_scaling=bool(dct_scaling), max_pixels=int(max_pixels))
+        # Each bad file once (the first reason seen), however many epochs
+        # meet it, so a long run does not grow them without bound:
         self.skipped = []    # (path, reason) of samples left out by on_error="skip"
         self.replaced = []   # (path, replacement path, reason) for on_error="replace"
+        self._bad_seen = set()   # ("skipped" | "replaced", index) already listed
 
     def __len__(self):
         return len(self.samples)
@@ -97,9 +100,13 @@ class NativeImageDataset(_Dataset):
 
     # -- one sample (for torch's DataLoader or for inspection) ------------------
     def __getitem__(self, index):
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
         if index < 0:
-            index += len(self)
-        batch = self.load_batch([index], epoch=0, seed=0)
+            index += n
+        epoch, seed = self._item_seed()
+        batch = self.load_batch([index], epoch=epoch, seed=seed)
         if batch is None or len(batch[1]) == 0:
             raise IndexError(f"sample {index} was skipped (on_error='skip')")
         images, labels = batch
@@ -107,6 +114,23 @@ class NativeImageDataset(_Dataset):
         if self.target_transform is not None:
             label = self.target_transform(label)
         return images[0], label
+
+    @staticmethod
+    def _item_seed():
+        """(epoch, seed) for one sample fetched through __getitem__: inside
+        a fastloader worker, the loader's epoch and seed (the sample gets the
+        same crop and flip as on the native path); elsewhere a fresh draw
+        from torch's default generator (NumPy's without torch), so every
+        call is random as with torchvision, and torch.manual_seed -- or
+        torch's per-worker seeding -- makes it reproducible."""
+        from .loader import epoch_context
+
+        ctx = epoch_context()
+        if ctx is not None:
+            return ctx[1], ctx[2]
+        if torch is not None:
+            return 0, int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+        return 0, int(np.random.randint(0, 2**62, dtype=np.int64))
 
     def load_batch(self, indices, epoch, seed, *, seq=None):
         """Load a batch on the calling thread (the GIL is released while it runs)."""
@@ -117,20 +141,34 @@ class NativeImageDataset(_Dataset):
         return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
 
     # -- batch post-processing on the consumer thread ---------------------------
+    def _error(self, code, errnum, msg, index, where):
+        """The exception for a core error record of sample `index` (the one
+        translator, _C._error: OSError subclasses for I/O, MemoryError,
+        IndexError, DecodeError for bytes that are not a valid image)."""
+        path = self.samples[index][0] if 0 <= index < len(self.samples) else None
+        return _C._error(code, errnum, msg, path, f" [sample index {index}{where}]")
+
+    def _note_bad(self, kind, index, entry):
+        if (kind, index) not in self._bad_seen:
+            self._bad_seen.add((kind, index))
+            (self.skipped if kind == "skipped" else self.replaced).append(entry)
+
     def _finish(self, result, epoch, seed, seq):
         images_buf, labels_buf, events, failed = result
         where = f" (batch {seq})" if seq is not None else ""
         if failed:
-            kind, index, _, msg = events[-1]
-            raise _C.DecodeError(f"{msg} [sample index {index}{where}]")
+            if not events:  # pragma: no cover - the core always records why
+                raise RuntimeError(f"fastloader: a batch failed with no error recorded{where} (this is a bug)")
+            kind, index, _, msg, code, errnum = events[-1]
+            raise self._error(code, errnum, msg, index, where)
         images = _to_output(images_buf)
         labels = _to_output(labels_buf)
         keep = None
-        for kind, index, by, msg in events:
+        for kind, index, by, msg, _code, _errnum in events:
             if kind == "skipped":
-                self.skipped.append((self.samples[index][0], msg))
+                self._note_bad("skipped", index, (self.samples[index][0], msg))
             elif kind == "replaced":
-                self.replaced.append((self.samples[index][0], self.samples[by][0], msg))
+                self._note_bad("replaced", index, (self.samples[index][0], self.samples[by][0], msg))
             elif kind == "fixup":
                 ok = self._fixup(images, labels, by, index, epoch, seed, where)
                 if not ok:
@@ -181,16 +219,15 @@ class NativeImageDataset(_Dataset):
             raise err
         path = self.samples[index][0]
         if self.on_error == "skip":
-            self.skipped.append((path, str(err)))
+            self._note_bad("skipped", index, (path, str(err)))
             return False
-        n = len(self)
-        for k in range(1, 17):  # replace: deterministic neighbours
-            alt = (index + k * 7919) % n
+        # replace: the same substitutes, in the same order, as the native path
+        for alt in self._native.replacement_candidates(index, int(epoch), int(seed)):
             res = self._native.load_batch([alt], int(epoch), int(seed))
             if not res[3] and not res[2]:
                 images[slot] = _to_output(res[0])[0]
                 labels[slot] = self.targets[alt]  # the replacement's label, as the native path does
-                self.replaced.append((path, self.samples[alt][0], str(err)))
+                self._note_bad("replaced", index, (path, self.samples[alt][0], str(err)))
                 return True
         raise err
 
