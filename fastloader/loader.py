@@ -251,6 +251,7 @@ class _Epoch:
         self.drop_last = drop_last
         self.collate_fn = collate_fn
         self.base_seed = base_seed
+        self.native_seed = base_seed  # the native pipeline's seed (the loader's seed= when given)
         self.epoch = epoch
         self.num_workers = num_workers
         self.cancelled = False
@@ -266,7 +267,28 @@ class _Epoch:
 
 def _fetch(ep: _Epoch, wid, seq, indices):
     """Load and collate one batch.  Returns (status, value); never raises."""
-    _tls.epoch_ctx = (ep.base_seed, ep.epoch)
+    if wid >= 0:
+        _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+        return _fetch_body(ep, wid, seq, indices)
+    # the main thread (num_workers=0): the context holds only while the
+    # loader calls the dataset, so sample_rng() and ImageFolder's
+    # __getitem__ outside a loader do not see a stale one
+    prev = getattr(_tls, "epoch_ctx", None)
+    _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+    try:
+        return _fetch_body(ep, wid, seq, indices)
+    finally:
+        _tls.epoch_ctx = prev
+
+
+def epoch_context():
+    """(base_seed, epoch, native_seed) while a fastloader.DataLoader loads a
+    sample on this thread (a worker thread, or the main thread with
+    num_workers=0); None elsewhere."""
+    return getattr(_tls, "epoch_ctx", None)
+
+
+def _fetch_body(ep: _Epoch, wid, seq, indices):
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
     t0 = time.perf_counter()
     try:
@@ -506,6 +528,17 @@ def _usable_cpus():
         return os.cpu_count() or 1
 
 
+def _worker_stats(eng):
+    """Per-worker counters of `eng`, or [] when there is none or it was closed
+    meanwhile (safe from any thread)."""
+    if eng is None or eng.closed:
+        return []
+    try:
+        return eng.worker_stats()
+    except RuntimeError:  # closed between the check and the call
+        return []
+
+
 class _Iter:
     """Iterator over one epoch (or, with persistent workers, reset per epoch)."""
 
@@ -519,11 +552,20 @@ class _Iter:
         self._ep = None
         self._loader_ref = weakref.ref(loader)
         self._persistent = loader.persistent_workers
+        self._pid = os.getpid()
+        self._next_lock = threading.Lock()
         self._reset(loader, first_iter=True)
         _live_iters.add(self)
 
     # -- setup ------------------------------------------------------------------
     def _reset(self, loader, first_iter=False):
+        if self._pid != os.getpid():
+            # a persistent iterator inherited by a forked child: the workers
+            # are the parent's (the C engine leaks itself there); start anew
+            self._engine = None
+            self._host = None
+            self._pid = os.getpid()
+            self._next_lock = threading.Lock()
         if self._ep is not None:
             self._ep.cancelled = True
         self._index_sampler = loader._index_sampler
@@ -551,6 +593,8 @@ class _Iter:
             base_seed=self._base_seed, epoch=epoch, num_workers=self._num_workers,
         )
         self._ep.pin = pin
+        if loader._fl_seed is not None:
+            self._ep.native_seed = loader._fl_seed
         self._copier = None
         self._convert = None
         if loader._fl_device is not None:
@@ -719,6 +763,22 @@ class _Iter:
         return len(self._index_sampler)
 
     def __next__(self):
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"this DataLoader iterator was created in process {self._pid} and is used in process "
+                f"{os.getpid()}, a child forked from it; its worker threads exist only in the parent. "
+                "Create a new iterator in the child (for batch in loader: ...).")
+        if not self._next_lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this DataLoader iterator is already in next() on another thread: one iterator cannot be "
+                "shared by threads (as with torch's DataLoader). Give each thread its own iterator "
+                "(iter(loader)), or hold a lock around next().")
+        try:
+            return self._next_locked()
+        finally:
+            self._next_lock.release()
+
+    def _next_locked(self):
         if self._finished:
             raise StopIteration
         try:
@@ -899,8 +959,11 @@ class _Iter:
         if self._auto:
             out["num_workers_auto"] = self._auto_n
             out["autotune_history"] = list(self._auto_history)  # (seconds into the epoch, workers)
+        # The consumer may close the engine and set it to None at any moment
+        # (stats() is called from other threads too): read it once, and take
+        # a pool closed under us as one with no workers.
         eng = self._engine
-        workers = eng.worker_stats() if eng is not None and not eng.closed else []
+        workers = _worker_stats(eng)
         out["workers"] = workers
         if workers:
             out["worker_busy_fraction"] = [min(1.0, w["busy_s"] / wall) for w in workers]
@@ -915,7 +978,7 @@ class _Iter:
             st = self._ep.stage_s
             out["stages_s"] = {k: sum(w[i] for w in st) for i, k in enumerate(("dataset_s", "collate_s", "pin_s"))}
             if workers:
-                out["gil"] = self.gil_report()
+                out["gil"] = self.gil_report(engine=eng)
         return out
 
     # -- GIL-bound detection ---------------------------------------------------------
@@ -928,15 +991,20 @@ class _Iter:
     # the workers are busy in Python and they get < 1.3 cores of CPU.
     _GIL_WINDOW_S = 0.3
 
-    def _gil_snapshot(self):
-        return (time.perf_counter(), self._wait_s, self._engine.worker_stats(), _system_idle_s(),
-                self._engine.consumer_gil_wait())
+    def _gil_snapshot(self, engine=None):
+        eng = engine if engine is not None else self._engine
+        return (time.perf_counter(), self._wait_s, eng.worker_stats(), _system_idle_s(),
+                eng.consumer_gil_wait())
 
-    def gil_report(self, since=None):
+    def gil_report(self, since=None, engine=None):
         """How the workers spent their time since `since` (a snapshot) or the start of the epoch."""
-        if self._engine is None or self._native is not None or self._engine.closed:
+        eng = engine if engine is not None else self._engine
+        if eng is None or self._native is not None or eng.closed:
             return None
-        t1, wait1, now, idle1, (g1, n1) = self._gil_snapshot()
+        try:
+            t1, wait1, now, idle1, (g1, n1) = self._gil_snapshot(eng)
+        except RuntimeError:  # closed by the consumer meanwhile
+            return None
         if since is None:
             since = (self._t_start, 0.0, self._stats0 or [dict.fromkeys(now[0], 0)] * len(now), None, (0.0, 0))
         t0, wait0, base, idle0, (g0, n0) = since
@@ -1008,6 +1076,12 @@ class _Iter:
     def _shutdown(self, timeout=5.0):
         """Stop the workers at their next sample and join them; a worker still
         inside a dataset call after `timeout` s finishes it on its own."""
+        if getattr(self, "_pid", os.getpid()) != os.getpid():
+            # a forked child's copy: the workers are the parent's; dropping
+            # the engine leaks it (fl_engine_free_timed touches nothing here)
+            self._finished = True
+            self._engine = None
+            return
         if not self._finished:
             self._save_stats()
         self._finished = True
@@ -1068,6 +1142,10 @@ class DataLoader(_Base):
                          generator, **kwargs)
         if self.prefetch_factor is None and self.num_workers > 0:  # torch sets 2 itself; keep it explicit
             self.prefetch_factor = 2
+        if self.num_workers > 0 and self.prefetch_factor < 1:
+            # torch accepts 0 here and fails when its workers start; 0 would
+            # otherwise mean no batch is ever requested: empty epochs
+            raise ValueError(f"prefetch_factor must be >= 1 with num_workers > 0, got {self.prefetch_factor}")
         self._fl_auto = auto
         self._fl_max_memory = resolve_max_memory(max_memory)
         from .cuda_delivery import parse_device
