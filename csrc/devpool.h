@@ -76,8 +76,19 @@ void fl_devpool_unref(fl_devpool *p);
 
 /* The copy stream (borrowed; valid while the caller holds a reference). */
 fl_cudaStream_t fl_devpool_stream(const fl_devpool *p);
-/* Block until every copy queued so far has finished.  Call without the GIL. */
-int fl_devpool_synchronize(fl_devpool *p, char *err, size_t errlen);
+
+/* Synchronising with the copy stream in slices, so that the caller can stay
+ * interruptible (the binding checks for signals between slices).
+ * fl_devpool_mark records a new event after every copy queued so far into
+ * *mark, owned by the caller (NULL on failure).  fl_devpool_mark_wait waits
+ * at most about timeout_ms for it, polling as fl_devbuf_copy_wait_ms does:
+ * 0 once those copies have finished, FL_CUDA_ERR_NOT_READY when they still
+ * run, another code on failure.  fl_devpool_mark_free releases the event,
+ * whether it has completed or not (NULL is ignored).  None of them blocks
+ * longer than timeout_ms; call the wait without the GIL. */
+int fl_devpool_mark(fl_devpool *p, fl_cudaEvent_t *mark, char *err, size_t errlen);
+int fl_devpool_mark_wait(fl_devpool *p, fl_cudaEvent_t mark, int timeout_ms, char *err, size_t errlen);
+void fl_devpool_mark_free(fl_devpool *p, fl_cudaEvent_t mark);
 
 typedef struct {
     uint64_t copies;        /* fl_devpool_copy calls that succeeded */
@@ -110,8 +121,17 @@ size_t fl_devbuf_bytes(const fl_devbuf *b);
 /* 0 when the copy into b has finished, FL_CUDA_ERR_NOT_READY while it runs
  * (err untouched), another code on failure.  Never blocks. */
 int fl_devbuf_copy_query(fl_devbuf *b, char *err, size_t errlen);
-/* Block until the copy has finished.  Call without the GIL. */
+/* Block until the copy has finished, however long it takes.  Call without
+ * the GIL. */
 int fl_devbuf_copy_wait(fl_devbuf *b, char *err, size_t errlen);
+/* Wait at most about timeout_ms for the copy: 0 once it has finished,
+ * FL_CUDA_ERR_NOT_READY when it still runs (err untouched), another code on
+ * failure.  Polls the copy's event, sleeping 20 us at first and doubling to
+ * 1 ms between queries (a short wait costs little latency, a long one
+ * little CPU); timeout_ms <= 0 queries once.  For waits that must stay
+ * interruptible: wait in slices, check for signals in between.  Call
+ * without the GIL. */
+int fl_devbuf_copy_wait_ms(fl_devbuf *b, int timeout_ms, char *err, size_t errlen);
 /* Milliseconds the copy took on the device (call after it finished). */
 int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen);
 

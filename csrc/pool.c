@@ -1,4 +1,7 @@
-/* pool.c: reference-counted pool of batch buffers (see pool.h). */
+/* pool.c: reference-counted pool of batch buffers (see pool.h, which also
+ * explains why a buffer goes back in two steps: the freeing may block on
+ * the device, so it happens in fl_pool_put_end, outside the caller's
+ * locks). */
 #include "pool.h"
 
 #include <pthread.h>
@@ -58,6 +61,12 @@ fl_pool_pin_error(fl_pool *p)
  * page-locked buffers (device + 1) go back with cudaFreeHost, the others
  * (0) with free. */
 #define FL_POOL_HDR 64
+
+static int
+buf_pinned(const void *data)
+{
+    return *(const int *)((const char *)data - FL_POOL_HDR) != 0;
+}
 
 static void
 buf_free(void *data)
@@ -128,24 +137,44 @@ fl_pool_get(fl_pool *p)
     return data;
 }
 
-void
-fl_pool_put(void *pool, void *data)
+unsigned
+fl_pool_put_begin(fl_pool *p, void *data)
 {
-    fl_pool *p = pool;
-    int last;
+    unsigned todo = 0;
     pthread_mutex_lock(&p->mu);
     if (p->nfree < p->max_free && p->refs > 1) {
         p->free[p->nfree++] = data;
-        data = NULL;
     } else {
         p->nalloc--;
+        todo |= FL_POOL_FREE_BUF;
+        if (buf_pinned(data))
+            todo |= FL_POOL_BLOCKS;
     }
-    last = --p->refs == 0;
+    if (--p->refs == 0) {
+        todo |= FL_POOL_FREE_POOL;
+        for (int i = 0; i < p->nfree; i++)
+            if (buf_pinned(p->free[i]))
+                todo |= FL_POOL_BLOCKS;
+    }
     pthread_mutex_unlock(&p->mu);
-    if (data)
+    return todo;
+}
+
+void
+fl_pool_put_end(fl_pool *p, void *data, unsigned todo)
+{
+    if (todo & FL_POOL_FREE_BUF)
         buf_free(data);
-    if (last)
+    if (todo & FL_POOL_FREE_POOL)
         pool_destroy(p);
+}
+
+void
+fl_pool_put(void *pool, void *data)
+{
+    unsigned todo = fl_pool_put_begin(pool, data);
+    if (todo)
+        fl_pool_put_end(pool, data, todo);
 }
 
 size_t

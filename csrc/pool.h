@@ -6,6 +6,16 @@
  * the pool holds one.  At most `max_free` idle buffers are kept; the rest
  * are freed, so a consumer that keeps every batch costs memory only while it
  * keeps them.  Thread-safe; no GIL needed anywhere.
+ *
+ * Freeing page-locked memory (cudaFreeHost) synchronises the device and can
+ * block for a long time, and buffers come back from Python's dealloc of the
+ * last tensor, with the GIL held.  So a buffer is given back in two steps:
+ * fl_pool_put_begin never blocks and says whether anything is left to free;
+ * only then does the binding release the GIL, and only around
+ * fl_pool_put_end, which does the freeing.  The common case (the pool keeps
+ * the buffer) costs no GIL switch.  This is simpler than a thread that frees
+ * in the background: nothing outlives the pool, and nothing is left to free
+ * at exit or after fork.
  */
 #ifndef FL_POOL_H
 #define FL_POOL_H
@@ -23,8 +33,24 @@ fl_pool *fl_pool_new(size_t nbytes, int max_free);
  * NULL on out-of-memory. */
 void *fl_pool_get(fl_pool *p);
 
-/* Give a buffer back (signature fits fl_buffer_free_fn: ctx is the pool). */
+/* Give a buffer back (signature fits fl_buffer_free_fn: ctx is the pool):
+ * fl_pool_put_begin then, if needed, fl_pool_put_end.  May block (see
+ * above): call it without locks that others wait on. */
 void fl_pool_put(void *pool, void *data);
+
+/* What fl_pool_put_begin left to fl_pool_put_end (bits). */
+#define FL_POOL_FREE_BUF 1u  /* free the buffer: the pool has enough idle ones */
+#define FL_POOL_FREE_POOL 2u /* it was the last reference: free the pool and its idle buffers */
+#define FL_POOL_BLOCKS 4u    /* some of that memory is page-locked: freeing it may block */
+
+/* Give `data` back without freeing anything: the pool keeps it, or the
+ * returned bits say what fl_pool_put_end(p, data, todo) must free (0:
+ * nothing; then do not call it).  Never blocks for long. */
+unsigned fl_pool_put_begin(fl_pool *p, void *data);
+/* Free what fl_pool_put_begin left; may block when todo has FL_POOL_BLOCKS.
+ * Touches p only if todo has FL_POOL_FREE_POOL (otherwise another thread
+ * may free the pool meanwhile). */
+void fl_pool_put_end(fl_pool *p, void *data, unsigned todo);
 
 size_t fl_pool_nbytes(const fl_pool *p);
 

@@ -20,7 +20,17 @@
  * streams' work (devpool.h).
  *
  * GIL: copies and blocking waits run with it released; everything else
- * holds it.
+ * holds it.  The waits a user makes (DeviceTensor.wait,
+ * DeviceCopier.synchronize) poll in slices of 50 ms and run
+ * PyErr_CheckSignals between them, as fl_py_wait does for batches, so
+ * Ctrl-C interrupts them; only the wait in DeviceTensor's dealloc (the host
+ * memory must outlive the copy reading it) cannot be interrupted.
+ *
+ * Errors: failures of the core (CUDA errors from devpool.c, a closed
+ * copier) become exceptions through the one translator, fl_py_raise
+ * (py_errors.c), as FL_ERR_RUNTIME: RuntimeError with the core's message.
+ * Argument checks raise TypeError/ValueError directly, and the DLPack
+ * protocol's refusals BufferError.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
@@ -35,7 +45,8 @@
 #include <string.h>
 
 #define FL_DEV_MAX_NDIM 16
-#define FL_DEV_ERRLEN 1024
+#define FL_DEV_ERRLEN sizeof(((fl_err *)0)->msg) /* a core message fits an fl_err whole */
+#define FL_DEV_SLICE_MS 50 /* longest wait without a signal check */
 
 typedef struct {
     PyObject_HEAD
@@ -54,6 +65,69 @@ typedef struct {
     int host_versioned;
     PyObject *weakreflist;
 } fl_devtensor;
+
+/* ---- errors and waits ---------------------------------------------------- */
+
+/* Raise `msg` (a core failure: a CUDA error line, or our own) as
+ * FL_ERR_RUNTIME through the one translator.  `obj` is any object of this
+ * module's types.  Always returns NULL. */
+static PyObject *
+raise_runtime(PyObject *obj, const char *msg)
+{
+    fl_err e = {FL_ERR_RUNTIME, "", 0};
+    snprintf(e.msg, sizeof e.msg, "%s", msg);
+    return fl_py_raise(PyType_GetModule(Py_TYPE(obj)), &e, NULL, NULL);
+}
+
+/* One slice of a wait: at most ms milliseconds; 0 when done,
+ * FL_CUDA_ERR_NOT_READY when not yet (err untouched), another code with err
+ * filled on failure.  Runs without the GIL (ms == 0: a single query, which
+ * never blocks and may run with it). */
+typedef int (*wait_slice_fn)(void *ctx, int ms, char *err, size_t errlen);
+
+/* Wait until `slice` says done: one query with the GIL held first (a copy
+ * that already finished costs no GIL switch), then slices of FL_DEV_SLICE_MS
+ * with it released and PyErr_CheckSignals between them, so Ctrl-C
+ * interrupts the wait.  Returns 0, or -1 with an exception set (the signal
+ * handler's, or the CUDA failure as RuntimeError).  `obj` names the module
+ * for the translator; whatever ctx points to must stay valid without the
+ * GIL (the caller holds references). */
+static int
+wait_interruptibly(PyObject *obj, wait_slice_fn slice, void *ctx)
+{
+    char err[FL_DEV_ERRLEN];
+    int rc = slice(ctx, 0, err, sizeof err);
+    while (rc == FL_CUDA_ERR_NOT_READY) {
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = slice(ctx, FL_DEV_SLICE_MS, err, sizeof err);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != FL_CUDA_OK) {
+        raise_runtime(obj, err);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+copy_slice(void *buf, int ms, char *err, size_t errlen)
+{
+    return fl_devbuf_copy_wait_ms(buf, ms, err, errlen);
+}
+
+typedef struct {
+    fl_devpool *pool;
+    fl_cudaEvent_t mark;
+} mark_wait;
+
+static int
+mark_slice(void *ctx, int ms, char *err, size_t errlen)
+{
+    mark_wait *w = ctx;
+    return fl_devpool_mark_wait(w->pool, w->mark, ms, err, errlen);
+}
 
 /* ---- the consumed host tensor ------------------------------------------- */
 
@@ -184,10 +258,12 @@ devtensor_dlpack(fl_devtensor *self, PyObject *args, PyObject *kwargs)
     char err[FL_DEV_ERRLEN];
     /* takes the export's buffer reference and queues the stream wait */
     int rc = fl_devbuf_export(self->buf, stream, no_wait, err, sizeof err);
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(rc == -2 ? PyExc_BufferError : PyExc_RuntimeError, err);
+    if (rc == -2) { /* too many streams: the protocol's refusal */
+        PyErr_SetString(PyExc_BufferError, err);
         return NULL;
     }
+    if (rc != FL_CUDA_OK)
+        return raise_runtime((PyObject *)self, err);
     PyObject *cap = fl_dlpack_capsule(fl_devbuf_ptr(self->buf), where, self->ndim, self->shape,
                                       self->dtype, req.versioned, dev_export_release, self->buf);
     if (!cap)
@@ -208,10 +284,8 @@ devtensor_copy_done(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
     int rc = fl_devbuf_copy_query(self->buf, err, sizeof err);
     if (rc == FL_CUDA_ERR_NOT_READY)
         Py_RETURN_FALSE;
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
-        return NULL;
-    }
+    if (rc != FL_CUDA_OK)
+        return raise_runtime((PyObject *)self, err);
     release_host(self);
     Py_RETURN_TRUE;
 }
@@ -219,15 +293,9 @@ devtensor_copy_done(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 devtensor_wait(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 {
-    char err[FL_DEV_ERRLEN];
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fl_devbuf_copy_wait(self->buf, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
+    /* self->buf stays put while we wait: only dealloc clears it */
+    if (wait_interruptibly((PyObject *)self, copy_slice, self->buf) < 0)
         return NULL;
-    }
     release_host(self);
     Py_RETURN_NONE;
 }
@@ -242,10 +310,8 @@ devtensor_copy_ms(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
     float ms = 0.0f;
     if (rc == FL_CUDA_OK)
         rc = fl_devbuf_copy_ms(self->buf, &ms, err, sizeof err);
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
-        return NULL;
-    }
+    if (rc != FL_CUDA_OK)
+        return raise_runtime((PyObject *)self, err);
     return PyFloat_FromDouble(ms);
 }
 
@@ -311,7 +377,8 @@ static PyMethodDef devtensor_methods[] = {
     {"copy_done", (PyCFunction)devtensor_copy_done, METH_NOARGS,
      "True once the host-to-device copy has finished (then the host batch is released)."},
     {"wait", (PyCFunction)devtensor_wait, METH_NOARGS,
-     "Block until the copy has finished (GIL released) and release the host batch."},
+     "Block until the copy has finished (GIL released; Ctrl-C interrupts it) and release the host "
+     "batch."},
     {"copy_ms", (PyCFunction)devtensor_copy_ms, METH_NOARGS,
      "Milliseconds the copy took on the device, or None while it runs."},
     {NULL, NULL, 0, NULL},
@@ -367,8 +434,9 @@ copier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     pool = fl_devpool_new(device, max_buffers, err, sizeof err);
     Py_END_ALLOW_THREADS
     if (!pool) {
-        PyErr_SetString(PyExc_RuntimeError, err);
-        return NULL;
+        fl_err e = {FL_ERR_RUNTIME, "", 0};
+        snprintf(e.msg, sizeof e.msg, "%s", err);
+        return fl_py_raise(PyType_GetModule(type), &e, NULL, NULL);
     }
     fl_copier *self = (fl_copier *)type->tp_alloc(type, 0);
     if (!self) {
@@ -385,7 +453,7 @@ copier_check(fl_copier *self)
 {
     if (self->pool)
         return 0;
-    PyErr_SetString(PyExc_RuntimeError, "DeviceCopier is closed");
+    raise_runtime((PyObject *)self, "DeviceCopier is closed");
     return -1;
 }
 
@@ -439,7 +507,7 @@ copier_copy(fl_copier *self, PyObject *obj)
      * us: check again, and take the reference with no Python code between */
     fl_devpool *pool = self->pool;
     if (!pool) {
-        PyErr_SetString(PyExc_RuntimeError, "DeviceCopier is closed");
+        raise_runtime((PyObject *)self, "DeviceCopier is closed");
         goto fail;
     }
     fl_devpool_ref(pool); /* close() on another thread must not free it under us */
@@ -448,7 +516,7 @@ copier_copy(fl_copier *self, PyObject *obj)
     fl_devpool_unref(pool);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
+        raise_runtime((PyObject *)self, err);
         goto fail;
     }
     d->buf = buf;
@@ -461,23 +529,31 @@ fail:
     return NULL;
 }
 
+/* Record a mark after every queued copy, then wait for it interruptibly
+ * (a stream synchronisation could not be interrupted). */
 static PyObject *
 copier_synchronize(fl_copier *self, PyObject *Py_UNUSED(ignored))
 {
     if (copier_check(self) < 0)
         return NULL;
     char err[FL_DEV_ERRLEN];
-    int rc;
-    fl_devpool *pool = self->pool;
-    fl_devpool_ref(pool);
+    int rc, ok = 0;
+    mark_wait w = {self->pool, NULL};
+    fl_devpool_ref(w.pool); /* close() (another thread, a signal handler) must not free it under us */
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_devpool_synchronize(pool, err, sizeof err);
-    fl_devpool_unref(pool);
+    rc = fl_devpool_mark(w.pool, &w.mark, err, sizeof err);
     Py_END_ALLOW_THREADS
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
+    if (rc != FL_CUDA_OK)
+        raise_runtime((PyObject *)self, err);
+    else
+        ok = wait_interruptibly((PyObject *)self, mark_slice, &w) == 0;
+    fl_devpool_mark_free(w.pool, w.mark);
+    /* ours may be the last reference (closed meanwhile): its end synchronises */
+    Py_BEGIN_ALLOW_THREADS
+    fl_devpool_unref(w.pool);
+    Py_END_ALLOW_THREADS
+    if (!ok)
         return NULL;
-    }
     Py_RETURN_NONE;
 }
 
@@ -546,7 +622,7 @@ static PyMethodDef copier_methods[] = {
     {"copy", (PyCFunction)copier_copy, METH_O,
      "copy(host) -> DeviceTensor: queue host -> device on the loader's stream (no host wait)."},
     {"synchronize", (PyCFunction)copier_synchronize, METH_NOARGS,
-     "Block until every queued copy has finished (GIL released)."},
+     "Block until every queued copy has finished (GIL released; Ctrl-C interrupts it)."},
     {"stats", (PyCFunction)copier_stats, METH_NOARGS, "Pool counters as a dict."},
     {"close", (PyCFunction)copier_close, METH_NOARGS,
      "Drop the pool; device tensors still alive keep their buffers."},

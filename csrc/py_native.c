@@ -65,6 +65,36 @@ typedef struct {
 
 /* ---- conversions (GIL held) ----------------------------------------------- */
 
+/* A batch buffer back to its pool, from the Buffer's dealloc (an
+ * fl_buffer_free_fn) or a batch never handed out; GIL held.  Freeing
+ * page-locked memory synchronises the device, so the GIL is released
+ * around that, and only that (pool.h). */
+static void
+py_pool_put(void *pool, void *data)
+{
+    unsigned todo = fl_pool_put_begin(pool, data);
+    if (!(todo & FL_POOL_BLOCKS)) {
+        if (todo)
+            fl_pool_put_end(pool, data, todo);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fl_pool_put_end(pool, data, todo);
+    Py_END_ALLOW_THREADS
+}
+
+/* fl_native_batch_free with the GIL held: the images go back through
+ * py_pool_put. */
+static void
+batch_free_gil(fl_native_batch *b)
+{
+    if (b->images) {
+        py_pool_put(b->pool, b->images);
+        b->images = NULL;
+    }
+    fl_native_batch_free(b);
+}
+
 static DLDataType
 spec_dltype(const fl_tspec *t)
 {
@@ -102,7 +132,7 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
     if (b == NULL)
         return PyErr_NoMemory();
     if (b->events_lost) {
-        fl_native_batch_free(b);
+        batch_free_gil(b);
         return PyErr_Format(PyExc_MemoryError, "out of memory while recording what happened to a batch's samples");
     }
     events = PyList_New(0);
@@ -124,7 +154,7 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
         sample_shape(&ds->spec, shape + 1);
         DLDevice cpu = {kDLCPU, 0};
         images = fl_buffer_new(module, b->images, ds->sample_bytes * (size_t)b->n, 4, shape,
-                               spec_dltype(&ds->spec), cpu, fl_pool_put, b->pool);
+                               spec_dltype(&ds->spec), cpu, py_pool_put, b->pool);
         if (!images)
             goto done;
         b->images = NULL; /* the Buffer returns it to the pool */
@@ -141,7 +171,7 @@ done:
     Py_XDECREF(images);
     Py_XDECREF(labels);
     Py_XDECREF(events);
-    fl_native_batch_free(b);
+    batch_free_gil(b);
     return out;
 }
 

@@ -95,6 +95,17 @@ class DeviceCopier:
     copy_done(), never a blocking sync), which bounds host memory to the
     copies in flight.  `max_buffers` caps the device buffers of one size kept
     by the pool (see csrc/devpool.h).
+
+    Lifetime: a DataLoader caches one copier (`loader._fl_copier`) for all
+    its epochs, and each of its iterators holds it too, so an iterator that
+    outlives its loader (`next(iter(DataLoader(...)))`) keeps working.
+    Nothing else refers to it, so it goes by reference counting as soon as
+    the loader and its last iterator are gone: its stream is destroyed and
+    its idle device buffers freed, without waiting for the garbage
+    collector (tests/fakecuda/scenarios.py, copier_freed_with_loader).
+    Tensors handed out keep their own buffers.  There is deliberately no
+    finalizer on the loader: it would close the copier under an iterator
+    still delivering batches.
     """
 
     MAX_INFLIGHT = 8

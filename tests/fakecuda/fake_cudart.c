@@ -23,7 +23,8 @@
  * Test hooks (called with ctypes): fakecuda_set_copy_delay_us (slows down
  * host-to-device copies),
  * fakecuda_sleep_on, fakecuda_set_fail_malloc_after, fakecuda_counter,
- * fakecuda_device_bytes.
+ * fakecuda_device_bytes, fakecuda_live_streams, fakecuda_watch_free_host
+ * (a slow cudaFreeHost that finishes early only if a Python thread runs).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -85,12 +86,15 @@ static __thread fake_stream *per_thread[MAX_DEV];
 static alloc *dev_allocs;
 static long copy_delay_us;
 static long fail_malloc_after = -1;
-static long counters[8]; /* see fakecuda_counter */
+static long counters[9]; /* see fakecuda_counter */
+static const volatile long *watch_counter; /* see fakecuda_watch_free_host */
+static long watch_need, watch_timeout_us;
 static __thread int cur_device;
 static __thread int last_error;
 static unsigned contexts; /* bit d: device d has a primary context */
 
-enum { C_STREAM_SYNC, C_EVENT_SYNC, C_MALLOC, C_FREE, C_HOST_ALLOC, C_HOST_FREE, C_WAIT_EVENT, C_COPY };
+enum { C_STREAM_SYNC, C_EVENT_SYNC, C_MALLOC, C_FREE, C_HOST_ALLOC, C_HOST_FREE, C_WAIT_EVENT, C_COPY,
+       C_HOST_FREE_STALLED };
 
 static double
 now_s(void)
@@ -328,10 +332,36 @@ cudaHostAlloc(void **p, size_t n, unsigned flags)
     return ret(*p ? OK : E_MEMORY);
 }
 
+/* A slow cudaFreeHost (fakecuda_watch_free_host): wait until the watched
+ * counter has advanced by watch_need, or watch_timeout_us passed (counted
+ * as a stall).  Outside the lock: other calls go on meanwhile. */
+static void
+free_host_watch(void)
+{
+    pthread_mutex_lock(&mu);
+    const volatile long *c = watch_counter;
+    long need = watch_need, timeout_us = watch_timeout_us;
+    pthread_mutex_unlock(&mu);
+    if (!c)
+        return;
+    long start = __atomic_load_n(c, __ATOMIC_RELAXED);
+    double end = now_s() + timeout_us * 1e-6;
+    while (__atomic_load_n(c, __ATOMIC_RELAXED) - start < need) {
+        if (now_s() > end) {
+            pthread_mutex_lock(&mu);
+            counters[C_HOST_FREE_STALLED]++;
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+        usleep(1000);
+    }
+}
+
 API int
 cudaFreeHost(void *p)
 {
     need_context();
+    free_host_watch();
     pthread_mutex_lock(&mu);
     drain_all_locked(); /* like the real one, it synchronises */
     counters[C_HOST_FREE]++;
@@ -614,13 +644,41 @@ fakecuda_sleep_on(void *stream, long us)
     pthread_mutex_unlock(&mu);
 }
 
+/* Make every cudaFreeHost slow: it returns only once *counter (a long that
+ * a Python thread keeps incrementing) has advanced by `need`, or after
+ * timeout_us (counted in counter 8, "stalled").  A caller that holds the GIL
+ * while it frees stalls, because the counting thread cannot run.  NULL
+ * turns the watch off. */
+API void
+fakecuda_watch_free_host(const long *counter, long need, long timeout_us)
+{
+    pthread_mutex_lock(&mu);
+    watch_counter = counter;
+    watch_need = need;
+    watch_timeout_us = timeout_us;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Created streams not yet destroyed. */
+API long
+fakecuda_live_streams(void)
+{
+    pthread_mutex_lock(&mu);
+    long n = 0;
+    for (fake_stream *s = all_streams; s; s = s->next_all)
+        n += s->kind == S_CREATED;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
 /* 0 stream syncs, 1 event syncs, 2 mallocs, 3 frees, 4 host allocs,
- * 5 host frees, 6 stream-waits-on-event, 7 copies. */
+ * 5 host frees, 6 stream-waits-on-event, 7 copies, 8 host frees that
+ * stalled (fakecuda_watch_free_host). */
 API long
 fakecuda_counter(int which)
 {
     pthread_mutex_lock(&mu);
-    long v = which >= 0 && which < 8 ? counters[which] : -1;
+    long v = which >= 0 && which < 9 ? counters[which] : -1;
     pthread_mutex_unlock(&mu);
     return v;
 }

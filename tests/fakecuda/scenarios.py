@@ -34,8 +34,10 @@ lib.fakecuda_contexts.restype = ctypes.c_uint
 lib.fakecuda_counter.restype = ctypes.c_long
 lib.fakecuda_device_bytes.restype = ctypes.c_long
 lib.fakecuda_device_bytes.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+lib.fakecuda_live_streams.restype = ctypes.c_long
+lib.fakecuda_watch_free_host.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
 
-STREAM_SYNCS, EVENT_SYNCS, MALLOCS, FREES, HOST_ALLOCS, HOST_FREES, WAITS, COPIES = range(8)
+STREAM_SYNCS, EVENT_SYNCS, MALLOCS, FREES, HOST_ALLOCS, HOST_FREES, WAITS, COPIES, HOST_FREES_STALLED = range(9)
 
 capi = ctypes.pythonapi
 capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
@@ -622,22 +624,11 @@ def close_while_copy_blocks():
     assert device_allocs() == base
 
 
-def loader_end_to_end():
-    """DataLoader(device="cuda") through the fake runtime, with torch's own
-    CUDA half stubbed (no driver here): native batches are decoded into
-    "pinned" pool buffers (cudaHostAlloc), copied on the loader's stream,
-    imported through DLPack on a consumer stream, read back and released.
-    Over three persistent epochs they equal the CPU path bit for bit, the
-    device pool stops growing, and stats() reports the copies."""
-    import tempfile
-
+def stub_torch_cuda(s):
+    """Stub torch's CUDA half (no driver here) so that DataLoader(device=
+    "cuda") runs on the fake runtime: device batches are imported through
+    DLPack on stream `s`, read back to the host and released at once."""
     import torch
-
-    import fastloader
-    from fastloader import transforms as FT
-    from fastloader.sample import make_sample
-    lib.fakecuda_set_copy_delay_us(2000)
-    s = new_stream()
 
     real_from_dlpack = torch.utils.dlpack.from_dlpack  # (another scenario may have stubbed torch.from_dlpack)
 
@@ -655,6 +646,25 @@ def loader_end_to_end():
     torch.cuda.current_device = lambda: 0
     torch.cuda.ExternalStream = lambda *a, **k: None
     torch.from_dlpack = from_dlpack
+
+
+def loader_end_to_end():
+    """DataLoader(device="cuda") through the fake runtime, with torch's own
+    CUDA half stubbed (no driver here): native batches are decoded into
+    "pinned" pool buffers (cudaHostAlloc), copied on the loader's stream,
+    imported through DLPack on a consumer stream, read back and released.
+    Over three persistent epochs they equal the CPU path bit for bit, the
+    device pool stops growing, and stats() reports the copies."""
+    import tempfile
+
+    import torch
+
+    import fastloader
+    from fastloader import transforms as FT
+    from fastloader.sample import make_sample
+    lib.fakecuda_set_copy_delay_us(2000)
+    s = new_stream()
+    stub_torch_cuda(s)
     root = tempfile.mkdtemp(prefix="fl-fake-")
     make_sample(root, n=40, classes=2, progress=False, processes=1)
     ds = fastloader.ImageFolder(root, transform=FT.Compose([
@@ -791,12 +801,168 @@ def close_inside_dlpack():
         raise AssertionError("copy on a closed copier succeeded")
 
 
+def interrupt_main_after(delay):
+    """Send SIGINT to the main thread after `delay` s (to that thread only: a
+    fake stream thread sleeping through a slow copy would otherwise be woken
+    early).  Returns the timer and a list that gets the time of the kill."""
+    import signal
+    import threading
+    import time
+    sent = []
+
+    def fire():
+        sent.append(time.monotonic())
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    t = threading.Timer(delay, fire)
+    t.start()
+    return t, sent
+
+
+def interrupted(call, delay=0.2):
+    """Run call() with a Ctrl-C arriving after `delay` s.  Returns how long
+    after the signal KeyboardInterrupt came out, or None when call() gave
+    none."""
+    import time
+    t, sent = interrupt_main_after(delay)
+    try:
+        try:
+            call()
+        finally:
+            t.join()
+    except KeyboardInterrupt:
+        return time.monotonic() - sent[0]
+    return None
+
+
+def wait_interruptible():
+    """Ctrl-C during DeviceTensor.wait() on a slow copy raises
+    KeyboardInterrupt at once, while the copy still runs, and the tensor
+    can be waited on again afterwards."""
+    lib.fakecuda_set_copy_delay_us(1500000)
+    c = _C.DeviceCopier(0)
+    host = batch(50)
+    d = c.copy(host)
+    late = interrupted(d.wait)
+    running = not d.copy_done()
+    lib.fakecuda_set_copy_delay_us(0)
+    assert late is not None and late < 0.5 and running, (
+        f"KeyboardInterrupt {late} s after the signal, copy still running: {running}")
+    d.wait()
+    assert d.copy_done() and not d.holds_host
+    c.close()
+
+
+def synchronize_interruptible():
+    """Ctrl-C during DeviceCopier.synchronize() on a busy copy stream raises
+    KeyboardInterrupt at once; a later synchronize() still waits for all."""
+    lib.fakecuda_set_copy_delay_us(0)
+    c = _C.DeviceCopier(0)
+    lib.fakecuda_sleep_on(c.stream, 1500000)  # 1.5 s of "kernel" on the copy stream
+    d = c.copy(batch(51))                     # queued behind it
+    late = interrupted(c.synchronize)
+    running = not d.copy_done()
+    assert late is not None and late < 0.5 and running, (
+        f"KeyboardInterrupt {late} s after the signal, stream still busy: {running}")
+    c.synchronize()
+    assert d.copy_done()
+    del d
+    c.close()
+
+
+def copier_freed_with_loader():
+    """The loader's cached device copier goes with the loader: once the
+    loader and its iterators are gone, its stream is destroyed and its
+    device buffers freed by reference counting, with the garbage collector
+    off.  An iterator that outlives its loader (next(iter(DataLoader(...))))
+    keeps the copier working until the iterator goes."""
+    import gc
+    import tempfile
+
+    import torch
+
+    import fastloader
+    from fastloader import transforms as FT
+    from fastloader.sample import make_sample
+    lib.fakecuda_set_copy_delay_us(0)
+    s = new_stream()
+    stub_torch_cuda(s)
+    root = tempfile.mkdtemp(prefix="fl-free-")
+    make_sample(root, n=16, classes=2, progress=False, processes=1)
+    ds = fastloader.ImageFolder(root, transform=FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.ToTensor()]))
+    ref = list(fastloader.DataLoader(ds, batch_size=4, seed=1))
+    base = (lib.fakecuda_live_streams(), device_allocs())
+    gc.collect()
+    gc.disable()
+    try:
+        for nw, persistent in ((0, False), (2, False), (2, True)):
+            dev = fastloader.DataLoader(ds, batch_size=4, num_workers=nw, device="cuda", seed=1,
+                                        persistent_workers=persistent)
+            for _ in range(2):
+                got = list(dev)
+            assert all(torch.equal(g[0], r[0]) for g, r in zip(got, ref)) and len(got) == len(ref)
+            assert lib.fakecuda_live_streams() == base[0] + 1 and device_allocs()[0] > base[1][0]
+            del dev, got
+            assert (lib.fakecuda_live_streams(), device_allocs()) == base, (nw, persistent)
+        it = iter(fastloader.DataLoader(ds, batch_size=4, device="cuda", seed=1))  # the loader is gone
+        got = list(it)
+        assert all(torch.equal(g[0], r[0]) for g, r in zip(got, ref)) and len(got) == len(ref)
+        assert lib.fakecuda_live_streams() == base[0] + 1
+        del it, got
+        assert (lib.fakecuda_live_streams(), device_allocs()) == base
+    finally:
+        gc.enable()
+
+
+def pinned_free_without_gil():
+    """Pinned batch buffers beyond the pool's idle ones are freed with
+    cudaFreeHost, which synchronises the device and can take long: it must
+    run without the GIL, so other Python threads keep going.  The fake's
+    cudaFreeHost here returns only once a counting Python thread has moved
+    on (or stalls for 0.5 s)."""
+    import tempfile
+    import threading
+
+    import fastloader
+    from fastloader import transforms as FT
+    from fastloader.sample import make_sample
+    root = tempfile.mkdtemp(prefix="fl-pin-")
+    make_sample(root, n=4, classes=2, progress=False, processes=1)
+    ds = fastloader.ImageFolder(root, transform=FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.ToTensor()]))
+    nat = ds._native
+    nat.set_pinned(0)
+    held = [nat.load_batch([k % 4], 0, 0)[0] for k in range(10)]  # ten pinned buffers out
+    nat.set_pinned(-1)  # the dataset lets go of the pool: the last buffer back frees it
+    count = ctypes.c_long(0)
+    stop = []
+
+    def spin():
+        while not stop:
+            count.value += 1
+
+    frees, stalls = lib.fakecuda_counter(HOST_FREES), lib.fakecuda_counter(HOST_FREES_STALLED)
+    t = threading.Thread(target=spin)
+    t.start()
+    lib.fakecuda_watch_free_host(ctypes.addressof(count), 50, 500000)
+    try:
+        # eight go back to the pool; the ninth is freed (the pool is full),
+        # the tenth is freed with the pool and its eight idle buffers
+        del held[:]
+    finally:
+        lib.fakecuda_watch_free_host(None, 0, 0)
+        stop.append(1)
+        t.join()
+    frees, stalls = lib.fakecuda_counter(HOST_FREES) - frees, lib.fakecuda_counter(HOST_FREES_STALLED) - stalls
+    assert frees == 10 and stalls == 0, f"{stalls} of {frees} cudaFreeHost calls ran holding the GIL"
+
+
 SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
              release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
              outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes,
              python_copier, other_device_default_stream, per_thread_stream_released_elsewhere,
              exception_survives_capsule_free, close_while_copy_blocks,
-             loader_end_to_end, no_error_left_behind, no_stray_context, close_inside_dlpack]
+             loader_end_to_end, no_error_left_behind, no_stray_context, close_inside_dlpack,
+             wait_interruptible, synchronize_interruptible, copier_freed_with_loader, pinned_free_without_gil]
 
 
 def main(names):
@@ -807,7 +973,7 @@ def main(names):
         try:
             fn()
             out[fn.__name__] = "ok"
-        except Exception:
+        except BaseException:  # a stray KeyboardInterrupt fails its scenario, not the run
             out[fn.__name__] = traceback.format_exc()
     print("FAKECUDA-RESULTS " + json.dumps(out), flush=True)
 
