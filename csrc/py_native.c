@@ -63,6 +63,19 @@ typedef struct {
 } native_job;
 
 
+/* Drop a pool reference with the GIL released: the last one frees up to
+ * FL_POOL_IDLE idle buffers, and cudaFreeHost of a pinned one synchronises
+ * the device.  Call with the GIL held; NULL is ignored. */
+static void
+pool_unref_nogil(fl_pool *p)
+{
+    if (p == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    fl_pool_unref(p);
+    Py_END_ALLOW_THREADS
+}
+
 /* ---- conversions (GIL held) ----------------------------------------------- */
 
 /* A batch buffer back to its pool, from the Buffer's dealloc (an
@@ -218,9 +231,10 @@ ds_pool_for(NativeDatasetObject *self, int count)
         }
         if (self->pin_device >= 0)
             fl_pool_set_pinned(p, self->pin_device);
-        fl_pool_unref(self->pool);
+        fl_pool *old = self->pool;
         self->pool = p;
         self->pool_batch = count;
+        pool_unref_nogil(old);
     }
     return self->pool; /* borrowed: callers that keep it take fl_pool_ref */
 }
@@ -341,7 +355,7 @@ nds_dealloc(NativeDatasetObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     fl_native_worker_free(self->inline_worker);
-    fl_pool_unref(self->pool);
+    pool_unref_nogil(self->pool);
     ds_free_arrays(&self->ds);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
@@ -374,8 +388,8 @@ nds_load_batch(NativeDatasetObject *self, PyObject *args)
     fl_pool_ref(pool);          /* another thread may replace the dataset's pool meanwhile */
     Py_BEGIN_ALLOW_THREADS
     b = fl_native_load_batch(w, &self->ds, pool, idx, count, seed, epoch, NULL);
-    Py_END_ALLOW_THREADS
     fl_pool_unref(pool);
+    Py_END_ALLOW_THREADS
     if (self->inline_worker == NULL)
         self->inline_worker = w;
     else
@@ -509,9 +523,10 @@ nds_set_pinned(NativeDatasetObject *self, PyObject *arg)
         return NULL;
     if (dev != self->pin_device) {
         self->pin_device = (int)dev;
-        fl_pool_unref(self->pool); /* buffers out keep their pool alive */
+        fl_pool *old = self->pool;
         self->pool = NULL;
         self->pool_batch = 0;
+        pool_unref_nogil(old); /* buffers out keep their pool alive */
     }
     Py_RETURN_NONE;
 }
