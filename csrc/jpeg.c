@@ -2,10 +2,12 @@
  * (libjpeg API; no TurboJPEG).  Pure C: no Python, callable without the GIL.
  *
  * Design
- * - One fl_jpeg per thread holds a jpeg_decompress_struct that is reused for
- *   every image (jpeg_abort_decompress between images), its error manager,
- *   a progress monitor that enforces the scan limit, and scratch rows that
- *   grow with malloc (we run without the GIL, so no PyMem_*).
+ * - One fl_jpeg per thread holds a jpeg_decompress_struct, its error
+ *   manager, a progress monitor that enforces the scan limit, and scratch
+ *   rows that grow with malloc (we run without the GIL, so no PyMem_*).  The
+ *   struct is destroyed and created again at the start of every file (see
+ *   fl_start): libjpeg would otherwise carry quantization and Huffman tables
+ *   from one file into the next.
  * - libjpeg reports fatal errors through error_exit, which we turn into a
  *   longjmp back to the public entry point (never exit()).  setjmp lives in
  *   small wrappers whose locals are never modified after setjmp, so nothing
@@ -349,11 +351,24 @@ fl_orientation_from_markers(j_decompress_ptr cinfo)
 /* ------------------------------------------------------------------------ */
 /* header */
 
-/* Start reading data: attach the source and parse the header.  May longjmp. */
+/* Start reading data: give the file a fresh decompressor, attach the source
+ * and parse the header.  May longjmp.
+ *
+ * Fresh, because libjpeg keeps quantization and Huffman tables in the
+ * decompress struct from one image to the next (allocated in its permanent
+ * pool; jpeg_abort_decompress keeps them, for abbreviated datastreams): a
+ * file without DQT would decode with its predecessor's tables instead of
+ * failing, and a file without DHT would get them instead of the standard
+ * tables libjpeg-turbo supplies only to empty slots.  There is no API to
+ * drop the tables, so the struct is destroyed and created again: a few small
+ * allocations, about 0.13 us (measured with libjpeg-turbo 2.1.5). */
 static void
 fl_start(fl_jpeg *j, const uint8_t *data, size_t len, int save_app1)
 {
     j_decompress_ptr cinfo = &j->cinfo;
+    jpeg_destroy_decompress(cinfo);
+    jpeg_create_decompress(cinfo);   /* keeps cinfo->err; zeroes the rest */
+    cinfo->progress = &j->prog.pub;
     if (len > ULONG_MAX)
         len = ULONG_MAX;   /* never on LP64; libjpeg takes unsigned long */
     jpeg_save_markers(cinfo, JPEG_APP0 + 1, save_app1 ? 0xFFFF : 0);
