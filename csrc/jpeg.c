@@ -24,7 +24,9 @@
  *   the crop edges as image edges for fancy upsampling, which changes the
  *   outermost columns; we therefore ask it for one extra pixel on each side
  *   (CROP_MARGIN) so that the requested columns are interior and equal a full
- *   decode, and copy them out of a scratch row.  When the region spans full
+ *   decode, and copy them out of a scratch row.  The crop is also kept at
+ *   least two iMCUs wide, and for progressive files it starts two iMCUs
+ *   further left (fl_imcu_width tells why).  When the region spans full
  *   rows and libjpeg's output format is the caller's, scanlines go straight
  *   into the caller's rows, several per jpeg_read_scanlines call.
  *
@@ -485,6 +487,23 @@ fl_cmyk_to_l(const uint8_t *in, uint8_t *out, int n)
 /* ------------------------------------------------------------------------ */
 /* decode */
 
+/* Width in output pixels of one iMCU column (the unit jpeg_crop_scanline
+ * aligns to).  A progressive file whose scans leave coefficients unknown
+ * (scans missing, or cut short by damage) is decoded with block smoothing, which
+ * reads the DC values of two blocks on each side; libjpeg-turbo takes the
+ * first block column of a crop for the image's edge, so the blocks near it
+ * come out different from a full decode.  Cropping two iMCUs (at least two
+ * blocks of every component) further left keeps the region away from that. */
+static JDIMENSION
+fl_imcu_width(j_decompress_ptr cinfo)
+{
+#if JPEG_LIB_VERSION >= 70
+    return (JDIMENSION)(cinfo->max_h_samp_factor * cinfo->min_DCT_h_scaled_size);
+#else
+    return (JDIMENSION)(cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size);
+#endif
+}
+
 /* Body of fl_jpeg_decode.  Returns 0, or -1 with err filled for errors found
  * here; libjpeg errors longjmp out of it. */
 static int
@@ -550,10 +569,23 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     xoff = 0;
     cw = ow;
     if (r->x > 0 || (JDIMENSION)r->w < ow) {
-        JDIMENSION x0 = r->x > CROP_MARGIN ? (JDIMENSION)r->x - CROP_MARGIN : 0;
+        JDIMENSION left = CROP_MARGIN;
+        if (cinfo->progressive_mode)
+            left += 2 * fl_imcu_width(cinfo);   /* see fl_imcu_width */
+        JDIMENSION x0 = (JDIMENSION)r->x > left ? (JDIMENSION)r->x - left : 0;
         JDIMENSION x1 = (JDIMENSION)r->x + (JDIMENSION)r->w + CROP_MARGIN;
+        JDIMENSION minw = 2 * fl_imcu_width(cinfo) + 1;
         if (x1 > ow)
             x1 = ow;
+        /* A crop of 2 columns or so leaves a subsampled component with a
+         * one-sample row, which libjpeg-turbo upsamples differently from the
+         * full image (seen with 4:2:0, region x=0 w=1): crop at least two
+         * iMCUs and a pixel, which keeps every component's row 3+ samples. */
+        if (x1 - x0 < minw) {
+            x1 = ow - x0 >= minw ? x0 + minw : ow;
+            if (x1 - x0 < minw)
+                x0 = x1 >= minw ? x1 - minw : 0;
+        }
         xoff = x0;
         cw = x1 - x0;
         jpeg_crop_scanline(cinfo, &xoff, &cw);
