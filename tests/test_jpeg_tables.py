@@ -52,7 +52,7 @@ def _strip(data, marker, which=None):
     return bytes(out)
 
 
-def _loader(paths, tmp_path, order=None, on_error="raise"):
+def _loader(paths, order=None, on_error="raise"):
     """(DataLoader over ImageList(paths) with one worker and batches of one,
     the dataset).  Labels are the file positions; the full-size CenterCrop
     keeps the decoded pixels unchanged (uint8, HWC)."""
@@ -88,7 +88,7 @@ def test_missing_dqt_fails_even_after_a_good_file(tmp_path, which, table):
     # second raises, naming the file (before the fix it decoded with the
     # good file's tables).
     paths = _write(tmp_path, [good, bad, good, bad])
-    dl, _ = _loader(paths, tmp_path)
+    dl, _ = _loader(paths)
     it = iter(dl)
     x, y = next(it)
     assert y.tolist() == [0]
@@ -96,7 +96,7 @@ def test_missing_dqt_fails_even_after_a_good_file(tmp_path, which, table):
     with pytest.raises(fastloader.DecodeError, match=rf"f001\.jpg: {reason}"):
         next(it)
     # on_error="skip" drops exactly the bad files, the good ones keep their pixels.
-    dl, ds = _loader(paths, tmp_path, on_error="skip")
+    dl, ds = _loader(paths, on_error="skip")
     got = {int(t): x[k].numpy() for x, y in dl for k, t in enumerate(y)}
     assert sorted(got) == [0, 2]
     assert [p for p, _ in ds.skipped] == [str(paths[1]), str(paths[3])]
@@ -112,8 +112,8 @@ def test_missing_dht_decodes_as_a_fresh_decoder_whatever_came_before(tmp_path, w
     ref = U.pil_decode(x)
     assert np.array_equal(_C.decode_jpeg(x), ref)
     before_path, x_path = _write(tmp_path, [before, x])
-    alone = [b[0].numpy() for b, _ in _loader([x_path], tmp_path)[0]]
-    after = [b[0].numpy() for b, _ in _loader([before_path, x_path], tmp_path)[0]]
+    alone = [b[0].numpy() for b, _ in _loader([x_path])[0]]
+    after = [b[0].numpy() for b, _ in _loader([before_path, x_path])[0]]
     assert np.array_equal(alone[0], ref)
     assert np.array_equal(after[0], U.pil_decode(before))
     assert np.array_equal(after[1], ref)
@@ -165,7 +165,7 @@ def test_outcome_never_depends_on_decode_order(tmp_path):
     paths = _write(tmp_path, files)
 
     def run(order):
-        dl, ds = _loader(paths, tmp_path, order=order, on_error="skip")
+        dl, ds = _loader(paths, order=order, on_error="skip")
         got = {int(t): x[k].numpy() for x, y in dl for k, t in enumerate(y)}
         return got, {p for p, _ in ds.skipped}
 
