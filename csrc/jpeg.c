@@ -2,10 +2,12 @@
  * (libjpeg API; no TurboJPEG).  Pure C: no Python, callable without the GIL.
  *
  * Design
- * - One fl_jpeg per thread holds a jpeg_decompress_struct that is reused for
- *   every image (jpeg_abort_decompress between images), its error manager,
- *   a progress monitor that enforces the scan limit, and scratch rows that
- *   grow with malloc (we run without the GIL, so no PyMem_*).
+ * - One fl_jpeg per thread holds a jpeg_decompress_struct, its error
+ *   manager, a progress monitor that enforces the scan limit, and scratch
+ *   rows that grow with malloc (we run without the GIL, so no PyMem_*).  The
+ *   struct is destroyed and created again at the start of every file (see
+ *   fl_start): libjpeg would otherwise carry quantization and Huffman tables
+ *   from one file into the next.
  * - libjpeg reports fatal errors through error_exit, which we turn into a
  *   longjmp back to the public entry point (never exit()).  setjmp lives in
  *   small wrappers whose locals are never modified after setjmp, so nothing
@@ -22,9 +24,26 @@
  *   the crop edges as image edges for fancy upsampling, which changes the
  *   outermost columns; we therefore ask it for one extra pixel on each side
  *   (CROP_MARGIN) so that the requested columns are interior and equal a full
- *   decode, and copy them out of a scratch row.  When the region spans full
+ *   decode, and copy them out of a scratch row.  The crop is also kept at
+ *   least two iMCUs wide, and for progressive files it starts two iMCUs
+ *   further left (fl_imcu_width tells why).  When the region spans full
  *   rows and libjpeg's output format is the caller's, scanlines go straight
  *   into the caller's rows, several per jpeg_read_scanlines call.
+ *
+ * Corrupt data: the outcome is Pillow's, and never depends on the region
+ * - A file must start with FF D8 FF, as Pillow requires (libjpeg would skip
+ *   bytes between SOI and the first marker).
+ * - Progressive and other multi-scan files are read through EOI by
+ *   jpeg_start_decompress, as in Pillow.  A single-scan file is read only up
+ *   to the last row a region needs; fl_check_rest then finds, without
+ *   Huffman decoding, what a full decode would meet in the rest of the file:
+ *   a scan that runs to the end of the data is an error ("Premature end of
+ *   JPEG file"), and so is a marker after the scan that libjpeg rejects
+ *   (unknown, a second SOI/SOF/SOS, a bad DHT/DQT/DRI/DAC); data that ends
+ *   after the scan, with or without EOI, is not.  One known difference from
+ *   Pillow: it accepts a scan that runs to the end of the file when its
+ *   decoder happens not to need the missing bytes (tests/
+ *   test_corrupt_vs_pillow.py, EXCEPTIONS).
  *
  * Warnings (libjpeg emit_message with level -1)
  * - "Premature end of JPEG file" (JWRN_JPEG_EOF) is an error: Pillow raises
@@ -85,6 +104,7 @@ struct fl_jpeg {
     uint64_t max_pixels;                 /* 0 = no limit */
     uint8_t *scratch;                    /* scratch rows (malloc, owned) */
     size_t scratch_cap;                  /* bytes allocated at scratch */
+    size_t scan_start;                   /* offset of the first scan's entropy-coded data */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -349,16 +369,47 @@ fl_orientation_from_markers(j_decompress_ptr cinfo)
 /* ------------------------------------------------------------------------ */
 /* header */
 
-/* Start reading data: attach the source and parse the header.  May longjmp. */
+/* Pillow opens a file as JPEG only when it starts with FF D8 FF (SOI and the
+ * first byte of the next marker); libjpeg would skip anything between SOI
+ * and the first marker.  Refuse such a file as Pillow does (libjpeg itself
+ * reports a file that does not start with FF D8, and one that ends there).
+ * Returns 0, or -1 with err filled. */
+static int
+fl_check_signature(const uint8_t *data, size_t len, fl_err *err)
+{
+    if (len < 3 || data[0] != 0xFF || data[1] != 0xD8 || data[2] == 0xFF)
+        return 0;
+    err->code = FL_ERR_DECODE;
+    snprintf(err->msg, sizeof(err->msg),
+             "Not a JPEG file: starts with 0xff 0xd8 0x%02x (a JPEG file starts with 0xff 0xd8 0xff)", data[2]);
+    return -1;
+}
+
+/* Start reading data: give the file a fresh decompressor, attach the source
+ * and parse the header.  May longjmp.
+ *
+ * Fresh, because libjpeg keeps quantization and Huffman tables in the
+ * decompress struct from one image to the next (allocated in its permanent
+ * pool; jpeg_abort_decompress keeps them, for abbreviated datastreams): a
+ * file without DQT would decode with its predecessor's tables instead of
+ * failing, and a file without DHT would get them instead of the standard
+ * tables libjpeg-turbo supplies only to empty slots.  There is no API to
+ * drop the tables, so the struct is destroyed and created again: a few small
+ * allocations, about 0.13 us (measured with libjpeg-turbo 2.1.5). */
 static void
 fl_start(fl_jpeg *j, const uint8_t *data, size_t len, int save_app1)
 {
     j_decompress_ptr cinfo = &j->cinfo;
+    jpeg_destroy_decompress(cinfo);
+    jpeg_create_decompress(cinfo);   /* keeps cinfo->err; zeroes the rest */
+    cinfo->progress = &j->prog.pub;
     if (len > ULONG_MAX)
         len = ULONG_MAX;   /* never on LP64; libjpeg takes unsigned long */
     jpeg_save_markers(cinfo, JPEG_APP0 + 1, save_app1 ? 0xFFFF : 0);
     jpeg_mem_src(cinfo, data, (unsigned long)len);
     jpeg_read_header(cinfo, TRUE);
+    /* jpeg_read_header stops right after the first SOS segment */
+    j->scan_start = (size_t)(cinfo->src->next_input_byte - data);
 }
 
 static void
@@ -385,6 +436,8 @@ fl_read_header_body(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *i
 int
 fl_jpeg_read_header(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *info, fl_err *err)
 {
+    if (fl_check_signature(data, len, err) < 0)
+        return -1;
     j->jerr.err = err;
     j->jerr.warnings = 0;
     if (setjmp(j->jerr.jump)) {
@@ -468,7 +521,297 @@ fl_cmyk_to_l(const uint8_t *in, uint8_t *out, int n)
 }
 
 /* ------------------------------------------------------------------------ */
+/* the rest of a single-scan file
+ *
+ * fl_jpeg_decode stops after the last row it needs, so libjpeg never reads
+ * the rest of a single-scan file.  A full decode (Pillow) does: its entropy
+ * decoder reads to the marker that ends the scan, and jpeg_finish_decompress
+ * then reads the markers that follow, up to EOI.  The functions below give
+ * the outcome of that reading without Huffman-decoding anything, from the
+ * bytes alone, so that the outcome of a file never depends on the region
+ * asked for.  They follow libjpeg-turbo's jdmarker.c: next_marker,
+ * read_restart_marker with jpeg_resync_to_restart, and read_markers in a
+ * file whose only scan has been read.  As in Pillow (whose data source
+ * suspends at the end of the data, and which ignores a suspension in
+ * jpeg_finish_decompress once every row is out):
+ * - data that ends inside the scan (no marker ends it) is an error,
+ *   "Premature end of JPEG file" as libjpeg reports it in a full decode;
+ * - a marker after the scan that libjpeg rejects is an error;
+ * - data that ends after the scan, even without EOI, is not. */
+
+/* The next marker at or after d[*pos] in d[0..n), found as
+ * libjpeg's next_marker finds it: bytes other than 0xFF are skipped (entropy-
+ * coded data or garbage), 0xFF 0x00 is a stuffed data byte, extra 0xFF bytes
+ * are fill.  Returns the marker code (never 0x00 or 0xFF) with *pos just
+ * past it, or -1 when the data ends first.  memchr does the skipping. */
+static int
+fl_next_marker(const uint8_t *d, size_t n, size_t *pos)
+{
+    size_t i = *pos;
+    for (;;) {
+        const uint8_t *ff = i < n ? memchr(d + i, 0xFF, n - i) : NULL;
+        if (ff == NULL)
+            return -1;
+        i = (size_t)(ff - d) + 1;
+        while (i < n && d[i] == 0xFF)
+            i++;
+        if (i >= n)
+            return -1;
+        if (d[i] != 0x00) {
+            *pos = i + 1;
+            return d[i];
+        }
+        i++;
+    }
+}
+
+#define FL_RST(k) (0xD0 + (int)((k) & 7u))
+
+/* The marker that ends the scan whose entropy-coded data starts at d[pos],
+ * as libjpeg's decoder meets it: with restart_interval > 0, each of the
+ * ceil(mcus / restart_interval) - 1 restart boundaries consumes one marker
+ * with read_restart_marker's rules (the expected RSTn is swallowed; any
+ * other marker goes through jpeg_resync_to_restart: one that is not a valid
+ * marker code is skipped, one of the next two RSTs or any other valid marker
+ * stays unread, an older RST is skipped, a far one is dropped); the marker
+ * met after that ends the scan.  Without restarts the first marker does.
+ * Returns the marker code with *pos just past it, or -1 when the data ends
+ * inside the scan. */
+static int
+fl_scan_end(const uint8_t *d, size_t n, size_t *pos, unsigned restart_interval, uint64_t mcus)
+{
+    uint64_t boundaries = restart_interval ? (mcus + restart_interval - 1) / restart_interval - 1 : 0;
+    unsigned expected = 0;   /* number of the next RSTn */
+    int pending = -1;        /* a marker left unread by the resync */
+    for (; boundaries > 0; boundaries--, expected++) {
+        int m = pending >= 0 ? pending : fl_next_marker(d, n, pos);
+        pending = -1;
+        for (;;) {
+            if (m < 0)
+                return -1;
+            if (m == FL_RST(expected))
+                break;                            /* swallowed */
+            if (m < 0xC0) {                       /* not a marker code: skip to the next */
+                m = fl_next_marker(d, n, pos);
+                continue;
+            }
+            if (m < 0xD0 || m > 0xD7)             /* a valid marker: the scan ends there */
+                return m;
+            if (m == FL_RST(expected + 1) || m == FL_RST(expected + 2)) {
+                pending = m;                      /* a later restart: kept for its boundary */
+                break;
+            }
+            if (m == FL_RST(expected - 1) || m == FL_RST(expected - 2)) {
+                m = fl_next_marker(d, n, pos);    /* an earlier restart: skip ahead */
+                continue;
+            }
+            break;                                /* too far away: dropped */
+        }
+    }
+    return pending >= 0 ? pending : fl_next_marker(d, n, pos);
+}
+
+/* Read the markers from marker m (d[*pos] is just past it) to EOI, as
+ * read_markers does after the only scan.  Returns 0 when libjpeg would
+ * accept them, which includes data that ends first; or -1 with err filled. */
+static int
+fl_markers_to_eoi(const uint8_t *d, size_t n, size_t pos, int m, fl_err *err)
+{
+    const char *why;
+    for (;; m = fl_next_marker(d, n, &pos)) {
+        size_t at = pos - 2;     /* offset of this marker, for the message */
+        size_t left;
+        long length;
+        if (m < 0 || m == 0xD9)  /* end of data, or EOI */
+            return 0;
+        left = n - pos;
+        length = left >= 2 ? (long)(d[pos] << 8 | d[pos + 1]) : -1;
+        switch (m) {
+        case 0x01:                                           /* TEM */
+        case 0xD0: case 0xD1: case 0xD2: case 0xD3:          /* RSTn */
+        case 0xD4: case 0xD5: case 0xD6: case 0xD7:
+            continue;                                        /* no parameters */
+        case 0xD8:
+            why = "a second SOI marker";
+            goto bad;
+        case 0xC0: case 0xC1: case 0xC2: case 0xC3: case 0xC5: case 0xC6: case 0xC7:
+        case 0xC8: case 0xC9: case 0xCA: case 0xCB: case 0xCD: case 0xCE: case 0xCF:
+            why = "a second SOF marker";   /* or an unsupported one: an error either way */
+            goto bad;
+        case 0xDA: {                                         /* SOS */
+            int ncomp;
+            if (left < 3)
+                return 0;
+            ncomp = d[pos + 2];
+            if (length != ncomp * 2 + 6 || ncomp < 1 || ncomp > 4) {
+                why = "a bad SOS segment";
+                goto bad;
+            }
+            if (left < (size_t)length)
+                return 0;
+            why = "a second scan in a single-scan file";
+            goto bad;
+        }
+        case 0xC4: {                                         /* DHT */
+            if (length < 0)
+                return 0;
+            pos += 2;
+            length -= 2;
+            while (length > 16) {
+                int index, count = 0;
+                if (n - pos < 17)
+                    return 0;
+                index = d[pos];
+                for (int i = 1; i <= 16; i++)
+                    count += d[pos + i];
+                pos += 17;
+                length -= 17;
+                if (count > 256 || count > length) {
+                    why = "a bad DHT segment";
+                    goto bad;
+                }
+                if (n - pos < (size_t)count)
+                    return 0;
+                pos += (size_t)count;
+                length -= count;
+                if ((index & 0x10 ? index - 0x10 : index) >= 4) {
+                    why = "a bad DHT table index";
+                    goto bad;
+                }
+            }
+            if (length != 0) {
+                why = "a bad DHT segment length";
+                goto bad;
+            }
+            continue;
+        }
+        case 0xDB: {                                         /* DQT */
+            if (length < 0)
+                return 0;
+            pos += 2;
+            length -= 2;
+            while (length > 0) {
+                int v;
+                size_t size;
+                if (n - pos < 1)
+                    return 0;
+                v = d[pos++];
+                if ((v & 0x0F) >= 4) {
+                    why = "a bad DQT table index";
+                    goto bad;
+                }
+                size = v >> 4 ? 128 : 64;
+                if (n - pos < size)
+                    return 0;
+                pos += size;
+                length -= 1 + (long)size;
+            }
+            if (length != 0) {
+                why = "a bad DQT segment length";
+                goto bad;
+            }
+            continue;
+        }
+        case 0xCC: {                                         /* DAC */
+            if (length < 0)
+                return 0;
+            pos += 2;
+            length -= 2;
+            while (length > 0) {
+                int index, val;
+                if (n - pos < 2)
+                    return 0;
+                index = d[pos];
+                val = d[pos + 1];
+                pos += 2;
+                length -= 2;
+                if (index >= 32 || (index < 16 && (val & 0x0F) > val >> 4)) {
+                    why = "a bad DAC segment";
+                    goto bad;
+                }
+            }
+            if (length != 0) {
+                why = "a bad DAC segment length";
+                goto bad;
+            }
+            continue;
+        }
+        case 0xDD:                                           /* DRI */
+            if (length < 0)
+                return 0;
+            if (length != 4) {
+                why = "a bad DRI segment length";
+                goto bad;
+            }
+            if (left < 4)
+                return 0;
+            pos += 4;
+            continue;
+        case 0xDC:                                           /* DNL: skipped */
+        case 0xE0: case 0xE1: case 0xE2: case 0xE3: case 0xE4: case 0xE5: case 0xE6: case 0xE7:
+        case 0xE8: case 0xE9: case 0xEA: case 0xEB: case 0xEC: case 0xED: case 0xEE: case 0xEF:
+        case 0xFE:                                           /* APPn, COM */
+            if (length < 0)
+                return 0;
+            pos += 2;
+            if (length > 2) {
+                if (n - pos < (size_t)length - 2)
+                    return 0;
+                pos += (size_t)length - 2;
+            }
+            continue;
+        default:                                             /* DHP, EXP, JPGn, reserved */
+            why = "an unknown marker";
+            goto bad;
+        }
+    bad:
+        err->code = FL_ERR_DECODE;
+        snprintf(err->msg, sizeof(err->msg),
+                 "Corrupt JPEG data after the image scan: %s (0xff 0x%02x at byte %zu)", why, m, at);
+        return -1;
+    }
+}
+
+/* Called after the needed rows of a region: the outcome of the rest of the
+ * file (see above).  Multi-scan files (progressive, or one scan per
+ * component) were read through EOI by jpeg_start_decompress already.
+ * Returns 0, or -1 with err filled. */
+static int
+fl_check_rest(fl_jpeg *j, const uint8_t *data, size_t len, fl_err *err)
+{
+    j_decompress_ptr cinfo = &j->cinfo;
+    size_t pos = j->scan_start;
+    int m;
+    if (jpeg_has_multiple_scans(cinfo))
+        return 0;
+    m = fl_scan_end(data, len, &pos, cinfo->restart_interval,
+                    (uint64_t)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan);
+    if (m < 0) {
+        fl_set_msg(err, FL_ERR_DECODE, "Premature end of JPEG file");
+        return -1;
+    }
+    return fl_markers_to_eoi(data, len, pos, m, err);
+}
+
+/* ------------------------------------------------------------------------ */
 /* decode */
+
+/* Width in output pixels of one iMCU column (the unit jpeg_crop_scanline
+ * aligns to).  A progressive file whose scans leave coefficients unknown
+ * (scans missing, or cut short by damage) is decoded with block smoothing, which
+ * reads the DC values of two blocks on each side; libjpeg-turbo takes the
+ * first block column of a crop for the image's edge, so the blocks near it
+ * come out different from a full decode.  Cropping two iMCUs (at least two
+ * blocks of every component) further left keeps the region away from that. */
+static JDIMENSION
+fl_imcu_width(j_decompress_ptr cinfo)
+{
+#if JPEG_LIB_VERSION >= 70
+    return (JDIMENSION)(cinfo->max_h_samp_factor * cinfo->min_DCT_h_scaled_size);
+#else
+    return (JDIMENSION)(cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size);
+#endif
+}
 
 /* Body of fl_jpeg_decode.  Returns 0, or -1 with err filled for errors found
  * here; libjpeg errors longjmp out of it. */
@@ -535,10 +878,23 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     xoff = 0;
     cw = ow;
     if (r->x > 0 || (JDIMENSION)r->w < ow) {
-        JDIMENSION x0 = r->x > CROP_MARGIN ? (JDIMENSION)r->x - CROP_MARGIN : 0;
+        JDIMENSION left = CROP_MARGIN;
+        if (cinfo->progressive_mode)
+            left += 2 * fl_imcu_width(cinfo);   /* see fl_imcu_width */
+        JDIMENSION x0 = (JDIMENSION)r->x > left ? (JDIMENSION)r->x - left : 0;
         JDIMENSION x1 = (JDIMENSION)r->x + (JDIMENSION)r->w + CROP_MARGIN;
+        JDIMENSION minw = 2 * fl_imcu_width(cinfo) + 1;
         if (x1 > ow)
             x1 = ow;
+        /* A crop of 2 columns or so leaves a subsampled component with a
+         * one-sample row, which libjpeg-turbo upsamples differently from the
+         * full image (seen with 4:2:0, region x=0 w=1): crop at least two
+         * iMCUs and a pixel, which keeps every component's row 3+ samples. */
+        if (x1 - x0 < minw) {
+            x1 = ow - x0 >= minw ? x0 + minw : ow;
+            if (x1 - x0 < minw)
+                x0 = x1 >= minw ? x1 - minw : 0;
+        }
         xoff = x0;
         cw = x1 - x0;
         jpeg_crop_scanline(cinfo, &xoff, &cw);
@@ -564,7 +920,7 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
             }
             done += (int)got;
         }
-        return 0;
+        return fl_check_rest(j, data, len, err);
     }
 
     {
@@ -601,7 +957,7 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
             done += (int)got;
         }
     }
-    return 0;
+    return fl_check_rest(j, data, len, err);
 }
 
 int
@@ -621,6 +977,8 @@ fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
         fl_set_msg(err, FL_ERR_DECODE, "out_stride is smaller than a region row");
         return -1;
     }
+    if (fl_check_signature(data, len, err) < 0)
+        return -1;
     j->jerr.err = err;
     j->jerr.warnings = 0;
     if (setjmp(j->jerr.jump)) {
@@ -629,8 +987,8 @@ fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
         return -1;
     }
     rc = fl_decode_body(j, data, len, region, out, out_stride, err);
-    /* Abort rather than finish: the rows below the region and anything after
-     * the last needed scanline (up to EOI and beyond) are never read. */
+    /* Abort rather than finish: libjpeg never decodes the rows below the
+     * region; fl_check_rest has looked at the rest of the file instead. */
     jpeg_abort_decompress(&j->cinfo);
     j->jerr.err = NULL;
     return rc;

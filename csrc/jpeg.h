@@ -74,7 +74,8 @@ typedef struct {
 } fl_jpeg_info;
 
 /* Parse the headers of the JPEG in data[0..len) (borrowed; not kept after the
- * call) into *info.  Returns 0, or -1 with err filled.  Limits are not checked
+ * call) into *info.  Returns 0, or -1 with err filled (also for a file that
+ * starts with FF D8 but not FF D8 FF, which Pillow refuses).  Limits are not checked
  * here (a caller may want the size of a huge image); fl_jpeg_decode checks
  * them.  Orientation follows Pillow's getexif(): tag 0x0112 of IFD0 of the
  * first APP1 "Exif" segment, else tiff:Orientation of the XMP packet. */
@@ -105,9 +106,12 @@ typedef struct {
  * above the region through jpeg_skip_scanlines, and decoding stops after the
  * last needed row.  The pixels equal the same window of a full decode at the
  * same scale (and, at scale 8, Pillow's convert("RGB") / convert("L")).
+ * Whether the call fails does not depend on the region: the rest of a
+ * single-scan file is checked without decoding it (jpeg.c, "Corrupt data").
+ * Every call starts from a clean decoder: no table of an earlier file is used.
  *
- * Returns 0, or -1 with err filled (FL_ERR_DECODE with libjpeg's reason,
- * FL_ERR_LIMIT, FL_ERR_NOMEM).  On -1 the content of out is unspecified. */
+ * Returns 0, or -1 with err filled (FL_ERR_DECODE with libjpeg's reason or
+ * ours, FL_ERR_LIMIT, FL_ERR_NOMEM).  On -1 the content of out is unspecified. */
 int fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
                    uint8_t *out, size_t out_stride, fl_err *err);
 
