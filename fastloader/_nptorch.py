@@ -134,7 +134,7 @@ class NumpyDataLoaderBase:
         self.persistent_workers = persistent_workers
         self.in_order = in_order
         if collate_fn is None:
-            from .loader import fast_default_collate
+            from .collate import fast_default_collate
 
             collate_fn = fast_default_collate if self._auto_collation else (lambda x: x)
         self.collate_fn = collate_fn

@@ -123,7 +123,7 @@ class NativeImageDataset(_Dataset):
         from torch's default generator (NumPy's without torch), so every
         call is random as with torchvision, and torch.manual_seed -- or
         torch's per-worker seeding -- makes it reproducible."""
-        from .loader import epoch_context
+        from .worker_info import epoch_context
 
         ctx = epoch_context()
         if ctx is not None:
@@ -183,7 +183,7 @@ class NativeImageDataset(_Dataset):
         if self.target_transform is not None:
             labels = [self.target_transform(int(t)) for t in labels]
             if torch is not None:
-                from .loader import fast_default_collate
+                from .collate import fast_default_collate
 
                 labels = fast_default_collate(labels)
         return images, labels

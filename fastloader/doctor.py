@@ -12,31 +12,23 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import platform
 import resource
 import sys
 import sysconfig
 
+from .sysinfo import (_affinity, _cgroup_dirs, _meminfo, _parse_cpulist, _read,  # noqa: F401 - doctor's API
+                      cpu_quota, memory_limit, usable_cpus)
+
 __all__ = ["collect", "recommend", "render", "main"]
 
 _GiB = 1024 ** 3
 _MiB = 1024 ** 2
-# Values at or above this are "no limit" in cgroup v1 (PAGE_COUNTER_MAX * page size).
-_V1_UNLIMITED = 1 << 62
 
 
 # ----------------------------------------------------------------------------
 # small readers
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _fmt_bytes(n):
@@ -49,158 +41,14 @@ def _fmt_bytes(n):
     return f"{n / 1024:.0f} KiB"
 
 
-def _parse_cpulist(s):
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
-    out = []
-    for part in (s or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
-
-
-# ----------------------------------------------------------------------------
-# cgroups
-
-
-def _cgroup_dirs(controller, cgroup_text=None, mountinfo_text=None):
-    """Directories (deepest first) whose limit files apply to this process for
-    ``controller`` ('cpu' or 'memory'), as [(version, dir)].
-
-    Reads /proc/self/cgroup and /proc/self/mountinfo, so it works on the host,
-    in containers with a cgroup namespace (path '/') and in containers that see
-    the host's hierarchy.  The ancestors up to the mount point are included,
-    since a parent's limit binds the child too.
-    """
-    text = _read("/proc/self/cgroup") if cgroup_text is None else cgroup_text
-    info = _read("/proc/self/mountinfo") if mountinfo_text is None else mountinfo_text
-    if not text or not info:
-        return []
-    v1_paths, v2_path = {}, None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hid, ctrls, path = parts
-        if hid == "0" and ctrls == "":
-            v2_path = path
-        else:
-            for c in ctrls.split(","):
-                v1_paths[c] = path
-    mounts = []  # (version, mount_root, mount_point, super options)
-    for line in info.splitlines():
-        left, _, right = line.partition(" - ")
-        lf, rf = left.split(), right.split()
-        if len(lf) < 5 or len(rf) < 3:
-            continue
-        fstype = rf[0]
-        if fstype == "cgroup2":
-            mounts.append((2, lf[3], lf[4], set()))
-        elif fstype == "cgroup":
-            mounts.append((1, lf[3], lf[4], set(rf[2].split(","))))
-    out = []
-
-    def chain(version, mroot, mpoint, path):
-        rel = path
-        if mroot != "/" and (path == mroot or path.startswith(mroot.rstrip("/") + "/")):
-            rel = path[len(mroot.rstrip("/")):] or "/"
-        d = os.path.normpath(os.path.join(mpoint, rel.lstrip("/")))
-        if not os.path.isdir(d):  # hierarchy not visible at that path: fall back to the mount point
-            d = mpoint
-        dirs = []
-        while True:
-            dirs.append((version, d))
-            if os.path.normpath(d) == os.path.normpath(mpoint) or d in ("/", ""):
-                break
-            d = os.path.dirname(d)
-        return dirs
-
-    for version, mroot, mpoint, opts in mounts:
-        if version == 1 and controller in opts and controller in v1_paths:
-            out.extend(chain(1, mroot, mpoint, v1_paths[controller]))
-        elif version == 2 and v2_path is not None:
-            ctrl = _read(os.path.join(mpoint, "cgroup.controllers")) or ""
-            if controller in ctrl.split():
-                out.extend(chain(2, mroot, mpoint, v2_path))
-    return out
-
-
-def cpu_quota(dirs=None):
-    """The tightest cgroup CPU quota as (cpus: float, source: str), or (None, None).
-
-    ``dirs`` ([(cgroup version, directory)]) defaults to this process's cgroups."""
-    best = (None, None)
-    for version, d in (_cgroup_dirs("cpu") if dirs is None else dirs):
-        q = None
-        if version == 2:
-            s = _read(os.path.join(d, "cpu.max"))
-            if s:
-                parts = s.split()
-                if parts[0] != "max" and len(parts) >= 2 and int(parts[1]) > 0:
-                    q = int(parts[0]) / int(parts[1])
-                    src = f"cgroup v2 {os.path.join(d, 'cpu.max')} = {s}"
-        else:
-            qs = _read(os.path.join(d, "cpu.cfs_quota_us"))
-            ps = _read(os.path.join(d, "cpu.cfs_period_us"))
-            if qs and ps and int(qs) > 0 and int(ps) > 0:
-                q = int(qs) / int(ps)
-                src = f"cgroup v1 {d}/cpu.cfs_quota_us = {qs} / cpu.cfs_period_us = {ps}"
-        if q is not None and (best[0] is None or q < best[0]):
-            best = (q, src)
-    return best
-
-
-def memory_limit(dirs=None):
-    """The tightest cgroup memory limit as (bytes, source), or (None, None)."""
-    best = (None, None)
-    for version, d in (_cgroup_dirs("memory") if dirs is None else dirs):
-        name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-        s = _read(os.path.join(d, name))
-        if not s or s == "max":
-            continue
-        try:
-            v = int(s)
-        except ValueError:
-            continue
-        if version == 1 and v >= _V1_UNLIMITED:
-            continue
-        if best[0] is None or v < best[0]:
-            best = (v, f"cgroup v{version} {os.path.join(d, name)}")
-    return best
-
-
-def _meminfo():
-    out = {}
-    for line in (_read("/proc/meminfo") or "").splitlines():
-        k, _, v = line.partition(":")
-        parts = v.split()
-        if parts and parts[0].isdigit():
-            out[k] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    return out
-
-
 # ----------------------------------------------------------------------------
 # checks
-
-
-def _affinity():
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return list(range(os.cpu_count() or 1))
 
 
 def check_cpus():
     aff = _affinity()
     quota, src = cpu_quota()
-    usable = len(aff)
-    if quota is not None:
-        usable = max(1, min(usable, math.ceil(quota - 1e-9)))
+    usable = usable_cpus(aff, quota)
     return {"usable_cpus": usable, "affinity_cpus": len(aff), "affinity": aff,
             "online_cpus": os.cpu_count(), "cgroup_cpu_quota": quota, "cgroup_cpu_source": src}
 

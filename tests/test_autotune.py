@@ -65,3 +65,56 @@ def test_slow_consumer_keeps_one_worker():
     assert hist[0][1] == dl.num_workers and hist[-1][1] == 1
     assert hist[-1][0] < 5.0  # settled within 5 s
     assert st["data_starved_fraction"] < 0.05
+
+
+# -- the controller alone, fed with made-up counters --------------------------------------------------
+
+from fastloader.autotune import AutoTuner  # noqa: E402
+
+
+def _drive(tuner, windows, wait_frac, busy_per_worker):
+    """Feed `windows` windows in which the consumer waited wait_frac of the
+    time and each active worker was busy busy_per_worker of it."""
+    t, wait, busy = tuner._snap[0] if tuner._snap else 0.0, 0.0, [0.0] * tuner.max_workers
+    if tuner._snap is None:
+        tuner.observe(t, wait, busy)
+    else:
+        wait, busy = tuner._snap[1], list(tuner._snap[2])
+    for _ in range(windows):
+        t += tuner.WINDOW_S
+        wait += wait_frac * tuner.WINDOW_S
+        busy = [b + (busy_per_worker * tuner.WINDOW_S if i < tuner.active else 0.0) for i, b in enumerate(busy)]
+        n = tuner.observe(t, wait, busy)
+        if n is not None:
+            tuner.applied(t, n)
+    return tuner.active
+
+
+def test_controller_parks_idle_workers_one_at_a_time():
+    tuner = AutoTuner(4, 0.0)
+    # the consumer never waits and workers are mostly idle: park down to 1
+    assert _drive(tuner, 3, 0.0, 0.2) == 3        # three calm windows before the first park
+    assert _drive(tuner, 30, 0.0, 0.2) == 1
+    assert [n for _, n in tuner.history] == [4, 3, 2, 1]
+
+
+def test_controller_keeps_workers_that_carry_the_load():
+    tuner = AutoTuner(4, 0.0)
+    # calm consumer, but 4 workers each 90% busy: 3 could not carry it
+    assert _drive(tuner, 20, 0.0, 0.9) == 4
+
+
+def test_controller_adds_a_worker_when_the_consumer_starves():
+    tuner = AutoTuner(4, 0.0, active=1)
+    assert _drive(tuner, 1, 0.1, 1.0) == 1        # one hungry window is not enough
+    assert _drive(tuner, 1, 0.1, 1.0) == 2        # two in a row
+    assert _drive(tuner, 1, 0.5, 1.0) == 3        # starving: at once
+    assert _drive(tuner, 10, 0.5, 1.0) == 4       # never past max_workers
+
+
+def test_controller_decides_at_most_once_per_window():
+    tuner = AutoTuner(2, 0.0)
+    assert tuner.due(0.0)
+    tuner.observe(0.0, 0.0, [0.0, 0.0])
+    assert not tuner.due(tuner.WINDOW_S / 2)
+    assert tuner.observe(tuner.WINDOW_S / 2, 10.0, [0.0, 0.0]) is None

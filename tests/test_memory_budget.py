@@ -70,8 +70,8 @@ def test_memory_pressure_shrinks_the_window_to_one_batch(ds, monkeypatch):
     """When the machine (or cgroup) has under 5% of its memory left, the
     loader prefetches one batch instead of prefetch_factor x workers, warns
     once, and still delivers every sample."""
-    from fastloader import loader as L
-    monkeypatch.setattr(L, "_memory_limits", lambda: (3 << 20, 100 << 20))  # 3% left
+    from fastloader import sysinfo
+    monkeypatch.setattr(sysinfo, "memory_limits", lambda: (3 << 20, 100 << 20))  # 3% left
     dl = fastloader.DataLoader(ds, batch_size=8, num_workers=2)
     depths = []
     with warnings.catch_warnings(record=True) as rec:
@@ -89,7 +89,7 @@ def test_memory_pressure_shrinks_the_window_to_one_batch(ds, monkeypatch):
 
 
 def test_memory_pressure_threshold(monkeypatch):
-    from fastloader import loader as L
+    from fastloader import sysinfo
     for avail, total, expect in [(4, 100, True), (6, 100, False), (None, 100, False), (1, None, False)]:
-        monkeypatch.setattr(L, "_memory_limits", lambda a=avail, t=total: (a, t))
-        assert L._memory_pressure() is expect, (avail, total)
+        monkeypatch.setattr(sysinfo, "memory_limits", lambda a=avail, t=total: (a, t))
+        assert sysinfo.memory_pressure() is expect, (avail, total)

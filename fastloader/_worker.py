@@ -1,0 +1,180 @@
+"""The worker side of Python datasets: what one worker thread runs for a
+batch (`_fetch`: __getitem__ / __getitems__ / next(iterator), then
+collate_fn, then pinning), and the engine's view of Python (`_WorkerHost`:
+init / fetch / finish on each worker thread).  Nothing here raises: results
+are (status, value) pairs, and an exception travels as the value with a note
+naming the sample, batch and worker.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from .worker_info import WorkerInfo, _tls
+
+def _annotate(exc, where):
+    note = f"fastloader: raised while loading {where}"
+    if sys.version_info >= (3, 11):
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        return exc
+    try:  # Python 3.10: chain a copy that carries the note
+        new = type(exc)(f"{exc} ({note})")
+    except Exception:
+        new = RuntimeError(note)
+    new.__cause__ = exc
+    return new
+
+
+_OK, _ERR, _CANCELLED, _EXHAUSTED = 0, 1, 2, 3
+
+
+class _Epoch:
+    """Everything a worker needs for one pass over the data.  Holds no
+    reference to the iterator or the engine."""
+
+    def __init__(self, *, dataset, iterable, auto_collation, batch_size, drop_last, collate_fn,
+                 base_seed, epoch, num_workers):
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.base_seed = base_seed
+        self.native_seed = base_seed  # the native pipeline's seed (the loader's seed= when given)
+        self.epoch = epoch
+        self.num_workers = num_workers
+        self.cancelled = False
+        self.pin = False      # page-lock batches in the worker (Python datasets)
+        self.iters = {}       # worker id -> iterator over an IterableDataset
+        self.ended = set()    # worker ids whose iterator is exhausted
+        # seconds per worker (last slot: the main thread) in the dataset,
+        # in collate_fn and in pinning; each thread writes only its own slot
+        self.stage_s = [[0.0, 0.0, 0.0] for _ in range(num_workers + 1)]
+        getitems = getattr(dataset, "__getitems__", None) if not iterable else None
+        self.getitems = getitems if getitems else None
+
+
+def _fetch(ep: _Epoch, wid, seq, indices):
+    """Load and collate one batch.  Returns (status, value); never raises."""
+    if wid >= 0:
+        _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+        return _fetch_body(ep, wid, seq, indices)
+    # the main thread (num_workers=0): the context holds only while the
+    # loader calls the dataset, so sample_rng() and ImageFolder's
+    # __getitem__ outside a loader do not see a stale one
+    prev = getattr(_tls, "epoch_ctx", None)
+    _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+    try:
+        return _fetch_body(ep, wid, seq, indices)
+    finally:
+        _tls.epoch_ctx = prev
+
+
+def _fetch_body(ep: _Epoch, wid, seq, indices):
+    where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
+    t0 = time.perf_counter()
+    try:
+        if ep.iterable:
+            if wid in ep.ended:
+                return (_EXHAUSTED, None)
+            it = ep.iters.get(wid)
+            if it is None:
+                it = ep.iters[wid] = iter(ep.dataset)
+            if ep.auto_collation:
+                data = []
+                for _ in range(ep.batch_size):
+                    if ep.cancelled:
+                        return (_CANCELLED, None)
+                    try:
+                        data.append(next(it))
+                    except StopIteration:
+                        ep.ended.add(wid)
+                        break
+                if not data or (ep.drop_last and len(data) < ep.batch_size):
+                    return (_EXHAUSTED, None)
+            else:
+                try:
+                    data = next(it)
+                except StopIteration:
+                    ep.ended.add(wid)
+                    return (_EXHAUSTED, None)
+        elif ep.auto_collation:
+            if ep.getitems is not None:
+                try:
+                    data = ep.getitems(indices)
+                except Exception as e:
+                    return (_ERR, _annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
+            else:
+                data = []
+                dataset = ep.dataset
+                for idx in indices:
+                    if ep.cancelled:
+                        return (_CANCELLED, None)
+                    try:
+                        data.append(dataset[idx])
+                    except Exception as e:
+                        return (_ERR, _annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
+        else:
+            try:
+                data = ep.dataset[indices]
+            except Exception as e:
+                return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
+        t1 = time.perf_counter()
+        try:
+            batch = ep.collate_fn(data)
+        except Exception as e:
+            return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
+        t2 = time.perf_counter()
+        if ep.pin:
+            from .cuda_delivery import pin_batch
+
+            batch = pin_batch(batch)  # torch's pin_memory copy, here in the worker thread
+        slot = ep.stage_s[wid]  # wid -1 (main thread) is the last slot
+        slot[0] += t1 - t0
+        slot[1] += t2 - t1
+        slot[2] += time.perf_counter() - t2
+        return (_OK, batch)
+    except Exception as e:
+        return (_ERR, _annotate(e, f"batch {seq} in {where_worker}"))
+
+
+def _short(indices):
+    s = list(indices)
+    return s if len(s) <= 8 else f"{s[:8]}..."
+
+
+class _WorkerHost:
+    """The engine's view of Python: init / fetch / finish, run on worker threads."""
+
+    def __init__(self, num_workers, dataset, seed_base, epoch, worker_init_fn):
+        self.num_workers = num_workers
+        self.dataset = dataset
+        self.seed_base = seed_base
+        self.epoch = epoch
+        self.worker_init_fn = worker_init_fn
+        self.init_errors = {}
+
+    def init(self, wid):
+        _tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, self.dataset, self.epoch, self.seed_base)
+        if self.worker_init_fn is not None:
+            try:
+                self.worker_init_fn(wid)
+            except Exception as e:
+                self.init_errors[wid] = _annotate(e, f"worker_init_fn({wid}) in worker {wid}")
+
+    def fetch(self, wid, payload):
+        ep, seq, indices = payload
+        err = self.init_errors.get(wid)
+        if err is not None:
+            return (_ERR, err)
+        info = _tls.info
+        info.epoch = ep.epoch
+        info.base_seed = ep.base_seed
+        return _fetch(ep, wid, seq, indices)
+
+    def finish(self, wid):
+        for attr in ("info", "epoch_ctx"):
+            if hasattr(_tls, attr):
+                delattr(_tls, attr)

@@ -1,0 +1,191 @@
+"""One backend per kind of dataset: what a job is, which engine runs it, and
+how its result becomes a batch.  The iterator (loader.py) keeps everything
+the kinds share exactly once: sampler order, the prefetch window, timeouts,
+the memory budget, delivery to a device, statistics and shutdown.
+
+    NativeBackend   fastloader.ImageFolder / ImageList with default collation:
+                    a job is (seq, indices, epoch, seed); worker threads
+                    build whole batches in C without the GIL (csrc/native.c)
+    PythonBackend   any other dataset: a job is (_Epoch, seq, indices); the
+                    worker threads run __getitem__ / __getitems__ / next(it)
+                    and collate_fn with the GIL (fastloader/_worker.py)
+
+A backend owns its engine (`engine`, None with num_workers=0 or once closed).
+"""
+from __future__ import annotations
+
+import itertools
+
+from . import _C
+from ._worker import _CANCELLED, _ERR, _EXHAUSTED, _WorkerHost, _fetch
+from .collate import batch_len
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
+    torch = None
+
+AGAIN = object()   # finish(): this result gives no batch (an iterable worker ended); wait for the next
+END = object()     # next_indices(): the sampler is exhausted
+
+
+class _Backend:
+    native = False
+
+    def __init__(self, num_workers):
+        self.num_workers = num_workers
+        self.engine = None
+
+    def _engine_ready(self):
+        """True when the engine can be reused (reset for a new epoch)."""
+        if self.engine is None or self.engine.closed:
+            return False
+        self.engine.reset()
+        return True
+
+    def close(self, timeout=None):
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            eng.close(timeout) if isinstance(eng, _C.Engine) else eng.close()
+
+    def forget(self):
+        """A forked child's copy: drop the parent's engine without touching it
+        (its threads exist only in the parent; the C engine leaks itself)."""
+        self.engine = None
+
+
+class NativeBackend(_Backend):
+    native = True
+
+    def __init__(self, num_workers, dataset):
+        super().__init__(num_workers)
+        self.dataset = dataset      # a NativeImageDataset (maybe the uint8 "wire" variant)
+        self.epoch = 0
+        self.seed = 0
+
+    def start_epoch(self, ep, seed, pin_device):
+        """Epoch `ep` with the native seed `seed`; batch buffers page-locked
+        for CUDA device `pin_device` (-1: not)."""
+        self.ep = ep
+        self.epoch = ep.epoch
+        self.seed = seed
+        self.dataset._native.set_pinned(pin_device)
+        if self.num_workers and not self._engine_ready():
+            self.engine = _C.NativeEngine(self.num_workers, self.dataset._native)
+        return None
+
+    def submit(self, seq, next_indices):
+        indices = next_indices()
+        if indices is END:
+            return False
+        self.engine.submit(seq, indices, self.epoch, self.seed)
+        return True
+
+    def load_inline(self, seq, next_indices):
+        indices = next_indices()
+        if indices is END:
+            raise StopIteration
+        return self.dataset.load_batch(indices, self.epoch, self.seed, seq=seq)
+
+    def finish(self, seq, wid, result):
+        return self.dataset._finish(result, self.epoch, self.seed, seq)
+
+    @staticmethod
+    def count(batch):
+        return len(batch[1])
+
+    def pool_bytes_out(self):
+        return self.dataset._native.pool_bytes_out
+
+    def pin_error(self):
+        return self.dataset._native.pin_error
+
+    def add_stats(self, out, workers, eng):
+        out["stages_s"] = {k: sum(w.get(k, 0.0) for w in workers) for k in ("read_s", "decode_s", "transform_s")}
+        out["bytes_read"] = sum(w.get("bytes_read", 0) for w in workers)
+        out["pool_bytes"] = self.dataset._native.pool_bytes
+        out["skipped"] = list(self.dataset.skipped)
+        out["replaced"] = list(self.dataset.replaced)
+
+
+class PythonBackend(_Backend):
+    def __init__(self, num_workers, dataset, worker_init_fn):
+        super().__init__(num_workers)
+        self.dataset = dataset
+        self.worker_init_fn = worker_init_fn
+        self.host = None
+        self.stats0 = None
+
+    def start_epoch(self, ep, base_seed):
+        """Epoch `ep`; returns the engine's worker_stats() at its start (the
+        GIL report's baseline), or None with num_workers=0."""
+        self.ep = ep
+        if not self.num_workers:
+            return None
+        if not self._engine_ready():
+            self.host = _WorkerHost(self.num_workers, self.dataset, base_seed, ep.epoch, self.worker_init_fn)
+            self.engine = _C.Engine(self.num_workers, self.host.fetch, self.host.init, self.host.finish)
+        self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended
+        self.cycle = itertools.cycle(range(self.num_workers))
+        self.stats0 = self.engine.worker_stats()
+        return self.stats0
+
+    def _next_worker(self):
+        for _ in range(self.num_workers):
+            w = next(self.cycle)
+            if self.active[w]:
+                return w
+        return None
+
+    def submit(self, seq, next_indices):
+        ep = self.ep
+        if ep.iterable:  # each job pinned to a worker, which keeps its own iterator
+            w = self._next_worker()
+            if w is None:
+                return False
+            indices = next_indices()
+            if indices is END:
+                return False
+            self.engine.submit(seq, (ep, seq, indices), w)
+            return True
+        indices = next_indices()
+        if indices is END:
+            return False
+        self.engine.submit(seq, (ep, seq, indices))
+        return True
+
+    def load_inline(self, seq, next_indices):
+        indices = next_indices()
+        if indices is END:
+            raise StopIteration
+        status, value = _fetch(self.ep, -1, seq, indices)
+        if status == _EXHAUSTED:
+            raise StopIteration
+        if status == _ERR:
+            raise value
+        return value
+
+    def finish(self, seq, wid, result):
+        status, value = result
+        if status == _EXHAUSTED:
+            self.active[wid] = False
+            return AGAIN
+        if status == _CANCELLED:  # pragma: no cover - only old generations are cancelled
+            return AGAIN
+        if status == _ERR:
+            raise value
+        return value
+
+    @staticmethod
+    def count(batch):
+        return batch_len(batch)
+
+    def pool_bytes_out(self):
+        return 0
+
+    def pin_error(self):
+        return None
+
+    def add_stats(self, out, workers, eng):
+        st = self.ep.stage_s
+        out["stages_s"] = {k: sum(w[i] for w in st) for i, k in enumerate(("dataset_s", "collate_s", "pin_s"))}
