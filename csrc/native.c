@@ -92,21 +92,21 @@ read_file(fl_native_worker *w, const char *path, fl_err *err)
     if (fd < 0) {
         err->code = FL_ERR_IO;
         err->errnum = errno;
-        snprintf(err->msg, sizeof err->msg, "%s: cannot open: %s", path, strerror(errno));
+        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         err->code = FL_ERR_IO;
         err->errnum = errno;
-        snprintf(err->msg, sizeof err->msg, "%s: cannot stat: %s", path, strerror(errno));
+        snprintf(err->msg, sizeof err->msg, "cannot stat: %s", strerror(errno));
         close(fd);
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
         err->code = FL_ERR_IO;
         err->errnum = S_ISDIR(st.st_mode) ? EISDIR : 0;
-        snprintf(err->msg, sizeof err->msg, "%s: %s, not a regular file", path,
+        snprintf(err->msg, sizeof err->msg, "%s, not a regular file",
                  S_ISDIR(st.st_mode) ? "a directory" : file_kind(st.st_mode));
         close(fd);
         return -1;
@@ -114,13 +114,13 @@ read_file(fl_native_worker *w, const char *path, fl_err *err)
     size_t size = (size_t)st.st_size;
     if (size > FL_MAX_FILE_BYTES) {
         err->code = FL_ERR_LIMIT;
-        snprintf(err->msg, sizeof err->msg, "%s: file of %zu bytes exceeds the 1 GiB limit", path, size);
+        snprintf(err->msg, sizeof err->msg, "file of %zu bytes exceeds the 1 GiB limit", size);
         close(fd);
         return -1;
     }
     if (grow(&w->file, &w->file_cap, size + 1) < 0) {
         err->code = FL_ERR_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "%s: out of memory reading %zu bytes", path, size);
+        snprintf(err->msg, sizeof err->msg, "out of memory reading %zu bytes", size);
         close(fd);
         return -1;
     }
@@ -132,7 +132,7 @@ read_file(fl_native_worker *w, const char *path, fl_err *err)
         if (r <= 0) {
             err->code = FL_ERR_IO;
             err->errnum = r < 0 ? errno : 0;
-            snprintf(err->msg, sizeof err->msg, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "file shrank");
+            snprintf(err->msg, sizeof err->msg, "read failed: %s", r < 0 ? strerror(errno) : "file shrank");
             close(fd);
             return -1;
         }
@@ -210,14 +210,14 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     const uint8_t *data = w->file;
     if (len == 0) {
         err->code = FL_ERR_DECODE;
-        snprintf(err->msg, sizeof err->msg, "%s: empty file (0 bytes)", path);
+        snprintf(err->msg, sizeof err->msg, "empty file (0 bytes)");
         return -1;
     }
     if (len < 2 || data[0] != 0xFF || data[1] != 0xD8) {
         if (maybe_other_image(data, (size_t)len))
             return 1;
         err->code = FL_ERR_DECODE;
-        snprintf(err->msg, sizeof err->msg, "%s: not a JPEG file (starts with 0x%02x 0x%02x)", path, data[0],
+        snprintf(err->msg, sizeof err->msg, "not a JPEG file (starts with 0x%02x 0x%02x)", data[0],
                  len > 1 ? data[1] : 0);
         return -1;
     }
@@ -232,7 +232,7 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     char msg[256];
     if (fl_plan_sample(&ds->spec, info.width, info.height, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
         err->code = FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s: %s", path, msg);
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
         return -1;
     }
     /* region in source pixels: exactly what the render reads (the crop box
@@ -261,7 +261,7 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     size_t stride = (size_t)reg.w * (size_t)ch;
     if (grow(&w->pix, &w->pix_cap, stride * (size_t)reg.h) < 0) {
         err->code = FL_ERR_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "%s: out of memory for a %dx%d region", path, reg.w, reg.h);
+        snprintf(err->msg, sizeof err->msg, "out of memory for a %dx%d region", reg.w, reg.h);
         return -1;
     }
     if (fl_jpeg_decode(w->jpeg, data, (size_t)len, &reg, w->pix, stride, &jerr) < 0)
@@ -272,7 +272,7 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
     if (rrc < 0) {
         err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s: %s", path, msg);
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
         return -1;
     }
     if (timing)
@@ -281,11 +281,7 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     return 0;
 jpeg_error:
     err->code = jerr.code ? jerr.code : FL_ERR_DECODE;
-    /* path and reason may not both fit: the path is cut first, then the
-     * reason (a truncated message is still a clear one) */
-    if (snprintf(err->msg, sizeof err->msg, "%.*s: %s", (int)(sizeof err->msg / 2), path, jerr.msg) >=
-        (int)sizeof err->msg)
-        err->msg[sizeof err->msg - 1] = '\0';
+    snprintf(err->msg, sizeof err->msg, "%s", jerr.msg);
     if (timing)
         w->decode_ns += fl_now_ns() - t1;
     return -1;

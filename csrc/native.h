@@ -50,7 +50,8 @@ typedef struct {
     int64_t by;           /* replacement index, or the batch slot for a fix-up; -1 otherwise */
     int code;             /* FL_ERR_* */
     int errnum;           /* errno of an FL_ERR_IO failure, else 0 */
-    char msg[384];        /* "<path>: <reason>" */
+    char msg[384];        /* the reason, without the file name (the binding adds it from the index:
+                           * a long or non-UTF-8 path can then never cut or garble the reason) */
 } fl_native_event;
 
 enum { FL_EV_ERROR = 0, FL_EV_SKIPPED = 1, FL_EV_REPLACED = 2, FL_EV_FIXUP = 3 };
@@ -82,7 +83,7 @@ void fl_native_batch_free(fl_native_batch *b);
 
 /* Load one sample into `out` (sample_bytes).  Returns 0, 1 when the file is
  * not a JPEG but might be another image format (nothing written), or -1 with
- * err filled ("<path>: <reason>").  No GIL. */
+ * err filled (the reason; the caller names the file).  No GIL. */
 int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
                        uint64_t epoch, void *out, fl_err *err);
 

@@ -28,8 +28,10 @@
 
 #include "jpeg.h"
 
-PyObject *
-fl_py_error_new(PyObject *module, int code, int errnum, const char *msg, PyObject *filename, const char *where)
+/* The translator proper: `text` (a str, borrowed) is the message without
+ * `where`.  Returns a new exception instance, or NULL with an exception set. */
+static PyObject *
+error_from_text(PyObject *module, int code, int errnum, PyObject *text, PyObject *filename, const char *where)
 {
     PyObject *type;
     if (where == NULL)
@@ -39,12 +41,12 @@ fl_py_error_new(PyObject *module, int code, int errnum, const char *msg, PyObjec
         if (errnum > 0) {
             /* OSError.__new__ maps errno to its subclass; with a filename
              * str(e) reads "[Errno 2] No such file or directory ...: 'path'" */
-            PyObject *text = PyUnicode_FromFormat("%s%s", strerror(errnum), where);
-            if (text == NULL)
+            PyObject *why = PyUnicode_FromFormat("%s%s", strerror(errnum), where);
+            if (why == NULL)
                 return NULL;
-            PyObject *e = PyObject_CallFunction(PyExc_OSError, "iOO", errnum, text,
+            PyObject *e = PyObject_CallFunction(PyExc_OSError, "iOO", errnum, why,
                                                 filename != NULL ? filename : Py_None);
-            Py_DECREF(text);
+            Py_DECREF(why);
             return e;
         }
         type = PyExc_OSError;
@@ -67,10 +69,22 @@ fl_py_error_new(PyObject *module, int code, int errnum, const char *msg, PyObjec
         break;
     default:
         return PyObject_CallFunction(PyExc_SystemError, "N",
-                                     PyUnicode_FromFormat("unexpected error code %d (this is a bug): %s%s",
-                                                          code, msg, where));
+                                     PyUnicode_FromFormat("unexpected error code %d (this is a bug): %U%s",
+                                                          code, text, where));
     }
-    return PyObject_CallFunction(type, "N", PyUnicode_FromFormat("%s%s", msg, where));
+    return PyObject_CallFunction(type, "N", PyUnicode_FromFormat("%U%s", text, where));
+}
+
+PyObject *
+fl_py_error_new(PyObject *module, int code, int errnum, const char *msg, PyObject *filename, const char *where)
+{
+    /* "replace": a message cut inside a multi-byte character still reads */
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    if (text == NULL)
+        return NULL;
+    PyObject *e = error_from_text(module, code, errnum, text, filename, where);
+    Py_DECREF(text);
+    return e;
 }
 
 PyObject *
@@ -90,11 +104,12 @@ fl_error_py(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"code", "errnum", "msg", "filename", "where", NULL};
     int code, errnum;
-    const char *msg, *where = "";
-    PyObject *filename = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iis|Os:_error", kwlist, &code, &errnum, &msg, &filename, &where))
+    const char *where = "";
+    PyObject *msg, *filename = Py_None;
+    /* msg is any str, also one with the surrogates of a non-UTF-8 file name */
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiU|Os:_error", kwlist, &code, &errnum, &msg, &filename, &where))
         return NULL;
-    return fl_py_error_new(m, code, errnum, msg, filename, where);
+    return error_from_text(m, code, errnum, msg, filename, where);
 }
 
 static PyMethodDef fl_error_methods[] = {

@@ -153,8 +153,11 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
         goto done;
     for (int i = 0; i < b->nevents; i++) {
         fl_native_event *e = &b->events[i];
-        PyObject *ev = Py_BuildValue("(sLLsii)", event_names[b->event_kind[i]], (long long)e->index,
-                                     (long long)e->by, e->msg, e->code, e->errnum);
+        /* the reason may hold bytes of a file name (libjpeg's messages do
+         * not, but strerror's locale might): decode it like one */
+        PyObject *msg = PyUnicode_DecodeFSDefault(e->msg);
+        PyObject *ev = msg ? Py_BuildValue("(sLLNii)", event_names[b->event_kind[i]], (long long)e->index,
+                                           (long long)e->by, msg, e->code, e->errnum) : NULL;
         if (!ev || PyList_Append(events, ev) < 0) {
             Py_XDECREF(ev);
             goto done;

@@ -146,7 +146,8 @@ class NativeImageDataset(_Dataset):
         translator, _C._error: OSError subclasses for I/O, MemoryError,
         IndexError, DecodeError for bytes that are not a valid image)."""
         path = self.samples[index][0] if 0 <= index < len(self.samples) else None
-        return _C._error(code, errnum, msg, path, f" [sample index {index}{where}]")
+        text = msg if path is None else f"{path}: {msg}"
+        return _C._error(code, errnum, text, path, f" [sample index {index}{where}]")
 
     def _note_bad(self, kind, index, entry):
         if (kind, index) not in self._bad_seen:
@@ -166,9 +167,11 @@ class NativeImageDataset(_Dataset):
         keep = None
         for kind, index, by, msg, _code, _errnum in events:
             if kind == "skipped":
-                self._note_bad("skipped", index, (self.samples[index][0], msg))
+                path = self.samples[index][0]
+                self._note_bad("skipped", index, (path, f"{path}: {msg}"))
             elif kind == "replaced":
-                self._note_bad("replaced", index, (self.samples[index][0], self.samples[by][0], msg))
+                path = self.samples[index][0]
+                self._note_bad("replaced", index, (path, self.samples[by][0], f"{path}: {msg}"))
             elif kind == "fixup":
                 ok = self._fixup(images, labels, by, index, epoch, seed, where)
                 if not ok:
