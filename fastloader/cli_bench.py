@@ -2,28 +2,20 @@
 
 The numbers people collect by hand when tuning ``num_workers``, for both
 loaders side by side on the same folder of JPEGs, plus a PNG plot of
-images/s against num_workers.
-
-This module must stay importable on its own (the measured child processes
-load it by file path, so that the torch runs never import fastloader): at
-module level it imports the standard library only.
+images/s against num_workers.  This is the command-line front end: the
+pipelines, the timed loop, the fresh process per configuration and the memory
+sampling are fastloader/_harness.py's, shared with benchmarks/.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
-PIPELINES = {
-    "train": "RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize(ImageNet mean/std)",
-    "val": "Resize(256) + CenterCrop(224) + ToTensor + Normalize(ImageNet mean/std)",
-}
-RESULT_PREFIX = "@@FASTLOADER-CLI-BENCH@@ "
+from . import _harness as H
+
+PIPELINES = H.PIPELINES
 LABELS = {"fastloader": "fastloader", "torch": "torch"}
 COLORS = {"fastloader": (31, 119, 180), "torch": (255, 127, 14)}
 
@@ -60,261 +52,6 @@ created on first use in about 15 s).
 """
 
 
-# ----------------------------------------------------------------------------
-# child side (runs in a fresh process; may be loaded without the fastloader package)
-
-
-def _status_kib(field, pid="self"):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _peak_rss_mib():
-    v = _status_kib("VmHWM")
-    if v is not None:
-        return v / 1024.0
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / (1024.0 * 1024.0) if sys.platform == "darwin" else r / 1024.0
-
-
-def _make_torch(root, pipeline, workers, batch_size):
-    import torch.utils.data
-    import torchvision
-    import torchvision.transforms as T
-
-    if pipeline == "train":
-        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
-    else:
-        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
-    ds = torchvision.datasets.ImageFolder(root, transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, shuffle=True)
-
-
-def _make_fastloader(root, pipeline, workers, batch_size):
-    import fastloader
-    from fastloader import transforms as FT
-
-    if pipeline == "train":
-        tf = FT.Compose([FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
-                         FT.Normalize(MEAN, STD)])
-    else:
-        tf = FT.Compose([FT.Resize(256), FT.CenterCrop(224), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-    ds = fastloader.ImageFolder(root, transform=tf)
-    return fastloader.DataLoader(ds, batch_size=batch_size, num_workers=workers, shuffle=True)
-
-
-def _busy(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def child(cfg) -> dict:
-    """Build one loader and iterate it; return the measurements."""
-    import gc
-
-    import torch
-
-    if cfg.get("torch_threads"):
-        torch.set_num_threads(cfg["torch_threads"])
-    # imports outside the timed region: 'first batch' must not include importing libraries
-    if cfg["impl"] == "torch":
-        import torch.utils.data  # noqa: F401
-        import torchvision.datasets  # noqa: F401
-        import torchvision.transforms  # noqa: F401
-        make = _make_torch
-    else:
-        import fastloader  # noqa: F401
-        from fastloader import transforms  # noqa: F401
-        make = _make_fastloader
-    step_s = (cfg.get("step_ms") or 0) / 1000.0
-    step = _busy if cfg.get("step_busy") else time.sleep
-    max_batches = cfg.get("max_batches")
-    gc.collect()
-    base = (_status_kib("VmRSS") or 0) / 1024.0
-
-    perf = time.perf_counter
-    t0 = perf()
-    loader = make(cfg["root"], cfg["pipeline"], cfg["workers"], cfg["batch_size"])
-    setup_s = perf() - t0
-    t_first = None
-    n_first = 0
-    wait = 0.0
-    wait_first = 0.0
-    samples = batches = 0
-    shape = dtype = None
-    it = None
-    for ep in range(cfg["epochs"]):
-        tw = perf()
-        it = iter(loader)  # starting workers is loader time too
-        wait += perf() - tw
-        i = 0
-        while True:
-            tw = perf()
-            try:
-                batch = next(it)
-            except StopIteration:
-                wait += perf() - tw
-                break
-            now = perf()
-            wait += now - tw
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            n = len(x)
-            if t_first is None:
-                t_first, n_first, wait_first = now, n, wait
-                shape = "x".join(str(s) for s in getattr(x, "shape", ()))
-                dtype = str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
-            samples += n
-            batches += 1
-            i += 1
-            del batch, x
-            if step_s:
-                step(step_s)
-            if max_batches and i >= max_batches:
-                break
-        if ep < cfg["epochs"] - 1:
-            del it
-            it = None
-    t_end = perf()
-    del it, loader
-    after = samples - n_first
-    dt = (t_end - t_first) if t_first is not None else 0.0
-    return {
-        "total_s": t_end - t0,
-        "setup_s": setup_s,
-        "ttfb_s": (t_first - t0) if t_first is not None else None,
-        "batch_ms": (dt / (batches - 1) * 1000.0) if batches > 1 else None,
-        "rate": (after / dt) if after and dt > 0 else None,
-        "wait_pct": ((wait - wait_first) / dt * 100.0) if dt > 0 else None,
-        "samples": samples,
-        "batches": batches,
-        "shape": shape,
-        "dtype": dtype,
-        "base_rss_mib": base,
-        "rss_peak_mib": _peak_rss_mib(),
-        "torch_threads": torch.get_num_threads(),
-    }
-
-
-def _child_entry(cfg_json):
-    """Entry point of a measured process (see _CHILD_BOOT)."""
-    cfg = json.loads(cfg_json)
-    try:
-        res = child(cfg)
-    except BaseException as e:  # report, then fail
-        import traceback
-
-        traceback.print_exc()
-        res = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(res) + "\n")
-    sys.stdout.flush()
-    return 1 if "error" in res else 0
-
-
-# Loads this file by path, so the torch configurations never import the fastloader package.
-_CHILD_BOOT = (
-    "import importlib.util, sys\n"
-    "spec = importlib.util.spec_from_file_location('_fastloader_cli_bench_child', sys.argv[1])\n"
-    "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-    "sys.exit(m._child_entry(sys.argv[2]))\n"
-)
-
-
-# ----------------------------------------------------------------------------
-# parent side
-
-
-def _uss_kib(pid):
-    tot = None
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    tot = (tot or 0) + int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return tot
-
-
-def _descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            out.extend(kids)
-            todo.extend(kids)
-    return out
-
-
-def run_config(cfg, timeout=600.0):
-    """Run one configuration in a fresh process; return its result dict
-    (with 'error' on failure) and the sampled peak memory of its process tree."""
-    cmd = [sys.executable, "-c", _CHILD_BOOT, os.path.abspath(__file__), json.dumps(cfg)]
-    env = dict(os.environ)
-    env.setdefault("PYTHONHASHSEED", "0")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    chunks = {"out": [], "err": []}
-    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].append(s.read()), daemon=True)
-               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
-    for r in readers:
-        r.start()
-    peak_kib = 0
-    workers_kib = 0
-    next_workers = 0.0
-    killed = False
-    while True:
-        try:
-            proc.wait(timeout=0.05)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        main = _status_kib("VmRSS", proc.pid)
-        now = time.perf_counter()
-        if now >= next_workers:  # reading smaps_rollup costs a few ms: sample workers sparingly
-            next_workers = now + 0.25
-            workers_kib = sum(_uss_kib(p) or 0 for p in _descendants(proc.pid))
-        if main is not None:
-            peak_kib = max(peak_kib, main + workers_kib)
-        if now - t0 > timeout:
-            proc.kill()
-            proc.wait()
-            killed = True
-            break
-    for r in readers:
-        r.join()
-    out, err = "".join(chunks["out"]), "".join(chunks["err"])
-    res = None
-    for line in out.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            res = json.loads(line[len(RESULT_PREFIX):])
-    if res is None or "error" in res:
-        tail = "\n".join(err.strip().splitlines()[-12:])
-        why = f"timed out after {timeout:.0f} s" if killed else f"exit status {proc.returncode}"
-        res = {"error": (res or {}).get("error") or why, "stderr": tail}
-    else:
-        res["peak_mib"] = max(peak_kib / 1024.0, res.get("rss_peak_mib") or 0.0)
-    res["wall_s"] = time.perf_counter() - t0
-    return res
-
-
 def _parse_workers(s):
     try:
         ws = [int(x) for x in s.split(",") if x.strip() != ""]
@@ -332,27 +69,6 @@ def _count_images(root):
     return n
 
 
-def _usable_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
-
-
-def _fmt(v, spec, unit="", none="-"):
-    return none if v is None else format(v, spec) + unit
-
-
-def format_table(rows, headers, align):
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)) + " |"
-
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2)) for w, a in zip(widths, align)) + "|"
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
-
-
 def build_table(results, workers, impls):
     headers = ["num_workers", "loader", "total time", "avg batch (after 1st)", "images/s", "first batch",
                "peak RSS", "consumer wait"]
@@ -366,10 +82,11 @@ def build_table(results, workers, impls):
             if "error" in r:
                 rows.append([str(w), LABELS[impl], "ERROR", "-", "-", "-", "-", "-"])
                 continue
-            rows.append([str(w), LABELS[impl], _fmt(r["total_s"], ".2f", " s"), _fmt(r["batch_ms"], ".1f", " ms"),
-                         _fmt(r["rate"], ".0f"), _fmt(r["ttfb_s"], ".2f", " s"), _fmt(r.get("peak_mib"), ".0f", " MiB"),
-                         _fmt(r["wait_pct"], ".0f", "%")])
-    return format_table(rows, headers, align)
+            rows.append([str(w), LABELS[impl], H.fmt(r["total_s"], ".2f", " s"),
+                         H.fmt(r["batch_ms"], ".1f", " ms"), H.fmt(r["rate"], ".0f"),
+                         H.fmt(r["ttfb_s"], ".2f", " s"), H.fmt(r.get("peak_mib"), ".0f", " MiB"),
+                         H.fmt(r["wait_pct"], ".0f", "%")])
+    return H.markdown_table(headers, rows, align)
 
 
 def summarize(results, workers, impls, batch_size, step_ms):
@@ -595,7 +312,7 @@ def run(a) -> int:
     if nimg == 0:
         raise SystemExit(f"fastloader bench: no images under {root} (expected DIR/<class>/*.jpg)")
 
-    cpus = _usable_cpus()
+    cpus = H.usable_cpus()
     step_desc = (f"{a.step_ms:g} ms per batch ({'busy loop on the CPU' if a.step_busy else 'time.sleep: GIL and CPU free'})"
                  if a.step_ms else "none (--step-ms 0: the loop only fetches batches)")
     per_epoch = f"at most {max_batches} batches" if max_batches else "all batches"
@@ -614,26 +331,29 @@ def run(a) -> int:
         header.append("--quick: few batches per configuration, expect noisy numbers; drop --quick for real ones")
     _log(f"fastloader bench: {len(workers) * len(impls)} configurations on {nimg} images in {root}")
 
-    results = {}
-    total = len(workers) * len(impls)
-    done = 0
+    groups = [(w, [(impl, dict(impl=impl, root=root, pipeline=a.pipeline, workers=w, batch_size=a.batch_size,
+                                epochs=a.epochs, max_batches=max_batches, step_ms=a.step_ms, step_busy=a.step_busy,
+                                torch_threads=a.torch_threads)) for impl in impls]) for w in workers]
+
+    def before(s):
+        print(f"[{s['done']}/{s['total']}] {LABELS[s['impl']]:<10} num_workers={s['key']} ...", end="",
+              file=sys.stderr, flush=True)
+
+    def after(s, r):
+        if "error" in r:
+            msg = f" ERROR: {r['error']}"
+        else:
+            msg = (f" {H.fmt(r['rate'], '.0f')} images/s, first batch {H.fmt(r['ttfb_s'], '.2f')} s, "
+                   f"peak {H.fmt(r.get('peak_mib'), '.0f')} MiB, wait {H.fmt(r['wait_pct'], '.0f')}%")
+        print(f"{msg} ({r['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+
     t_all = time.perf_counter()
-    for i, w in enumerate(workers):
-        order = impls if i % 2 == 0 else impls[::-1]
-        for impl in order:
-            cfg = dict(impl=impl, root=root, pipeline=a.pipeline, workers=w, batch_size=a.batch_size,
-                       epochs=a.epochs, max_batches=max_batches, step_ms=a.step_ms, step_busy=a.step_busy,
-                       torch_threads=a.torch_threads)
-            done += 1
-            print(f"[{done}/{total}] {LABELS[impl]:<10} num_workers={w} ...", end="", file=sys.stderr, flush=True)
-            r = run_config(cfg, timeout=a.timeout)
-            results[(w, impl)] = r
-            if "error" in r:
-                msg = f" ERROR: {r['error']}"
-            else:
-                msg = (f" {_fmt(r['rate'], '.0f')} images/s, first batch {_fmt(r['ttfb_s'], '.2f')} s, "
-                       f"peak {_fmt(r.get('peak_mib'), '.0f')} MiB, wait {_fmt(r['wait_pct'], '.0f')}%")
-            print(f"{msg} ({r['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+    # one round, fastloader and torch alternating which goes first; the parent samples the
+    # memory of the measured process and its workers every 0.25 s
+    runs = H.run_interleaved(groups, 1, lambda cfg: H.run_child(H.__file__, "pipeline_child", cfg,
+                                                                 timeout=a.timeout, mem_interval=0.25),
+                             before=before, after=after)
+    results = {k: v[0] for k, v in runs.items()}
     elapsed = time.perf_counter() - t_all
 
     out = list(header)

@@ -1,0 +1,512 @@
+"""The one benchmark harness: ``python -m fastloader bench`` (cli_bench.py) and
+benchmarks/*.py both measure with these functions.
+
+Protocol.  Every measured configuration runs in a fresh Python process
+(:func:`run_child`), so peak memory is per configuration and no loader inherits
+warm caches, threads or allocator state from another.  The child loads this
+file by path, calls one function of a given file with a JSON config, and
+prints the result dict on one line starting with ``RESULT_PREFIX``.  The
+parent runs the configurations interleaved (:func:`run_interleaved`): the
+loaders of one group back to back, the order rotated per group and per round,
+so slow drifts of a noisy shared machine hit every loader alike.
+
+Timing (:func:`time_loader`).  ``first batch`` is from building the dataset +
+loader (folder scan, worker start) to the first batch in hand; images/s and
+the average batch time count only what comes after the first batch; consumer
+wait is the time inside ``next(iterator)`` (and ``iter()``) after the first
+batch over the wall time after it.  Imports happen before the timed region.
+
+Memory.
+  * ``rss_peak_mib`` -- peak resident set of the measured process (VmHWM).
+    The kernel's high-water mark misses peaks released with
+    madvise(MADV_DONTNEED) (glibc trims malloc arenas that way), so it can
+    under-report; prefer ``peak_mib``.
+  * ``peak_mib`` -- peak of RSS(main) + the private memory (USS) of every
+    descendant process (torch's workers), sampled by the parent (main's VmRSS
+    every 50 ms, the workers every ``mem_interval`` s), never below
+    ``rss_peak_mib``.  For fastloader (threads) this is all the memory the
+    loader uses.  Worker pages still shared copy-on-write with the main
+    process count once, so the ~0.5 GB of torch libraries every worker maps
+    is not multiplied by num_workers as a summed RSS would be.  Reading a
+    worker's /proc/<pid>/smaps_rollup costs a few ms of kernel time; a lone
+    process costs nothing to sample.
+  Both include the ~0.5 GB that ``import torch`` holds; ``base_rss_mib`` is
+  the RSS just before the loader is built.
+
+This module must stay importable on its own: the measured processes and
+benchmarks/_common.py load it by file path, so that the torch runs never
+import the fastloader package and the torch half of a benchmark runs without
+a built extension.  At module level it imports the standard library only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+PIPELINES = {
+    "train": "RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize(ImageNet mean/std)",
+    "val": "Resize(256) + CenterCrop(224) + ToTensor + Normalize(ImageNet mean/std)",
+}
+RESULT_PREFIX = "@@FASTLOADER-BENCH-RESULT@@ "
+MODULE_NAME = "_fastloader_harness"  # the name this file has when loaded by path
+
+# ----------------------------------------------------------------------------
+# /proc readers (Linux; None where there is nothing to read)
+
+
+def status_kib(field, pid="self"):
+    """A ``kB`` field of /proc/<pid>/status (VmRSS, VmHWM, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_now_mib():
+    v = status_kib("VmRSS")
+    return None if v is None else v / 1024.0
+
+
+def peak_rss_mib():
+    """Peak RSS of this process in MiB (VmHWM, or ru_maxrss off Linux)."""
+    v = status_kib("VmHWM")
+    if v is not None:
+        return v / 1024.0
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024.0 * 1024.0) if sys.platform == "darwin" else r / 1024.0
+
+
+def usable_cpus():
+    """CPUs this process may run on: its affinity mask (what the table's
+    header reports; sysinfo.usable_cpus also applies the cgroup quota)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+def _children(pid):
+    out = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def process_tree(pid):
+    """pid and all its descendants, pid first."""
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+def uss_kib(pid):
+    """Private (unshared) resident memory of a process: Private_Clean + Private_Dirty."""
+    tot = None
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    tot = (tot or 0) + int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tot
+
+
+class TreeMemSampler:
+    """Polls RSS(main) + sum of USS(descendants) of a process tree (Linux only).
+
+    The main process's VmRSS on every :meth:`sample` call; the descendants'
+    smaps_rollup at most every ``worker_interval`` seconds (it costs a few ms
+    of kernel time each).
+    """
+
+    def __init__(self, pid, worker_interval=0.5):
+        self.pid = pid
+        self.peak_total_kib = 0
+        self.worker_interval = worker_interval
+        self._workers_kib = 0
+        self._next_workers = 0.0
+        self.ok = os.path.exists(f"/proc/{pid}/status")
+
+    def sample(self):
+        if not self.ok:
+            return
+        main = status_kib("VmRSS", self.pid)
+        if main is None:
+            return
+        now = time.perf_counter()
+        if now >= self._next_workers:
+            self._next_workers = now + self.worker_interval
+            self._workers_kib = sum(uss_kib(p) or 0 for p in process_tree(self.pid)[1:])
+        self.peak_total_kib = max(self.peak_total_kib, main + self._workers_kib)
+
+
+# ----------------------------------------------------------------------------
+# the image pipelines: torch DataLoader + torchvision vs fastloader, same transforms
+
+
+def torch_transform(pipeline):
+    import torchvision.transforms as T
+
+    if pipeline == "train":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def fastloader_transform(pipeline):
+    from fastloader import transforms as FT
+
+    if pipeline == "train":
+        return FT.Compose([FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
+                           FT.Normalize(MEAN, STD)])
+    return FT.Compose([FT.Resize(256), FT.CenterCrop(224), FT.ToTensor(), FT.Normalize(MEAN, STD)])
+
+
+def torch_pipeline(root, pipeline, workers, batch_size):
+    import torch.utils.data
+    import torchvision
+
+    ds = torchvision.datasets.ImageFolder(root, transform=torch_transform(pipeline))
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, shuffle=True)
+
+
+def fastloader_pipeline(root, pipeline, workers, batch_size):
+    import fastloader
+
+    ds = fastloader.ImageFolder(root, transform=fastloader_transform(pipeline))
+    return fastloader.DataLoader(ds, batch_size=batch_size, num_workers=workers, shuffle=True)
+
+
+# ----------------------------------------------------------------------------
+# child side: the timed loop
+
+
+def busy(seconds):
+    """A CPU-bound stand-in for a model step."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_busy=False, hold_batch=False):
+    """Build a loader with ``make_loader()`` and iterate it ``epochs`` times
+    (at most ``max_batches`` per epoch), sleeping (or, with ``step_busy``,
+    spinning) ``step_s`` after every batch.  Returns the measurements; see the
+    module docstring for the rules.  Batches are ``(x, ...)`` or ``x``.
+
+    ``hold_batch``: keep each batch alive until the next one has arrived, as
+    ``for x, y in loader:`` does, instead of dropping it before the step.  It
+    adds up to one batch to the peak memory (benchmarks/ measure that way,
+    ``python -m fastloader bench`` the other)."""
+    import gc
+
+    step = busy if step_busy else time.sleep
+    gc.collect()
+    base = rss_now_mib()
+
+    perf = time.perf_counter
+    t0 = perf()
+    loader = make_loader()
+    setup_s = perf() - t0
+    t_first = None
+    n_first = 0
+    wait = 0.0
+    wait_first = 0.0
+    samples = batches = 0
+    shape = dtype = None
+    it = held = None
+    for ep in range(epochs):
+        tw = perf()
+        it = iter(loader)  # starting workers is loader time too
+        wait += perf() - tw
+        i = 0
+        while True:
+            tw = perf()
+            try:
+                batch = next(it)
+            except StopIteration:
+                wait += perf() - tw
+                break
+            now = perf()
+            wait += now - tw
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            n = len(x)
+            if t_first is None:
+                t_first, n_first, wait_first = now, n, wait
+                shape = "x".join(str(s) for s in getattr(x, "shape", ()))
+                dtype = str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+            samples += n
+            batches += 1
+            i += 1
+            if hold_batch:
+                held = batch  # the previous one goes only now
+            del batch, x
+            if step_s:
+                step(step_s)
+            if max_batches and i >= max_batches:
+                break
+        held = None
+        if ep < epochs - 1:
+            del it
+            it = None
+    t_end = perf()
+    del it, loader
+    after = samples - n_first
+    dt = (t_end - t_first) if t_first is not None else 0.0
+    return {
+        "total_s": t_end - t0,
+        "setup_s": setup_s,
+        "ttfb_s": (t_first - t0) if t_first is not None else None,
+        "batch_ms": (dt / (batches - 1) * 1000.0) if batches > 1 else None,
+        "rate": (after / dt) if after and dt > 0 else None,
+        "wait_pct": ((wait - wait_first) / dt * 100.0) if dt > 0 else None,
+        "samples": samples,
+        "batches": batches,
+        "shape": shape,
+        "dtype": dtype,
+        "base_rss_mib": base,
+        "rss_peak_mib": peak_rss_mib(),
+    }
+
+
+def pipeline_child(cfg) -> dict:
+    """One image-pipeline configuration: ``cfg`` has impl ("torch" or
+    "fastloader"), root, pipeline ("train"/"val"), workers, batch_size, epochs,
+    and optionally max_batches, step_ms, step_busy, hold_batch (see
+    :func:`time_loader`), torch_threads (0/None: torch's default; 1 is what
+    torch's own worker processes use)."""
+    import torch
+
+    if cfg.get("torch_threads"):
+        # like torch's own worker processes; for num_workers=0 this stops the main process's
+        # OpenMP pool from spinning against the loader on a small, shared machine
+        torch.set_num_threads(cfg["torch_threads"])
+    # imports outside the timed region: 'first batch' must not include importing libraries
+    if cfg["impl"] == "torch":
+        import torch.utils.data  # noqa: F401
+        import torchvision.datasets  # noqa: F401
+        import torchvision.transforms  # noqa: F401
+        make = torch_pipeline
+    else:
+        import fastloader  # noqa: F401
+        from fastloader import transforms  # noqa: F401
+        make = fastloader_pipeline
+    r = time_loader(lambda: make(cfg["root"], cfg["pipeline"], cfg["workers"], cfg["batch_size"]),
+                    epochs=cfg["epochs"], max_batches=cfg.get("max_batches"),
+                    step_s=(cfg.get("step_ms") or 0) / 1000.0, step_busy=bool(cfg.get("step_busy")),
+                    hold_batch=bool(cfg.get("hold_batch")))
+    r["torch_threads"] = torch.get_num_threads()
+    return r
+
+
+def _load_by_path(name, path):
+    mod = sys.modules.get(name)
+    if mod is not None and os.path.abspath(getattr(mod, "__file__", "")) == os.path.abspath(path):
+        return mod
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _child_main(target, func, cfg_json):
+    """Entry point of a measured process (see CHILD_BOOT): run ``func(cfg)`` of
+    the file ``target`` and print its result dict (or the error) for the parent."""
+    try:
+        if os.path.abspath(target) == os.path.abspath(__file__):
+            mod = sys.modules[__name__]
+        else:  # under its own name, so spawned workers can unpickle what it defines
+            mod = _load_by_path(os.path.splitext(os.path.basename(target))[0], target)
+        res = dict(getattr(mod, func)(json.loads(cfg_json)))
+    except BaseException as e:  # report, then fail
+        import traceback
+
+        traceback.print_exc()
+        res = {"error": f"{type(e).__name__}: {e}"}
+    if "error" not in res:
+        res.setdefault("rss_peak_mib", peak_rss_mib())
+    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(res) + "\n")
+    sys.stdout.flush()
+    return 1 if "error" in res else 0
+
+
+# argv: sys.path[0] ('' keeps python -c's), this file, target file, function, JSON config
+CHILD_BOOT = (
+    "import importlib.util, sys\n"
+    "if sys.argv[1]: sys.path[0] = sys.argv[1]\n"
+    f"spec = importlib.util.spec_from_file_location({MODULE_NAME!r}, sys.argv[2])\n"
+    "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
+    "sys.exit(m._child_main(sys.argv[3], sys.argv[4], sys.argv[5]))\n"
+)
+
+
+# ----------------------------------------------------------------------------
+# parent side
+
+
+def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="", env=None):
+    """Run ``func(cfg)`` of the file ``target`` in a fresh process and return its
+    result dict, with ``peak_mib`` (tree memory, sampled every ``mem_interval``
+    s; 0 disables sampling) and ``wall_s`` added.  On failure the dict is
+    ``{"error": ..., "stderr": <tail>, "wall_s": ...}``.  ``sys_path0`` is the
+    child's ``sys.path[0]`` (a benchmark script passes its folder, as if it
+    were run as ``python script``)."""
+    cmd = [sys.executable, "-c", CHILD_BOOT, sys_path0 or "", os.path.abspath(__file__), os.path.abspath(target),
+           func, json.dumps(cfg)]
+    e = dict(os.environ)
+    e.setdefault("PYTHONHASHSEED", "0")
+    if env:
+        e.update(env)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
+    chunks = {"out": [], "err": []}
+    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].append(s.read()), daemon=True)
+               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    for r in readers:
+        r.start()
+    sampling = bool(mem_interval and mem_interval > 0)
+    sampler = TreeMemSampler(proc.pid, worker_interval=mem_interval if sampling else 0.5)
+    killed = False
+    while True:
+        try:
+            proc.wait(timeout=0.05 if sampling else 1.0)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if sampling:
+            sampler.sample()
+        if time.perf_counter() - t0 > timeout:
+            proc.kill()
+            proc.wait()
+            killed = True
+            break
+    for r in readers:
+        r.join()
+    out, err = "".join(chunks["out"]), "".join(chunks["err"])
+    res = None
+    for line in out.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            res = json.loads(line[len(RESULT_PREFIX):])
+    if res is None or "error" in res:
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        why = f"timed out after {timeout:.0f} s" if killed else f"exit status {proc.returncode}"
+        res = {"error": (res or {}).get("error") or why, "stderr": tail}
+    elif sampling:
+        # the sampled tree total, but never below the exactly known main-process peak
+        res["peak_mib"] = max(sampler.peak_total_kib / 1024.0, res.get("rss_peak_mib") or 0.0)
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def run_interleaved(groups, rounds, runner, *, before=None, after=None):
+    """Run every group's configurations ``rounds`` times, interleaved.
+
+    ``groups`` is a list of (group_key, [(impl, config), ...]).  In each round
+    the groups run in order and, within a group, the impls run back to back,
+    the order rotated per round and per group (two loaders alternate which
+    goes first).  ``runner(config) -> result dict``; ``before(step)`` and
+    ``after(step, result)`` are called around each run, ``step`` a dict with
+    done (1-based), total, round (1-based), key, impl and elapsed (s).
+    Returns {(group_key, impl): [result per round]}.
+    """
+    results = {}
+    total = rounds * sum(len(c) for _, c in groups)
+    done = 0
+    t0 = time.perf_counter()
+    for rnd in range(rounds):
+        for gi, (key, configs) in enumerate(groups):
+            k = (rnd + gi) % len(configs)
+            for impl, cfg in configs[k:] + configs[:k]:
+                done += 1
+                step = dict(done=done, total=total, round=rnd + 1, key=key, impl=impl)
+                if before is not None:
+                    before(dict(step, elapsed=time.perf_counter() - t0))
+                res = runner(cfg)
+                results.setdefault((key, impl), []).append(res)
+                if after is not None:
+                    after(dict(step, elapsed=time.perf_counter() - t0), res)
+    return results
+
+
+def _ok_values(results, field):
+    return [r[field] for r in results if "error" not in r and r.get(field) is not None]
+
+
+def median_of(results, field):
+    vals = _ok_values(results, field)
+    return statistics.median(vals) if vals else None
+
+
+def spread(results, field):
+    """(min, max) over rounds, for showing the noise."""
+    vals = _ok_values(results, field)
+    return (min(vals), max(vals)) if vals else (None, None)
+
+
+def paired_ratio(a_results, b_results, field):
+    """Median over rounds of a[i][field] / b[i][field] (same-round pairs)."""
+    ratios = []
+    for a, b in zip(a_results, b_results):
+        va, vb = a.get(field), b.get(field)
+        if "error" in a or "error" in b or not va or not vb:
+            continue
+        ratios.append(va / vb)
+    return statistics.median(ratios) if ratios else None
+
+
+# ----------------------------------------------------------------------------
+# output
+
+
+def fmt(v, spec=".0f", unit="", none="-"):
+    if v is None:
+        return none
+    if isinstance(v, str):
+        return v
+    return format(v, spec) + unit
+
+
+def fmt_ratio(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def markdown_table(headers, rows, align=None):
+    """A Markdown pipe table (also readable as plain text); align: "l"/"r" per
+    column (default: first left, the rest right)."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+    align = align or (["l"] + ["r"] * (len(headers) - 1))
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2)) for w, a in zip(widths, align)) + "|"
+    return "\n".join([line([str(h) for h in headers]), sep] + [line(r) for r in rows])
