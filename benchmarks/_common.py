@@ -1,42 +1,85 @@
-"""Shared helpers for the fastloader benchmarks.
+"""What the benchmark scripts share beyond the harness.
 
-Every measured configuration runs in a fresh Python subprocess (the benchmark
-script re-invoked with ``--_child JSON``), so peak memory is per configuration
-and no loader inherits warm caches, threads or allocator state from another.
-The parent runs the configurations interleaved -- fastloader and torch side by
-side, alternating which goes first, for several rounds -- and reports medians,
-so slow drifts of a noisy shared machine hit both loaders alike.
+The harness itself -- the pipelines, the timed loop, one fresh process per
+configuration, the /proc memory readers, interleaved rounds and their
+statistics, table formatting -- is fastloader/_harness.py, the same code
+``python -m fastloader bench`` runs; its docstring says how time and memory are
+measured.  It is loaded here by file path, not through the package, so the
+torch half of a benchmark (``--only torch``) runs without a built extension and
+torch's measured processes never import fastloader.
 
-Memory columns:
-  * ``RSS`` -- peak resident set of the benchmark's main process (VmHWM).
-    Caveat: the kernel's high-water mark misses peaks released with
-    madvise(MADV_DONTNEED) (glibc trims malloc arenas that way), so it can
-    under-report by ~100 MB here; prefer ``total``.
-  * ``total`` -- peak of RSS(main) + the private memory (USS) of every
-    descendant process (torch's workers), sampled by the parent (main's VmRSS
-    every 50 ms, workers every ``--mem-interval`` seconds), and never below
-    ``RSS``.  For fastloader (threads) this is all the memory the loader
-    uses.  Worker pages still shared copy-on-write with the main process are
-    counted once, so the ~0.5 GB of torch libraries every worker maps is not
-    multiplied by num_workers as a summed RSS would.  Sampling reads /proc/<pid>/smaps_rollup of each worker
-    (a few ms of kernel time each); a lone process costs nothing to sample.
-Both include the ~0.5 GB that ``import torch`` itself holds; ``base`` is the
-main process's RSS just before the loader is built.
+This file adds what only the scripts need: importing an in-tree fastloader
+with a clear message, the Markdown report with the machine's description, and
+the side-by-side table of a loader comparison over several rounds.
 """
 from __future__ import annotations
 
 import datetime
 import importlib.util
-import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT_PREFIX = "@@FASTLOADER-BENCH-RESULT@@ "
+_HARNESS_PATH = os.path.join(REPO, "fastloader", "_harness.py")
+
+
+def _load_harness():
+    # the name the measured processes give it too, so a child loads it once
+    name = "_fastloader_harness"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, _HARNESS_PATH)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+H = _load_harness()
+rss_now_mib = H.rss_now_mib
+median_of, spread, paired_ratio = H.median_of, H.spread, H.paired_ratio
+fmt, fmt_ratio, markdown_table = H.fmt, H.fmt_ratio, H.markdown_table
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# running the measured processes
+
+
+def run_child(script, config, *, mem_interval=0.5, timeout=600):
+    """Run ``child(config)`` of the benchmark ``script`` in a fresh process
+    (with the script's folder first on sys.path, as ``python script`` has it)."""
+    return H.run_child(script, "child", config, timeout=timeout, mem_interval=mem_interval,
+                       sys_path0=os.path.dirname(os.path.abspath(script)))
+
+
+def short_result(res):
+    if "error" in res:
+        return "ERROR " + res["error"].strip().splitlines()[-1] if res["error"].strip() else "ERROR"
+    parts = []
+    if res.get("rate") is not None:
+        parts.append(f"{res['rate']:.0f}/s")
+    if res.get("ttfb_s") is not None:
+        parts.append(f"first {res['ttfb_s']:.2f}s")
+    if res.get("rss_peak_mib") is not None:
+        parts.append(f"rss {res['rss_peak_mib']:.0f}M")
+    if res.get("peak_mib") is not None:
+        parts.append(f"total {res['peak_mib']:.0f}M")
+    return ", ".join(parts)
+
+
+def run_interleaved(groups, rounds, runner, *, log=log):
+    """H.run_interleaved with one progress line per run on stderr."""
+    def after(s, res):
+        log(f"[{s['done']}/{s['total']} {s['elapsed']:6.1f}s] round {s['round']} {s['key']} {s['impl']}: "
+            + short_result(res))
+
+    return H.run_interleaved(groups, rounds, runner, after=after if log else None)
+
 
 # ----------------------------------------------------------------------------
 # imports
@@ -98,324 +141,38 @@ def load_sample_module():
 
 
 # ----------------------------------------------------------------------------
-# memory
+# report
 
 
-def _status_kib(field, pid="self"):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss_now_mib():
-    v = _status_kib("VmRSS")
-    return None if v is None else v / 1024.0
-
-
-def peak_rss_mib():
-    """Peak RSS of this process in MiB (VmHWM, or ru_maxrss off Linux)."""
-    v = _status_kib("VmHWM")
-    if v is not None:
-        return v / 1024.0
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / (1024.0 * 1024.0) if sys.platform == "darwin" else r / 1024.0
-
-
-def _children(pid):
-    out = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    out.extend(int(x) for x in f.read().split())
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return out
-
-
-def _tree(pid):
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo.extend(_children(p))
-    return seen
-
-
-def _uss_kib(pid):
-    """Private (unshared) resident memory of a process: Private_Clean + Private_Dirty."""
-    tot = None
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    tot = (tot or 0) + int(line.split()[1])
-    except OSError:
-        pass
-    return tot
-
-
-class TreeMemSampler:
-    """Polls RSS(main) + sum of USS(descendants) of a process tree (Linux only).
-
-    That is the memory the whole tree really holds: worker pages still shared
-    copy-on-write with the main process are counted once, in the main's RSS.
-    Reading a worker's smaps_rollup costs a few ms of kernel time, so sample
-    sparingly; nothing beyond /proc/<pid>/status is read for a lone process.
-    """
-
-    def __init__(self, pid, worker_interval=0.5):
-        self.pid = pid
-        self.peak_total_kib = 0
-        self.max_procs = 0
-        self.worker_interval = worker_interval
-        self._workers_kib = 0
-        self._next_workers = 0.0
-        self.ok = os.path.exists(f"/proc/{pid}/smaps_rollup")
-
-    def sample(self):
-        """Cheap main-process sample every call; workers' USS every worker_interval s."""
-        if not self.ok:
-            return
-        main = _status_kib("VmRSS", self.pid)
-        if main is None:
-            return
-        now = time.perf_counter()
-        if now >= self._next_workers:
-            self._next_workers = now + self.worker_interval
-            procs = _tree(self.pid)
-            self.max_procs = max(self.max_procs, len(procs))
-            self._workers_kib = sum(_uss_kib(p) or 0 for p in procs[1:])
-        self.peak_total_kib = max(self.peak_total_kib, main + self._workers_kib)
-
-
-# ----------------------------------------------------------------------------
-# child side
-
-
-def child_config(argv=None):
-    """Return the config dict if this process is a benchmark child, else None."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) >= 2 and argv[0] == "--_child":
-        return json.loads(argv[1])
-    return None
-
-
-def emit_result(result: dict):
-    """Child: print the result where the parent will find it."""
-    result.setdefault("rss_peak_mib", peak_rss_mib())
-    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result) + "\n")
-    sys.stdout.flush()
-
-
-def time_loader(make_loader, *, epochs=1, max_batches=None, batch_len=None, on_batch=None):
-    """Child: build a loader with ``make_loader()`` and iterate it.
-
-    Returns a dict with
-      ttfb_s      time from the start of make_loader() to the first batch
-      rate        samples/s after warm-up: samples after the first batch divided
-                  by the time from the first batch to the end (later epochs,
-                  including any worker restarts, are counted in full)
-      total_s     time from the start of make_loader() to the end
-      samples, batches
-    ``max_batches`` caps the batches per epoch.  ``batch_len(batch)`` gives the
-    number of samples in a batch (default: len(batch[0])).
-    """
-    import gc
-
-    if batch_len is None:
-        def batch_len(b):
-            return len(b[0]) if isinstance(b, (tuple, list)) else len(b)
-    gc.collect()
-    base = rss_now_mib()
-    t0 = time.perf_counter()
-    loader = make_loader()
-    t_first = None
-    n_first = 0
-    samples = batches = 0
-    for _ in range(epochs):
-        for i, batch in enumerate(loader):
-            n = batch_len(batch)
-            if on_batch is not None:
-                on_batch(batch)
-            samples += n
-            batches += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-                n_first = n
-            del batch
-            if max_batches is not None and i + 1 >= max_batches:
-                break
-    t_end = time.perf_counter()
-    del loader
-    after = samples - n_first
-    dt = t_end - (t_first if t_first is not None else t0)
-    return dict(ttfb_s=(t_first - t0) if t_first is not None else None,
-                rate=(after / dt) if after and dt > 0 else None,
-                total_s=t_end - t0, samples=samples, batches=batches, base_rss_mib=base)
-
-
-# ----------------------------------------------------------------------------
-# parent side
-
-
-def run_child(script, config, *, timeout=600, mem_interval=0.5, env=None):
-    """Run ``python script --_child JSON`` and return its result dict.
-
-    On failure the dict has an ``error`` key with the tail of stderr.
-    """
-    cmd = [sys.executable, script, "--_child", json.dumps(config)]
-    e = dict(os.environ)
-    e.setdefault("PYTHONHASHSEED", "0")
-    if env:
-        e.update(env)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
-    import threading
-
-    out_chunks, err_chunks = [], []
-    readers = [threading.Thread(target=lambda s=s, c=c: c.append(s.read()), daemon=True)
-               for s, c in ((proc.stdout, out_chunks), (proc.stderr, err_chunks))]
-    for r in readers:
-        r.start()
-    sampler = TreeMemSampler(proc.pid, worker_interval=mem_interval or 0.5)
-    killed = False
-    while True:
-        try:
-            proc.wait(timeout=0.05 if mem_interval and mem_interval > 0 else 1.0)
-            break
-        except subprocess.TimeoutExpired:
-            if mem_interval and mem_interval > 0:
-                sampler.sample()
-            if time.perf_counter() - t0 > timeout:
-                proc.kill()
-                proc.wait()
-                killed = True
-                break
-    for r in readers:
-        r.join()
-    out, err = "".join(out_chunks), "".join(err_chunks)
-    res = None
-    for line in out.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            res = json.loads(line[len(RESULT_PREFIX):])
-    if res is None:
-        tail = "\n".join(err.strip().splitlines()[-15:])
-        why = f"timed out after {timeout}s" if killed else f"exit status {proc.returncode}"
-        res = {"error": f"{why}\n{tail}"}
-    if sampler.ok and sampler.peak_total_kib and "error" not in res:
-        # the sampled tree total, but never below the exactly known main-process peak
-        res["total_peak_mib"] = max(sampler.peak_total_kib / 1024.0, res.get("rss_peak_mib") or 0.0)
-        res["max_procs"] = sampler.max_procs
-    res["wall_s"] = time.perf_counter() - t0
-    return res
-
-
-def run_interleaved(groups, rounds, runner, *, log=None):
-    """Run every group's configurations ``rounds`` times, interleaved.
-
-    ``groups`` is a list of (group_key, [(impl, config), ...]).  In each round
-    the groups run in order and, within a group, the impls run back to back,
-    with the order rotated every round (and per group) so neither loader
-    systematically goes first.  ``runner(config) -> result dict``.
-    Returns {(group_key, impl): [result, ...]}.
-    """
-    results = {}
-    total = rounds * sum(len(c) for _, c in groups)
-    done = 0
-    t0 = time.perf_counter()
-    for r in range(rounds):
-        for gi, (key, configs) in enumerate(groups):
-            k = (r + gi) % len(configs)
-            order = configs[k:] + configs[:k]
-            for impl, cfg in order:
-                res = runner(cfg)
-                results.setdefault((key, impl), []).append(res)
-                done += 1
-                if log is not None:
-                    log(f"[{done}/{total} {time.perf_counter() - t0:6.1f}s] round {r + 1} {key} {impl}: "
-                        + short_result(res))
-    return results
-
-
-def short_result(res):
-    if "error" in res:
-        return "ERROR " + res["error"].strip().splitlines()[-1] if res["error"].strip() else "ERROR"
-    parts = []
-    if res.get("rate") is not None:
-        parts.append(f"{res['rate']:.0f}/s")
-    if res.get("ttfb_s") is not None:
-        parts.append(f"first {res['ttfb_s']:.2f}s")
-    if res.get("rss_peak_mib") is not None:
-        parts.append(f"rss {res['rss_peak_mib']:.0f}M")
-    if res.get("total_peak_mib") is not None:
-        parts.append(f"total {res['total_peak_mib']:.0f}M")
-    return ", ".join(parts)
-
-
-def median_of(results, field):
-    vals = [r[field] for r in results if "error" not in r and r.get(field) is not None]
-    return statistics.median(vals) if vals else None
-
-
-def paired_ratio(a_results, b_results, field):
-    """Median over rounds of a[i][field] / b[i][field] (same-round pairs)."""
-    ratios = []
-    for a, b in zip(a_results, b_results):
-        va, vb = a.get(field), b.get(field)
-        if "error" in a or "error" in b or not va or not vb:
-            continue
-        ratios.append(va / vb)
-    return statistics.median(ratios) if ratios else None
-
-
-def spread(results, field):
-    """(min, max) over rounds, for showing the noise."""
-    vals = [r[field] for r in results if "error" not in r and r.get(field) is not None]
-    return (min(vals), max(vals)) if vals else (None, None)
-
-
-# ----------------------------------------------------------------------------
-# output
-
-
-def fmt(v, spec=".0f", none="-"):
-    if v is None:
-        return none
-    if isinstance(v, str):
-        return v
-    return format(v, spec)
-
-
-def fmt_ratio(v):
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def markdown_table(headers, rows, align=None):
-    """Return a Markdown pipe table (also readable as plain text)."""
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h))
-              for i, h in enumerate(headers)]
-    align = align or (["l"] + ["r"] * (len(headers) - 1))
-
-    def line(cells):
-        out = []
-        for c, w, a in zip(cells, widths, align):
-            out.append(c.rjust(w) if a == "r" else c.ljust(w))
-        return "| " + " | ".join(out) + " |"
-
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
-                         for w, a in zip(widths, align)) + "|"
-    return "\n".join([line([str(h) for h in headers]), sep] + [line(r) for r in rows])
+def comparison_table(res, group, workers, impls, labels, unit):
+    """The per-num_workers table of a loader comparison: for each loader the
+    median ``unit``/s (min-max over rounds), first batch and RSS/total memory,
+    and with two loaders the median paired fastloader/torch ratios.
+    ``res[((group, w), impl)]`` is the list of results of one configuration."""
+    headers = ["workers"]
+    for impl in impls:
+        lab = labels[impl]
+        headers += [f"{lab} {unit}/s", f"{lab} first (s)", f"{lab} RSS/total (MiB)"]
+    if len(impls) == 2:
+        headers += [f"ratio {unit}/s", "ratio first", "ratio total mem"]
+    rows = []
+    for w in workers:
+        row = [str(w)]
+        for impl in impls:
+            rs = res[((group, w), impl)]
+            if all("error" in r for r in rs):
+                row += ["ERROR", "-", "-"]
+                continue
+            lo, hi = spread(rs, "rate")
+            rate = fmt(median_of(rs, "rate")) + (f" ({lo:.0f}-{hi:.0f})" if len(rs) > 1 and lo is not None else "")
+            row += [rate, fmt(median_of(rs, "ttfb_s"), ".2f"),
+                    f"{fmt(median_of(rs, 'rss_peak_mib'))} / {fmt(median_of(rs, 'peak_mib'))}"]
+        if len(impls) == 2:
+            f_, t_ = res[((group, w), "fastloader")], res[((group, w), "torch")]
+            row += [fmt_ratio(paired_ratio(f_, t_, "rate")), fmt_ratio(paired_ratio(f_, t_, "ttfb_s")),
+                    fmt_ratio(paired_ratio(f_, t_, "peak_mib"))]
+        rows.append(row)
+    return markdown_table(headers, rows)
 
 
 def environment_lines():
@@ -430,11 +187,7 @@ def environment_lines():
                     break
     except OSError:
         pass
-    try:
-        ncpu = len(os.sched_getaffinity(0))
-    except AttributeError:
-        ncpu = os.cpu_count()
-    lines.append(f"- machine: {ncpu} CPUs ({cpu}), {platform.system()} {platform.release()}")
+    lines.append(f"- machine: {H.usable_cpus()} CPUs ({cpu}), {platform.system()} {platform.release()}")
     try:
         la = os.getloadavg()
         lines.append(f"- load average at start: {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
@@ -469,6 +222,21 @@ class Report:
     def add(self, text=""):
         self.parts.append(text)
 
+    def finish(self, res, path):
+        """Add an "Errors" section for the failed runs in ``res`` (the first
+        10), print the report, write it to ``path`` if given; returns the exit
+        status (1 if any run failed)."""
+        errors = [(k, r) for k, v in res.items() for r in v if "error" in r]
+        if errors:
+            self.add("## Errors")
+            self.add("")
+            for (key, impl), r in errors[:10]:
+                detail = r["error"] + ("\n" + r["stderr"] if r.get("stderr") else "")
+                self.add(f"- {key} {impl}:\n```\n{detail}\n```")
+        print(self.text())
+        self.write(path)
+        return 1 if errors else 0
+
     def text(self):
         return "\n".join(self.parts).rstrip() + "\n"
 
@@ -478,7 +246,3 @@ class Report:
             os.makedirs(d, exist_ok=True)
             with open(path, "w") as f:
                 f.write(self.text())
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)

@@ -21,11 +21,9 @@ import time
 import torch
 
 import fastloader
-from fastloader import transforms as FT
+from fastloader._harness import fastloader_transform
 from fastloader.loader import auto_worker_limit
 from fastloader.sample import ensure_sample
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def run(ds, workers, step_s, max_batches):
@@ -60,8 +58,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     root = ensure_sample(a.n)
-    ds = fastloader.ImageFolder(root, transform=FT.Compose([
-        FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize(MEAN, STD)]))
+    ds = fastloader.ImageFolder(root, transform=fastloader_transform("train"))
     limit = auto_worker_limit()
     fixed = list(range(1, limit + 1)) + ([limit * 2] if limit < 4 else [])
     configs = fixed + ["auto"]

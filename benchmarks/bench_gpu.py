@@ -17,7 +17,7 @@ import time
 import torch
 
 import fastloader
-from fastloader import transforms as FT
+from fastloader._harness import fastloader_transform
 from fastloader.cuda_delivery import DeviceCopier
 from fastloader.sample import ensure_sample
 
@@ -122,9 +122,7 @@ def main(argv=None):
     print(f"H2D {size >> 20} MiB batches: raw pinned copy {raw[0] / 1e9:.1f} GB/s (GPU) {raw[1] / 1e9:.1f} GB/s "
           f"(wall); fastloader copier {ours[0] / 1e9:.1f} GB/s (GPU) {ours[1] / 1e9:.1f} GB/s (wall); "
           f"ratio {ours[0] / raw[0]:.2f} (GPU) {ours[1] / raw[1]:.2f} (wall); pool {st}")
-    ds = fastloader.ImageFolder(ensure_sample(a.n, progress=False), transform=FT.Compose([
-        FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
-        FT.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
+    ds = fastloader.ImageFolder(ensure_sample(a.n, progress=False), transform=fastloader_transform("train"))
     step = gpu_step(a.step_ms)
     for label, st, conv in (("trivial consumer", None, False), (f"{a.step_ms:.0f} ms GPU step", step, False),
                             ("trivial consumer, uint8 on the wire", None, True),

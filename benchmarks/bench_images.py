@@ -17,10 +17,11 @@ cache) and fully decode it at full size with fastloader.decode_jpeg -- and, for
 reference, the same with PIL (Image.open(...).convert("RGB")).
 
 Every configuration runs in a fresh subprocess; fastloader and torch alternate
-(see benchmarks/_common.py).  Reported: images/s after the first batch, time to
-first batch (including scanning the folder and starting workers), peak memory,
-fastloader/torch ratios, fastloader val@2 workers / decode ceiling, and the
-train 2-worker/1-worker scaling.
+(fastloader/_harness.py: the harness ``python -m fastloader bench`` uses too).
+Reported: images/s after the first batch, time to first batch (including
+scanning the folder and starting workers), peak memory, fastloader/torch
+ratios, fastloader val@2 workers / decode ceiling, and the train
+2-worker/1-worker scaling.
 
     python benchmarks/bench_images.py [--quick] [--n 2000] [--workers 0,1,2,4]
         [--pipeline train|val|both] [--epochs 1] [--max-batches N] [--rounds R]
@@ -37,40 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 BATCH_SIZE = 64
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
 FASTLOADER_API = ("DataLoader", "ImageFolder", "decode_jpeg", "transforms.Compose", "transforms.RandomResizedCrop",
                   "transforms.RandomHorizontalFlip", "transforms.Resize", "transforms.CenterCrop",
                   "transforms.ToTensor", "transforms.Normalize")
 
 
 # ----------------------------------------------------------------------------
-# pipelines
-
-
-def torch_pipeline(root, pipeline, workers):
-    import torch.utils.data
-    import torchvision
-    import torchvision.transforms as T
-
-    if pipeline == "train":
-        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
-    else:
-        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
-    ds = torchvision.datasets.ImageFolder(root, transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=BATCH_SIZE, num_workers=workers, shuffle=True)
-
-
-def fastloader_pipeline(root, pipeline, workers):
-    fl = C.import_fastloader(*FASTLOADER_API)
-    FT = fl.transforms
-    if pipeline == "train":
-        tf = FT.Compose([FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
-                         FT.Normalize(MEAN, STD)])
-    else:
-        tf = FT.Compose([FT.Resize(256), FT.CenterCrop(224), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-    ds = fl.ImageFolder(root, transform=tf)
-    return fl.DataLoader(ds, batch_size=BATCH_SIZE, num_workers=workers, shuffle=True)
+# decode-only ceiling
 
 
 def list_jpegs(root):
@@ -105,52 +79,6 @@ def decoder(kind):
     return f
 
 
-# ----------------------------------------------------------------------------
-# child
-
-
-def child(cfg):
-    impl = cfg["impl"]
-    stand_in = cfg.get("stand_in")
-    if impl in ("ceiling-fastloader", "ceiling-pil"):
-        kind = "fastloader" if impl == "ceiling-fastloader" and not stand_in else "pil"
-        C.emit_result(dict(cfg, **decode_ceiling(cfg["root"], kind, cfg["threads"], cfg.get("max_images"))))
-        return
-    use_torch = impl == "torch" or stand_in == "torch"
-    make_pipe = torch_pipeline if use_torch else fastloader_pipeline
-    import torch
-
-    if cfg.get("torch_threads"):
-        # like torch's own worker processes; for num_workers=0 this stops the main process's
-        # OpenMP pool from spinning against the loader on a small, shared machine
-        torch.set_num_threads(cfg["torch_threads"])
-    # import outside the timed region, so 'first batch' does not include importing torchvision
-    if use_torch:
-        import torch.utils.data  # noqa: F401
-        import torchvision  # noqa: F401
-        import torchvision.transforms  # noqa: F401
-    else:
-        C.import_fastloader(*FASTLOADER_API)
-    info = {}
-
-    def make():
-        t = time.perf_counter()
-        loader = make_pipe(cfg["root"], cfg["pipeline"], cfg["workers"])
-        info["setup_s"] = time.perf_counter() - t
-        return loader
-
-    def on_batch(b):
-        if "shape" not in info:
-            x = b[0]
-            info["shape"] = "x".join(str(s) for s in x.shape)
-            info["dtype"] = str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
-
-    r = C.time_loader(make, epochs=cfg["epochs"], max_batches=cfg.get("max_batches"), on_batch=on_batch)
-    r.update(cfg)
-    r.update(info)
-    C.emit_result(r)
-
-
 def decode_ceiling(root, kind, threads, max_images=None):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -171,6 +99,26 @@ def decode_ceiling(root, kind, threads, max_images=None):
     t_end = time.perf_counter()
     return dict(rate=(n - warm) / (t_end - t_first), ttfb_s=None, total_s=t_end - t0, samples=n,
                 base_rss_mib=base)
+
+
+# ----------------------------------------------------------------------------
+# child
+
+
+def child(cfg):
+    """One measured configuration (runs in a fresh process, see C.run_child)."""
+    impl = cfg["impl"]
+    stand_in = cfg.get("stand_in")
+    if impl in ("ceiling-fastloader", "ceiling-pil"):
+        kind = "fastloader" if impl == "ceiling-fastloader" and not stand_in else "pil"
+        return dict(cfg, **decode_ceiling(cfg["root"], kind, cfg["threads"], cfg.get("max_images")))
+    use_torch = impl == "torch" or stand_in == "torch"
+    if not use_torch:
+        C.import_fastloader(*FASTLOADER_API)  # an in-tree build, or one clear message
+    # hold_batch: a batch lives until the next one arrives, as in `for x, y in loader:`
+    r = C.H.pipeline_child(dict(cfg, impl="torch" if use_torch else "fastloader", hold_batch=True))
+    r.update(cfg)
+    return r
 
 
 # ----------------------------------------------------------------------------
@@ -236,8 +184,8 @@ def main(argv=None):
     groups = []
     for pl in pipelines:
         for w in workers:
-            groups.append(((pl, w), [(impl, dict(impl=impl, pipeline=pl, workers=w, root=root, epochs=a.epochs,
-                                                 max_batches=max_batches, stand_in=stand_in,
+            groups.append(((pl, w), [(impl, dict(impl=impl, pipeline=pl, workers=w, root=root, batch_size=BATCH_SIZE,
+                                                 epochs=a.epochs, max_batches=max_batches, stand_in=stand_in,
                                                  torch_threads=a.torch_threads))
                                      for impl in impls]))
     ceil_impls = []
@@ -247,8 +195,7 @@ def main(argv=None):
                        [(ci, dict(impl=ci, root=root, threads=a.ceiling_threads, max_images=max_ceiling,
                                   stand_in=stand_in)) for ci in ceil_impls]))
     t0 = time.perf_counter()
-    res = C.run_interleaved(groups, a.rounds,
-                            lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval), log=C.log)
+    res = C.run_interleaved(groups, a.rounds, lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval))
     elapsed = time.perf_counter() - t0
 
     rep = C.Report("fastloader image pipeline vs torchvision + torch DataLoader")
@@ -283,30 +230,7 @@ def main(argv=None):
         rep.add(f"## {pl}: " + ("RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize"
                                 if pl == "train" else "Resize(256) + CenterCrop(224) + ToTensor + Normalize"))
         rep.add("")
-        headers = ["workers"]
-        for impl in impls:
-            headers += [f"{labels[impl]} img/s", f"{labels[impl]} first (s)", f"{labels[impl]} RSS/total (MiB)"]
-        if len(impls) == 2:
-            headers += ["ratio img/s", "ratio first", "ratio total mem"]
-        rows = []
-        for w in workers:
-            row = [str(w)]
-            for impl in impls:
-                rs = res[((pl, w), impl)]
-                if all("error" in r for r in rs):
-                    row += ["ERROR", "-", "-"]
-                    continue
-                rate = C.median_of(rs, "rate")
-                lo, hi = C.spread(rs, "rate")
-                row += [C.fmt(rate) + (f" ({lo:.0f}-{hi:.0f})" if len(rs) > 1 else ""),
-                        C.fmt(C.median_of(rs, "ttfb_s"), ".2f"),
-                        f"{C.fmt(C.median_of(rs, 'rss_peak_mib'))} / {C.fmt(C.median_of(rs, 'total_peak_mib'))}"]
-            if len(impls) == 2:
-                f_, t_ = res[((pl, w), "fastloader")], res[((pl, w), "torch")]
-                row += [C.fmt_ratio(C.paired_ratio(f_, t_, "rate")), C.fmt_ratio(C.paired_ratio(f_, t_, "ttfb_s")),
-                        C.fmt_ratio(C.paired_ratio(f_, t_, "total_peak_mib"))]
-            rows.append(row)
-        rep.add(C.markdown_table(headers, rows))
+        rep.add(C.comparison_table(res, pl, workers, impls, labels, "img"))
         shapes = sorted({f"{r.get('shape')} {r.get('dtype')}" for (k, _), v in res.items() if k[0] == pl
                          for r in v if "error" not in r})
         rep.add("")
@@ -344,20 +268,8 @@ def main(argv=None):
                                                         "rate"))])
     rep.add(C.markdown_table(["measure", "value"], summ, align=["l", "r"]))
     rep.add("")
-    errors = [(k, impl, r["error"]) for (k, impl), v in res.items() for r in v if "error" in r]
-    if errors:
-        rep.add("## Errors")
-        rep.add("")
-        for k, impl, e in errors[:10]:
-            rep.add(f"- {k} {impl}:\n```\n{e}\n```")
-    print(rep.text())
-    rep.write(a.out)
-    return 1 if errors else 0
+    return rep.finish(res, a.out)
 
 
 if __name__ == "__main__":
-    cfg = C.child_config()
-    if cfg is not None:
-        child(cfg)
-    else:
-        sys.exit(main())
+    sys.exit(main())

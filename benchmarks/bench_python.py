@@ -11,7 +11,7 @@ Two map-style datasets, each about 1 ms of work per sample:
 For num_workers in 0, 1, 2, 4 (batch_size 32) each configuration runs in a fresh
 subprocess, fastloader and torch side by side, for several interleaved rounds;
 the tables show medians and the median of the per-round fastloader/torch
-ratios.  See benchmarks/_common.py for how time and memory are measured.
+ratios.  See fastloader/_harness.py for how time and memory are measured.
 
     python benchmarks/bench_python.py [--quick] [--out FILE]
 """
@@ -114,6 +114,7 @@ def _loader_class(impl, stand_in):
 
 
 def child(cfg):
+    """One measured configuration (runs in a fresh process, see C.run_child)."""
     import torch
 
     # as in torch's worker processes; for num_workers=0 this stops the main process's OpenMP
@@ -127,9 +128,9 @@ def child(cfg):
     def make():
         return Loader(ds, batch_size=BATCH_SIZE, shuffle=True, num_workers=w)
 
-    r = C.time_loader(make, epochs=1)
+    r = C.H.time_loader(make, epochs=1, hold_batch=True)  # a batch lives until the next one arrives
     r.update(cfg)
-    C.emit_result(r)
+    return r
 
 
 def per_sample_ms(dataset, reps=40):
@@ -188,8 +189,7 @@ def main(argv=None):
                     for impl in impls]
             groups.append(((d, w), cfgs))
     t0 = time.perf_counter()
-    res = C.run_interleaved(groups, rounds, lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval),
-                            log=C.log)
+    res = C.run_interleaved(groups, rounds, lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval))
     elapsed = time.perf_counter() - t0
 
     rep = C.Report("fastloader.DataLoader vs torch.utils.data.DataLoader: Python datasets")
@@ -213,51 +213,14 @@ def main(argv=None):
     for d in datasets:
         rep.add(f"## {d}: {descr[d]}")
         rep.add("")
-        headers = ["workers"]
-        for impl in impls:
-            lab = fl_label if impl == "fastloader" else "torch"
-            headers += [f"{lab} samples/s", f"{lab} first (s)", f"{lab} RSS/total (MiB)"]
-        if len(impls) == 2:
-            headers += ["ratio samples/s", "ratio first", "ratio total mem"]
-        rows = []
-        for w in workers:
-            row = [str(w)]
-            for impl in impls:
-                rs = res[((d, w), impl)]
-                errs = [r for r in rs if "error" in r]
-                if len(errs) == len(rs):
-                    row += ["ERROR", "-", "-"]
-                    continue
-                lo, hi = C.spread(rs, "rate")
-                rate = C.median_of(rs, "rate")
-                rate_s = C.fmt(rate) + (f" ({lo:.0f}-{hi:.0f})" if len(rs) > 1 and lo is not None else "")
-                row += [rate_s, C.fmt(C.median_of(rs, "ttfb_s"), ".2f"),
-                        f"{C.fmt(C.median_of(rs, 'rss_peak_mib'))} / {C.fmt(C.median_of(rs, 'total_peak_mib'))}"]
-            if len(impls) == 2:
-                f_, t_ = res[((d, w), "fastloader")], res[((d, w), "torch")]
-                row += [C.fmt_ratio(C.paired_ratio(f_, t_, "rate")),
-                        C.fmt_ratio(C.paired_ratio(f_, t_, "ttfb_s")),
-                        C.fmt_ratio(C.paired_ratio(f_, t_, "total_peak_mib"))]
-            rows.append(row)
-        rep.add(C.markdown_table(headers, rows))
+        labels = {"fastloader": fl_label, "torch": "torch"}
+        rep.add(C.comparison_table(res, d, workers, impls, labels, "samples"))
         base = C.median_of([r for k, v in res.items() if k[0][0] == d for r in v], "base_rss_mib")
         rep.add("")
         rep.add(f"(base RSS before building the loader: {C.fmt(base)} MiB; samples/s shows median (min-max))")
         rep.add("")
-    errors = [(k, r["error"]) for k, v in res.items() for r in v if "error" in r]
-    if errors:
-        rep.add("## Errors")
-        rep.add("")
-        for (k, impl), e in errors[:10]:
-            rep.add(f"- {k} {impl}:\n```\n{e}\n```")
-    print(rep.text())
-    rep.write(a.out)
-    return 1 if errors else 0
+    return rep.finish(res, a.out)
 
 
 if __name__ == "__main__":
-    cfg = C.child_config()
-    if cfg is not None:
-        child(cfg)
-    else:
-        sys.exit(main())
+    sys.exit(main())

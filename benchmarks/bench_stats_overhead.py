@@ -14,12 +14,10 @@ import sys
 
 CHILD = r"""
 import sys, time, torch, fastloader
-from fastloader import transforms as FT
+from fastloader._harness import fastloader_transform
 from fastloader.sample import ensure_sample
 torch.set_num_threads(1)
-ds = fastloader.ImageFolder(ensure_sample(2000, progress=False), transform=FT.Compose([
-    FT.RandomResizedCrop(224), FT.RandomHorizontalFlip(), FT.ToTensor(),
-    FT.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
+ds = fastloader.ImageFolder(ensure_sample(2000, progress=False), transform=fastloader_transform("train"))
 dl = fastloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=int(sys.argv[1]), seed=0)
 it = iter(dl); next(it)
 t = time.perf_counter(); n = sum(len(y) for _, y in it); dt = time.perf_counter() - t
