@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run here (with network) before benchmarks/gpu_check.sh runs on the GPU
+# Run here (with network) before scripts/gpu_check.sh runs on the GPU
 # machine (which has no libjpeg-turbo, no scikit-image and no network):
 # fills .debs/ (git-ignored; pass it in the device tool's carry) with
 # Debian's libjpeg-turbo packages and copies of the sample's source
