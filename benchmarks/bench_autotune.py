@@ -20,10 +20,12 @@ import time
 
 import torch
 
-import fastloader
-from fastloader._harness import fastloader_transform
-from fastloader.loader import auto_worker_limit
-from fastloader.sample import ensure_sample
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+fastloader = C.import_fastloader()  # the installed one, else the in-tree build
+from fastloader.loader import auto_worker_limit  # noqa: E402
+from fastloader.sample import ensure_sample  # noqa: E402
 
 
 def run(ds, workers, step_s, max_batches):
@@ -58,7 +60,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     root = ensure_sample(a.n)
-    ds = fastloader.ImageFolder(root, transform=fastloader_transform("train"))
+    ds = fastloader.ImageFolder(root, transform=C.H.fastloader_transform("train"))
     limit = auto_worker_limit()
     fixed = list(range(1, limit + 1)) + ([limit * 2] if limit < 4 else [])
     configs = fixed + ["auto"]

@@ -11,15 +11,18 @@
     python benchmarks/bench_gpu.py [--n 2000] [--workers 4] [--step-ms 20] [--batches 60]
 """
 import argparse
+import os
 import sys
 import time
 
 import torch
 
-import fastloader
-from fastloader._harness import fastloader_transform
-from fastloader.cuda_delivery import DeviceCopier
-from fastloader.sample import ensure_sample
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+fastloader = C.import_fastloader()  # the installed one, else the in-tree build
+from fastloader.cuda_delivery import DeviceCopier  # noqa: E402
+from fastloader.sample import ensure_sample  # noqa: E402
 
 
 def bandwidth(nbytes, reps=20):
@@ -122,7 +125,7 @@ def main(argv=None):
     print(f"H2D {size >> 20} MiB batches: raw pinned copy {raw[0] / 1e9:.1f} GB/s (GPU) {raw[1] / 1e9:.1f} GB/s "
           f"(wall); fastloader copier {ours[0] / 1e9:.1f} GB/s (GPU) {ours[1] / 1e9:.1f} GB/s (wall); "
           f"ratio {ours[0] / raw[0]:.2f} (GPU) {ours[1] / raw[1]:.2f} (wall); pool {st}")
-    ds = fastloader.ImageFolder(ensure_sample(a.n, progress=False), transform=fastloader_transform("train"))
+    ds = fastloader.ImageFolder(ensure_sample(a.n, progress=False), transform=C.H.fastloader_transform("train"))
     step = gpu_step(a.step_ms)
     for label, st, conv in (("trivial consumer", None, False), (f"{a.step_ms:.0f} ms GPU step", step, False),
                             ("trivial consumer, uint8 on the wire", None, True),
