@@ -1,4 +1,4 @@
-"""Native transforms (csrc/imgops.c, csrc/py_transform.c, fastloader/transforms.py)
+"""Native transforms (csrc/imgops.h and its units, csrc/py_transform.c, fastloader/transforms.py)
 against PIL / torchvision on real photos.
 
 The reference is what torchvision does on PIL images (ImageFolder loads PIL
@@ -430,7 +430,7 @@ def test_random_plans_match_pil(photos):
 # ---------------------------------------------------------------- source window (decode less)
 
 def _axis_window(b0, n, rs, o0, o1):
-    """Mirror of imgops.c's tap bounds (Pillow's precompute_coeffs): the source
+    """Mirror of resample.c's tap bounds (Pillow's precompute_coeffs): the source
     pixels [lo, hi) that resized outputs [o0, o1) of a box [b0, b0 + n) read."""
     if rs == n:
         return b0 + o0, b0 + o1
