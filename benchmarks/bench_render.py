@@ -10,7 +10,7 @@ Two measurements, both single-threaded, on a realistic decode size (default a
     exactly what a loader worker does per sample.  It also prints a
     checksum (FNV-1a over every output byte), so two versions of the stage
     can be compared bit for bit (``--src DIR``).
-  * ``py``: fastloader._C.render in a loop (adds Python/numpy call overhead
+  * ``py``: fastloader._C._render in a loop (adds Python/numpy call overhead
     and a fresh scratch per call).
 
 Pipelines:
@@ -163,16 +163,16 @@ def run_py(w: int, h: int, n: int) -> None:
     specs["train_f32"] = dict(specs["train_u8"], dtype="float32", normalize=True, mean=mean, std=std)
     for name in ["val_u8", "val_f32", "train_u8", "train_f32"]:
         spec = specs[name]
-        plans = [_C.plan_sample(spec, w, h, 1, 0, i) for i in range(n)]
+        plans = [_C._plan_sample(spec, w, h, 1, 0, i) for i in range(n)]
         for p in plans[:32]:
-            _C.render(spec, img, p)
+            _C._render(spec, img, p)
         best = 1e30
         for _ in range(3):
             t0 = time.perf_counter()
             for p in plans:
-                _C.render(spec, img, p)
+                _C._render(spec, img, p)
             best = min(best, (time.perf_counter() - t0) / n)
-        print(f"{name:<10} {best * 1e6:8.1f} us/image  (_C.render, incl. Python overhead)")
+        print(f"{name:<10} {best * 1e6:8.1f} us/image  (_C._render, incl. Python overhead)")
 
 
 def main() -> None:
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000, help="plans per configuration")
     ap.add_argument("--size", default="470x386", help="source WxH")
     ap.add_argument("--src", default=os.path.join(REPO, "csrc"), help="directory holding the stage's units, imgops.h and rng.h")
-    ap.add_argument("--no-py", action="store_true", help="skip the _C.render measurement")
+    ap.add_argument("--no-py", action="store_true", help="skip the _C._render measurement")
     a = ap.parse_args()
     w, h = (int(x) for x in a.size.lower().split("x"))
     print(f"fl_render, one thread, {w}x{h} RGB source, {a.n} plans ({sysconfig.get_platform()})")
