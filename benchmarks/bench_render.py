@@ -1,14 +1,16 @@
-"""Per-image cost of the native transform renderer (csrc/imgops.c: fl_render).
+"""Per-image cost of the native transform renderer (csrc/render.c: fl_render).
 
 Two measurements, both single-threaded, on a realistic decode size (default a
 470 x 386 RGB photo, ImageNet's typical size):
 
-  * ``C``: a small C harness compiled here against csrc/imgops.c with the
-    extension's flags, calling fl_plan_sample + fl_render in a loop with one
-    reused fl_scratch -- exactly what a loader worker does per sample.
-    It also prints a checksum (FNV-1a over every output byte), so two
-    versions of imgops.c can be compared bit for bit (``--src DIR``).
-  * ``py``: fastloader._C.render in a loop (adds Python/numpy call overhead
+  * ``C``: a small C harness compiled here against the transform stage's
+    units (csrc/plan.c, resample.c, render.c, convert.c; or the single
+    imgops.c of older trees) with the extension's flags, calling
+    fl_plan_sample + fl_render in a loop with one reused fl_scratch --
+    exactly what a loader worker does per sample.  It also prints a
+    checksum (FNV-1a over every output byte), so two versions of the stage
+    can be compared bit for bit (``--src DIR``).
+  * ``py``: fastloader._C._render in a loop (adds Python/numpy call overhead
     and a fresh scratch per call).
 
 Pipelines:
@@ -127,6 +129,10 @@ int main(int argc, char **argv)
 """
 
 
+# The transform stage's C units (imgops.c: trees before the split by stage).
+STAGE_UNITS = ["imgops.c", "plan.c", "resample.c", "render.c", "convert.c"]
+
+
 def run_c(src_dir: str, w: int, h: int, n: int) -> str:
     with tempfile.TemporaryDirectory() as d:
         c = os.path.join(d, "harness.c")
@@ -134,8 +140,9 @@ def run_c(src_dir: str, w: int, h: int, n: int) -> str:
             f.write(HARNESS)
         exe = os.path.join(d, "harness")
         cc = os.environ.get("CC", "gcc")
+        units = [os.path.join(src_dir, u) for u in STAGE_UNITS if os.path.exists(os.path.join(src_dir, u))]
         cmd = [cc, "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-std=c11", "-D_GNU_SOURCE",
-               "-I", src_dir, c, os.path.join(src_dir, "imgops.c"), "-o", exe, "-lm"]
+               "-I", src_dir, c, *units, "-o", exe, "-lm"]
         subprocess.run(cmd, check=True)
         return subprocess.run([exe, str(w), str(h), str(n)], check=True, capture_output=True, text=True).stdout
 
@@ -156,24 +163,24 @@ def run_py(w: int, h: int, n: int) -> None:
     specs["train_f32"] = dict(specs["train_u8"], dtype="float32", normalize=True, mean=mean, std=std)
     for name in ["val_u8", "val_f32", "train_u8", "train_f32"]:
         spec = specs[name]
-        plans = [_C.plan_sample(spec, w, h, 1, 0, i) for i in range(n)]
+        plans = [_C._plan_sample(spec, w, h, 1, 0, i) for i in range(n)]
         for p in plans[:32]:
-            _C.render(spec, img, p)
+            _C._render(spec, img, p)
         best = 1e30
         for _ in range(3):
             t0 = time.perf_counter()
             for p in plans:
-                _C.render(spec, img, p)
+                _C._render(spec, img, p)
             best = min(best, (time.perf_counter() - t0) / n)
-        print(f"{name:<10} {best * 1e6:8.1f} us/image  (_C.render, incl. Python overhead)")
+        print(f"{name:<10} {best * 1e6:8.1f} us/image  (_C._render, incl. Python overhead)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="plans per configuration")
     ap.add_argument("--size", default="470x386", help="source WxH")
-    ap.add_argument("--src", default=os.path.join(REPO, "csrc"), help="directory holding imgops.c/imgops.h/rng.h")
-    ap.add_argument("--no-py", action="store_true", help="skip the _C.render measurement")
+    ap.add_argument("--src", default=os.path.join(REPO, "csrc"), help="directory holding the stage's units, imgops.h and rng.h")
+    ap.add_argument("--no-py", action="store_true", help="skip the _C._render measurement")
     a = ap.parse_args()
     w, h = (int(x) for x in a.size.lower().split("x"))
     print(f"fl_render, one thread, {w}x{h} RGB source, {a.n} plans ({sysconfig.get_platform()})")

@@ -14,6 +14,13 @@
  *
  * Nothing here touches Python; every function is safe without the GIL and
  * re-entrant given distinct scratch objects.
+ *
+ * This is the stage's one public header.  Its units, one stage each:
+ * plan.c (fl_tspec_check, fl_tspec_sample_bytes, fl_plan_sample),
+ * render.c (fl_render, fl_plan_source_window, fl_scratch_free),
+ * resample.c (the resampler fl_render drives; resample.h) and convert.c
+ * (dtype conversion, Normalize, layout); imgops_internal.h declares what
+ * they share.
  */
 #ifndef FL_IMGOPS_H
 #define FL_IMGOPS_H

@@ -3,7 +3,7 @@
  * A worker thread turns a list of sample indices into a finished batch:
  * read each file (pread into the worker's buffer), decode the JPEG region
  * the sample needs (jpeg.c), render crop/resize/flip/normalize straight into
- * the sample's slot of the batch buffer (imgops.c), write its label.  Bad
+ * the sample's slot of the batch buffer (imgops.h: render.c), write its label.  Bad
  * files are handled by the dataset's on_error policy.  Files that are not
  * JPEG but may be another image format are left for the binding to decode
  * with Pillow (a "fix-up"), since that needs Python.

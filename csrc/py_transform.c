@@ -1,14 +1,15 @@
 /* py_transform.c: Python binding of the transform core (imgops.h).
  *
- * Module-level functions, registered by fl_register_transform:
- *   plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
+ * Module-level functions for tests and benchmarks (fastloader/ itself does
+ * not call them, hence the underscore), registered by fl_register_transform:
+ *   _plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
  *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))
- *   render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
- *          view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
+ *   _render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
+ *           view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
  *       image: uint8 [H, W] or [H, W, 1|3], the decoded buffer.  view_scale /
  *       view_origin describe it as a DCT-scaled / region-decoded view of a
  *       src_size (w, h) source (default: image size / view_scale).  The
- *       plan (a plan_sample dict) is drawn from (seed, epoch, index) when None.
+ *       plan (a _plan_sample dict) is drawn from (seed, epoch, index) when None.
  *       Output: [C, H, W] (CHW) or [H, W, C] (HWC) of the spec's dtype;
  *       float16 as numpy float16, bfloat16 as uint16 raw bits.
  * Plus fl_tspec_from_pydict (py_transform.h) for the engine binding.
@@ -250,7 +251,7 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
 {
     int box[4], rs[2], win[2], o[2];
     if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "plan must be a dict (as returned by plan_sample)");
+        PyErr_SetString(PyExc_TypeError, "plan must be a dict (as returned by _plan_sample)");
         return -1;
     }
     if (fl_plan_ints(d, "box", 4, box, 0) < 0 || fl_plan_ints(d, "resized", 2, rs, 0) < 0
@@ -295,7 +296,7 @@ fl_py_plan_sample(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
     fl_tspec t;
     fl_plan p;
     char msg[256];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oii|KKK:plan_sample", kwlist, &spec, &w, &h, &seed, &epoch,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oii|KKK:_plan_sample", kwlist, &spec, &w, &h, &seed, &epoch,
                                      &index))
         return NULL;
     if (fl_tspec_from_pydict(spec, &t) < 0)
@@ -336,7 +337,7 @@ fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
     char msg[256];
     int rc;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OKKK$OOO:render", kwlist, &spec, &image, &plan_obj, &seed,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OKKK$OOO:_render", kwlist, &spec, &image, &plan_obj, &seed,
                                      &epoch, &index, &vscale, &vorigin, &srcsize))
         return NULL;
     if (fl_tspec_from_pydict(spec, &t) < 0)
@@ -432,14 +433,16 @@ error:
 }
 
 static PyMethodDef fl_transform_methods[] = {
-    {"plan_sample", (PyCFunction)(void (*)(void))fl_py_plan_sample, METH_VARARGS | METH_KEYWORDS,
-     "plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict\n\n"
+    {"_plan_sample", (PyCFunction)(void (*)(void))fl_py_plan_sample, METH_VARARGS | METH_KEYWORDS,
+     "_plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict\n\n"
+     "For tests and benchmarks.\n"
      "One sample's crop box, resize, window and flip, drawn as the native loader draws them\n"
      "(torchvision's algorithms, keyed by (seed, epoch, index)):\n"
      "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))."},
-    {"render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
-     "render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"
-     "       view_origin=(0, 0), src_size=None) -> ndarray\n\n"
+    {"_render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
+     "_render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"
+     "        view_origin=(0, 0), src_size=None) -> ndarray\n\n"
+     "For tests and benchmarks.\n"
      "Run the native transform on one uint8 [H, W] / [H, W, C] image. Returns [C, H, W] or\n"
      "[H, W, C] in the spec's dtype (bfloat16 as uint16 raw bits)."},
     {NULL, NULL, 0, NULL},

@@ -362,7 +362,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     layout: "CHW" or "HWC" for the native output.
 
     Returns (spec, rest, description): spec is the dict the C pipeline takes
-    (keys as csrc/imgops.h fl_tspec; see fastloader._C.render); rest is None
+    (keys as csrc/imgops.h fl_tspec; see fastloader._C._render); rest is None
     or a callable to run per sample on the native output tensor; description
     says which part runs where.  Output dtype: uint8 unless the prefix has
     ToTensor (float32) or a float ToDtype.  A spec whose out_h/out_w are 0

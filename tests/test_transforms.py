@@ -1,4 +1,4 @@
-"""Native transforms (csrc/imgops.c, csrc/py_transform.c, fastloader/transforms.py)
+"""Native transforms (csrc/imgops.h and its units, csrc/py_transform.c, fastloader/transforms.py)
 against PIL / torchvision on real photos.
 
 The reference is what torchvision does on PIL images (ImageFolder loads PIL
@@ -73,11 +73,11 @@ RRC = dict(geom="rrc", out_h=224, out_w=224, flip_p=0.5)
 # ---------------------------------------------------------------- planning
 
 def test_plan_is_deterministic_and_keyed():
-    a = [_C.plan_sample(RRC, 500, 375, 7, 3, i) for i in range(50)]
-    b = [_C.plan_sample(RRC, 500, 375, 7, 3, i) for i in range(50)]
+    a = [_C._plan_sample(RRC, 500, 375, 7, 3, i) for i in range(50)]
+    b = [_C._plan_sample(RRC, 500, 375, 7, 3, i) for i in range(50)]
     assert a == b
-    other_epoch = [_C.plan_sample(RRC, 500, 375, 7, 4, i) for i in range(50)]
-    other_seed = [_C.plan_sample(RRC, 500, 375, 8, 3, i) for i in range(50)]
+    other_epoch = [_C._plan_sample(RRC, 500, 375, 7, 4, i) for i in range(50)]
+    other_seed = [_C._plan_sample(RRC, 500, 375, 8, 3, i) for i in range(50)]
     assert sum(p != q for p, q in zip(a, other_epoch)) > 45
     assert sum(p != q for p, q in zip(a, other_seed)) > 45
     assert len({p["box"] for p in a}) > 45
@@ -86,7 +86,7 @@ def test_plan_is_deterministic_and_keyed():
 @pytest.mark.parametrize("W,H", [(500, 375), (97, 131), (1000, 40)])
 def test_rrc_distribution_matches_torchvision(W, H):
     n = 3000
-    ours = [_C.plan_sample(RRC, W, H, 1, 0, i) for i in range(n)]
+    ours = [_C._plan_sample(RRC, W, H, 1, 0, i) for i in range(n)]
     for p in ours:
         x, y, w, h = p["box"]
         assert 0 < w <= W and 0 < h <= H and 0 <= x <= W - w and 0 <= y <= H - h
@@ -114,7 +114,7 @@ def test_rrc_fallback_is_torchvision_central_crop():
     W, H = 200, 180
     # torchvision fallback for in_ratio < min(ratio): w = W, h = round(W / 10)
     fallback = (0, (H - 20) // 2, 200, 20)
-    boxes = [_C.plan_sample(spec, W, H, 0, 0, i)["box"] for i in range(300)]
+    boxes = [_C._plan_sample(spec, W, H, 0, 0, i)["box"] for i in range(300)]
     hits = sum(b == fallback for b in boxes)
     assert hits > 150, hits
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ def test_rrc_fallback_is_torchvision_central_crop():
     assert abs(hits - ref_hits) < 45
     # in_ratio > max(ratio): h = H, w = round(H * max)
     spec2 = dict(geom="rrc", out_h=64, out_w=64, ratio_lo=0.05, ratio_hi=0.1)
-    b = [_C.plan_sample(spec2, 300, 100, 0, 0, i)["box"] for i in range(200)]
+    b = [_C._plan_sample(spec2, 300, 100, 0, 0, i)["box"] for i in range(200)]
     assert (145, 0, 10, 100) in b
 
 
@@ -131,7 +131,7 @@ def test_rrc_fallback_is_torchvision_central_crop():
 @pytest.mark.parametrize("W,H", [(500, 375), (301, 447), (97, 131), (256, 256), (333, 251)])
 def test_resize_plan_matches_torchvision(size, max_size, W, H):
     spec, _, _ = T.compile_transform(v2.Resize(size, max_size=max_size))
-    p = _C.plan_sample(spec, W, H)
+    p = _C._plan_sample(spec, W, H)
     rh, rw = v2.functional._geometry._compute_resized_output_size((H, W), size=size if not isinstance(size, int) else [size], max_size=max_size)
     assert p["resized"] == (rw, rh)
     assert p["box"] == (0, 0, W, H)
@@ -141,7 +141,7 @@ def test_resize_plan_matches_torchvision(size, max_size, W, H):
 def test_center_crop_window_matches_torchvision(photos, crop):
     pil = photos["small_97x131"].resize((181, 143), Image.BILINEAR)
     spec = dict(geom="resize_crop", crop_h=crop[0], crop_w=crop[1], out_h=crop[0], out_w=crop[1])
-    out = _C.render(spec, np.asarray(pil))
+    out = _C._render(spec, np.asarray(pil))
     ref = _chw(TF.center_crop(pil, list(crop)))
     assert out.shape == ref.shape
     np.testing.assert_array_equal(out, ref)   # incl. zero padding where the crop is larger
@@ -154,8 +154,8 @@ def test_rrc_uint8_bit_exact(photos, name):
     pil = photos[name]
     a = np.asarray(pil)
     for i in range(40):
-        p = _C.plan_sample(RRC, pil.width, pil.height, 123, 0, i)
-        out = _C.render(RRC, a, p)
+        p = _C._plan_sample(RRC, pil.width, pil.height, 123, 0, i)
+        out = _C._render(RRC, a, p)
         ref = _chw(_ref_rrc(pil, p, (224, 224)))
         assert np.array_equal(out, ref), (name, p, np.abs(out.astype(int) - ref).max())
 
@@ -164,8 +164,8 @@ def test_rrc_nonsquare_and_upscale(photos):
     pil = photos["small_97x131"]
     spec = dict(geom="rrc", out_h=300, out_w=160, scale_lo=0.02, scale_hi=0.5)
     for i in range(20):
-        p = _C.plan_sample(spec, pil.width, pil.height, 5, 1, i)
-        out = _C.render(spec, np.asarray(pil), p)
+        p = _C._plan_sample(spec, pil.width, pil.height, 5, 1, i)
+        out = _C._render(spec, np.asarray(pil), p)
         np.testing.assert_array_equal(out, _chw(_ref_rrc(pil, p, (300, 160))))
 
 
@@ -181,7 +181,7 @@ def test_resize_crop_uint8_bit_exact(photos, name, pipe):
     }[pipe]
     spec, rest, _ = T.compile_transform(tf)
     assert rest is None and spec["dtype"] == "uint8"
-    out = _C.render(spec, np.asarray(pil))
+    out = _C._render(spec, np.asarray(pil))
     ref = tf(pil).numpy()
     np.testing.assert_array_equal(out, ref)
 
@@ -197,7 +197,7 @@ def test_flip_and_pass_order_cases(photos):
                     ((1, 2, 160, 300), (342, 21)), ((50, 60, 200, 100), (200, 100))]:
         for flip in (False, True):
             plan = dict(box=box, resized=rs, window=(0, 0), flip=flip, out=rs)
-            out = _C.render(spec, a, plan)
+            out = _C._render(spec, a, plan)
             x, y, w, h = box
             ref = pil.crop((x, y, x + w, y + h)).resize(rs, Image.BILINEAR)
             if flip:
@@ -210,20 +210,20 @@ def test_gray_source_and_gray_output(photos):
     rgb = photos["odd_333x251"]
     # gray JPEG, 3 channels out: ImageFolder converts to RGB (replicated)
     for i in range(10):
-        p = _C.plan_sample(RRC, gray.width, gray.height, 0, 0, i)
-        out = _C.render(RRC, np.asarray(gray), p)
+        p = _C._plan_sample(RRC, gray.width, gray.height, 0, 0, i)
+        out = _C._render(RRC, np.asarray(gray), p)
         np.testing.assert_array_equal(out, _chw(_ref_rrc(gray.convert("RGB"), p, (224, 224))))
-        out2 = _C.render(RRC, np.asarray(gray)[:, :, None], p)
+        out2 = _C._render(RRC, np.asarray(gray)[:, :, None], p)
         np.testing.assert_array_equal(out2, out)
     # RGB source, 1 channel out: Grayscale first (convert("L")), then the geometry
     tf = v2.Compose([v2.Grayscale(1), v2.Resize(100), v2.CenterCrop(90), v2.PILToTensor()])
     spec, rest, _ = T.compile_transform(tf)
     assert rest is None and spec["out_channels"] == 1
-    np.testing.assert_array_equal(_C.render(spec, np.asarray(rgb)), tf(rgb).numpy())
+    np.testing.assert_array_equal(_C._render(spec, np.asarray(rgb)), tf(rgb).numpy())
     spec1 = dict(RRC, out_channels=1)
     for i in range(10):
-        p = _C.plan_sample(spec1, rgb.width, rgb.height, 0, 0, i)
-        out = _C.render(spec1, np.asarray(rgb), p)
+        p = _C._plan_sample(spec1, rgb.width, rgb.height, 0, 0, i)
+        out = _C._render(spec1, np.asarray(rgb), p)
         np.testing.assert_array_equal(out, _chw(_ref_rrc(rgb.convert("L"), p, (224, 224))))
 
 
@@ -234,16 +234,16 @@ def test_float32_totensor_normalize_bit_exact(photos):
     tf = v1.Compose([v1.Resize(256), v1.CenterCrop(224), v1.ToTensor(), v1.Normalize(MEAN, STD)])
     spec, rest, _ = T.compile_transform(tf)
     assert rest is None
-    out = _C.render(spec, np.asarray(pil))
+    out = _C._render(spec, np.asarray(pil))
     ref = tf(pil)
     assert out.dtype == np.float32
     assert torch.equal(torch.from_numpy(out), ref)
     # RRC path: same sample through torchvision's functional API
     spec = dict(RRC, dtype="float32", scale_to_unit=1, normalize=True, mean=MEAN, std=STD)
     for i in range(10):
-        p = _C.plan_sample(spec, pil.width, pil.height, 9, 0, i)
+        p = _C._plan_sample(spec, pil.width, pil.height, 9, 0, i)
         ref = TF.normalize(TF.to_tensor(_ref_rrc(pil, p, (224, 224))), MEAN, STD)
-        assert torch.equal(torch.from_numpy(_C.render(spec, np.asarray(pil), p)), ref)
+        assert torch.equal(torch.from_numpy(_C._render(spec, np.asarray(pil), p)), ref)
 
 
 def test_float32_v2_todtype_scale_bit_exact(photos):
@@ -252,11 +252,11 @@ def test_float32_v2_todtype_scale_bit_exact(photos):
                      v2.Normalize(MEAN, STD)])
     spec, rest, _ = T.compile_transform(tf)
     assert rest is None and spec["scale_to_unit"] == 2
-    assert torch.equal(torch.from_numpy(_C.render(spec, np.asarray(pil))), tf(pil).as_subclass(torch.Tensor))
+    assert torch.equal(torch.from_numpy(_C._render(spec, np.asarray(pil))), tf(pil).as_subclass(torch.Tensor))
     # unnormalised, unscaled float
     tf = v2.Compose([v2.CenterCrop(64), v2.ToImage(), v2.ToDtype(torch.float32)])
     spec, rest, _ = T.compile_transform(tf)
-    assert torch.equal(torch.from_numpy(_C.render(spec, np.asarray(pil))), tf(pil).as_subclass(torch.Tensor))
+    assert torch.equal(torch.from_numpy(_C._render(spec, np.asarray(pil))), tf(pil).as_subclass(torch.Tensor))
 
 
 def test_all_256_values_through_the_table():
@@ -265,20 +265,20 @@ def test_all_256_values_through_the_table():
     img = np.stack([img, img[::-1], img.T], axis=2)
     ref32 = v1.Normalize(MEAN, STD)(v1.ToTensor()(img))
     base = dict(geom="none", scale_to_unit=1, normalize=True, mean=MEAN, std=STD)
-    out32 = _C.render(dict(base, dtype="float32"), img)
+    out32 = _C._render(dict(base, dtype="float32"), img)
     assert torch.equal(torch.from_numpy(out32), ref32)
-    out16 = _C.render(dict(base, dtype="float16"), img)
+    out16 = _C._render(dict(base, dtype="float16"), img)
     assert out16.dtype == np.float16
     assert torch.equal(torch.from_numpy(out16), ref32.to(torch.float16))
-    outbf = _C.render(dict(base, dtype="bfloat16"), img)
+    outbf = _C._render(dict(base, dtype="bfloat16"), img)
     assert outbf.dtype == np.uint16
     assert torch.equal(torch.from_numpy(outbf.view(np.int16)), ref32.to(torch.bfloat16).view(torch.int16))
     # unnormalised 0..255 floats in half precision, and tiny values (subnormal halves)
-    raw = _C.render(dict(geom="none", dtype="float16"), img)
+    raw = _C._render(dict(geom="none", dtype="float16"), img)
     assert torch.equal(torch.from_numpy(raw), torch.from_numpy(img.transpose(2, 0, 1).copy()).to(torch.float16))
     tiny = dict(base, mean=[0.0] * 3, std=[3.0e3, 4.1e4, 6.5e4], dtype="float16")
     ref_tiny = v1.Normalize([0.0] * 3, tiny["std"])(v1.ToTensor()(img)).to(torch.float16)
-    assert torch.equal(torch.from_numpy(_C.render(tiny, img)), ref_tiny)
+    assert torch.equal(torch.from_numpy(_C._render(tiny, img)), ref_tiny)
 
 
 def test_hwc_equals_chw(photos):
@@ -287,11 +287,11 @@ def test_hwc_equals_chw(photos):
         spec = dict(RRC, dtype=dtype, scale_to_unit=1 if dtype != "uint8" else 0,
                     normalize=dtype != "uint8", mean=MEAN, std=STD)
         for i in range(3):
-            chw = _C.render(dict(spec, layout="CHW"), np.asarray(pil), None, 1, 2, i)
-            hwc = _C.render(dict(spec, layout="HWC"), np.asarray(pil), None, 1, 2, i)
+            chw = _C._render(dict(spec, layout="CHW"), np.asarray(pil), None, 1, 2, i)
+            hwc = _C._render(dict(spec, layout="HWC"), np.asarray(pil), None, 1, 2, i)
             assert hwc.shape == (224, 224, 3) and chw.shape == (3, 224, 224)
             np.testing.assert_array_equal(hwc, chw.transpose(1, 2, 0))
-    g = _C.render(dict(RRC, out_channels=1, layout="HWC"), np.asarray(pil), None, 0, 0, 0)
+    g = _C._render(dict(RRC, out_channels=1, layout="HWC"), np.asarray(pil), None, 0, 0, 0)
     assert g.shape == (224, 224, 1)
 
 
@@ -302,16 +302,16 @@ def test_scaled_view_is_close(photos):
     spec = dict(geom="rrc", out_h=96, out_w=96)
     worst = 99.0
     for i in range(10):
-        p = _C.plan_sample(spec, pil.width, pil.height, 0, 0, i)
-        full = _C.render(spec, np.asarray(pil), p)
-        scaled = _C.render(spec, np.asarray(half), p, view_scale=(0.5, 0.5))
+        p = _C._plan_sample(spec, pil.width, pil.height, 0, 0, i)
+        full = _C._render(spec, np.asarray(pil), p)
+        scaled = _C._render(spec, np.asarray(half), p, view_scale=(0.5, 0.5))
         worst = min(worst, _psnr(full, scaled))
     assert worst > 28, worst
     # region decode: origin shifts the buffer; an exact sub-buffer gives exact output
     p = dict(box=(100, 80, 200, 150), resized=(96, 96), window=(0, 0), flip=False)
     a = np.asarray(pil)
     sub = np.ascontiguousarray(a[70:300, 90:400])
-    np.testing.assert_array_equal(_C.render(spec, sub, p, view_origin=(90.0, 70.0)), _C.render(spec, a, p))
+    np.testing.assert_array_equal(_C._render(spec, sub, p, view_origin=(90.0, 70.0)), _C._render(spec, a, p))
 
 
 # ---------------------------------------------------------------- errors
@@ -319,21 +319,21 @@ def test_scaled_view_is_close(photos):
 def test_spec_validation_names_the_key():
     img = np.zeros((10, 10, 3), np.uint8)
     with pytest.raises(ValueError, match="geom"):
-        _C.render(dict(geom="rotate"), img)
+        _C._render(dict(geom="rotate"), img)
     with pytest.raises(ValueError, match="unknown key 'sizee'"):
-        _C.render(dict(geom="none", sizee=3), img)
+        _C._render(dict(geom="none", sizee=3), img)
     with pytest.raises(ValueError, match="normalize"):
-        _C.render(dict(geom="none", normalize=True, mean=MEAN, std=STD), img)
+        _C._render(dict(geom="none", normalize=True, mean=MEAN, std=STD), img)
     with pytest.raises(ValueError, match="std"):
-        _C.render(dict(geom="none", dtype="float32", mean=MEAN, std=[1, 0, 1]), img)
+        _C._render(dict(geom="none", dtype="float32", mean=MEAN, std=[1, 0, 1]), img)
     with pytest.raises(ValueError, match="max_size"):
-        _C.plan_sample(dict(geom="resize_crop", resize_short=256, max_size=200), 10, 10)
+        _C._plan_sample(dict(geom="resize_crop", resize_short=256, max_size=200), 10, 10)
     with pytest.raises(ValueError, match="source size"):
-        _C.plan_sample(RRC, 0, 10)
+        _C._plan_sample(RRC, 0, 10)
     with pytest.raises(ValueError, match="batch"):
-        _C.plan_sample(dict(geom="resize_crop", resize_short=32, out_h=32, out_w=32), 64, 48)
+        _C._plan_sample(dict(geom="resize_crop", resize_short=32, out_h=32, out_w=32), 64, 48)
     with pytest.raises(TypeError, match="uint8"):
-        _C.render(RRC, img.astype(np.float32))
+        _C._render(RRC, img.astype(np.float32))
 
 
 # ---------------------------------------------------------------- compile_transform
@@ -366,7 +366,7 @@ def test_compile_partial_prefix_runs_rest_on_pil(photos):
     tf = v1.Compose([v1.Resize(256), v1.CenterCrop(224), v1.RandomRotation(0), v1.ToTensor()])
     spec, rest, desc = T.compile_transform(tf)
     assert spec["geom"] == "resize_crop" and spec["dtype"] == "uint8"
-    out = rest(torch.from_numpy(_C.render(spec, np.asarray(pil))))
+    out = rest(torch.from_numpy(_C._render(spec, np.asarray(pil))))
     assert torch.equal(out, tf(pil))
     assert "to_pil_image" in desc
     # nothing native at all
@@ -383,10 +383,10 @@ def test_compile_our_transforms_and_call(photos):
     assert "rounded to float16" in desc
     ref32 = v2.Compose([v2.Resize(144), v2.CenterCrop(128), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                         v2.Normalize(MEAN, STD)])(pil).as_subclass(torch.Tensor)
-    assert torch.equal(torch.from_numpy(_C.render(spec, np.asarray(pil))), ref32.to(torch.float16))
+    assert torch.equal(torch.from_numpy(_C._render(spec, np.asarray(pil))), ref32.to(torch.float16))
     # __call__ delegates to torchvision
     out = T.Compose([T.Resize(144), T.CenterCrop(128), T.PILToTensor()])(pil)
-    np.testing.assert_array_equal(np.asarray(out), _C.render(T.compile_transform(
+    np.testing.assert_array_equal(np.asarray(out), _C._render(T.compile_transform(
         T.Compose([T.Resize(144), T.CenterCrop(128), T.PILToTensor()]))[0], np.asarray(pil)))
     assert T.compile_transform(T.Resize((32, 48)))[0]["out_h"] == 32
     assert "RandomResizedCrop" in repr(T.RandomResizedCrop(224))
@@ -416,7 +416,7 @@ def test_random_plans_match_pil(photos):
             flip = bool(rng.integers(0, 2))
             plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(wx, wy), flip=flip, out=(ow, oh))
             spec = dict(geom="none", out_channels=1 if a.ndim == 2 else 3)
-            out = _C.render(spec, a, plan)
+            out = _C._render(spec, a, plan)
             ref = pil.crop((bx, by, bx + bw, by + bh)).resize((rw, rh), Image.BILINEAR)
             ref = ref.crop((wx, wy, wx + ow, wy + oh))
             if flip:
@@ -424,13 +424,13 @@ def test_random_plans_match_pil(photos):
             np.testing.assert_array_equal(out, _chw(ref), err_msg=str(plan))
             s = float(rng.choice([0.125, 0.25, 0.5, 1.0]))
             small = np.ascontiguousarray(a[::int(1 / s), ::int(1 / s)])
-            _C.render(spec, small, plan, view_scale=(s, s), view_origin=(float(rng.random()), 0.0))
+            _C._render(spec, small, plan, view_scale=(s, s), view_origin=(float(rng.random()), 0.0))
 
 
 # ---------------------------------------------------------------- source window (decode less)
 
 def _axis_window(b0, n, rs, o0, o1):
-    """Mirror of imgops.c's tap bounds (Pillow's precompute_coeffs): the source
+    """Mirror of resample.c's tap bounds (Pillow's precompute_coeffs): the source
     pixels [lo, hi) that resized outputs [o0, o1) of a box [b0, b0 + n) read."""
     if rs == n:
         return b0 + o0, b0 + o1
@@ -473,7 +473,7 @@ def _source_window(spec, plan, W, H):
 def _render_cropped(spec, a, plan, win):
     x0, y0, x1, y1 = win
     sub = np.ascontiguousarray(a[y0:y1, x0:x1])
-    return _C.render(spec, sub, plan, view_origin=(float(x0), float(y0)))
+    return _C._render(spec, sub, plan, view_origin=(float(x0), float(y0)))
 
 
 def test_source_window_renders_bit_identically(photos):
@@ -507,7 +507,7 @@ def test_source_window_renders_bit_identically(photos):
                               out_channels=1))
         for spec in specs:
             for i in range(12):
-                plan = _C.plan_sample(spec, W, H, 3, 1, i)
+                plan = _C._plan_sample(spec, W, H, 3, 1, i)
                 win = _source_window(spec, plan, W, H)
                 x0, y0, x1, y1 = win
                 bx, by, bw, bh = plan["box"]
@@ -515,7 +515,7 @@ def test_source_window_renders_bit_identically(photos):
                 assert bx <= x0 and by <= y0 and x1 <= bx + bw and y1 <= by + bh, (plan, win)
                 if spec["geom"] == "rrc":
                     assert win == (bx, by, bx + bw, by + bh)
-                full = _C.render(spec, a, plan)
+                full = _C._render(spec, a, plan)
                 np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str((spec, plan)))
                 checked += 1
         # arbitrary plans: random boxes, sizes and windows partly (or wholly) outside the image
@@ -529,7 +529,7 @@ def test_source_window_renders_bit_identically(photos):
             plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(wx, wy), flip=bool(rng.integers(0, 2)),
                         out=(ow, oh))
             win = _source_window(spec, plan, W, H)
-            full = _C.render(spec, a, plan)
+            full = _C._render(spec, a, plan)
             np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str(plan))
             # any larger full-scale rectangle works too
             x0, y0, x1, y1 = win
@@ -555,7 +555,7 @@ for a, ch in ((img, 3), (img, 1), (gray, 3)):
                       out_channels=ch, flip_p=0.5, dtype="float32", layout="HWC"),
                  dict(geom="resize_crop", resize_h=30, resize_w=300, out_channels=ch)):
         for i in range(25):
-            h.update(_C.render(spec, a, None, 9, 0, i).tobytes())
+            h.update(_C._render(spec, a, None, 9, 0, i).tobytes())
     for i in range(60):
         W, H = a.shape[1], a.shape[0]
         bw, bh = int(rng.integers(1, W + 1)), int(rng.integers(1, H + 1))
@@ -563,7 +563,7 @@ for a, ch in ((img, 3), (img, 1), (gray, 3)):
         rw, rh = int(rng.integers(1, 400)), int(rng.integers(1, 400))
         plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(int(rng.integers(-9, rw)), int(rng.integers(-9, rh))),
                     flip=bool(i & 1), out=(int(rng.integers(1, 150)), int(rng.integers(1, 150))))
-        h.update(_C.render(dict(geom="none", out_channels=ch), a, plan).tobytes())
+        h.update(_C._render(dict(geom="none", out_channels=ch), a, plan).tobytes())
 print(h.hexdigest())
 """
 
