@@ -9,21 +9,15 @@
  */
 #include "native.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "engine.h"
+#include "source.h"
 #include "rng.h"
 
-/* Files larger than this are refused rather than read (no JPEG that passes
- * the pixel limit needs more). */
-#define FL_MAX_FILE_BYTES ((size_t)1 << 30)
 /* A worker keeps its file and region buffers between samples up to this
  * size; a larger one (an outsized image) is freed after its sample, so one
  * such file does not hold memory for the worker's life. */
@@ -51,96 +45,10 @@ fl_native_worker_free(fl_native_worker *w)
     if (!w)
         return;
     fl_jpeg_free(w->jpeg);
-    free(w->file);
-    free(w->pix);
+    fl_bytes_free(&w->file);
+    fl_bytes_free(&w->pix);
     fl_scratch_free(&w->scratch);
     free(w);
-}
-
-static int
-grow(uint8_t **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 1 << 16;
-    while (n < need)
-        n *= 2;
-    uint8_t *p = realloc(*buf, n);
-    if (!p)
-        return -1;
-    *buf = p;
-    *cap = n;
-    return 0;
-}
-
-static const char *
-file_kind(mode_t m)
-{
-    return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
-           : S_ISBLK(m) ? "a block device" : "not a regular file";
-}
-
-/* Read a whole file into w->file.  Returns its length, or -1 with err set
- * (FL_ERR_IO with errnum for open/read failures: ENOENT, EACCES, EISDIR...;
- * FL_ERR_IO without errnum for other non-regular files; FL_ERR_LIMIT,
- * FL_ERR_NOMEM).  Never blocks on a FIFO: it is opened non-blocking, and
- * refused by its type before anything is read. */
-static long long
-read_file(fl_native_worker *w, const char *path, fl_err *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-        err->code = FL_ERR_IO;
-        err->errnum = errno;
-        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        err->code = FL_ERR_IO;
-        err->errnum = errno;
-        snprintf(err->msg, sizeof err->msg, "cannot stat: %s", strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        err->code = FL_ERR_IO;
-        err->errnum = S_ISDIR(st.st_mode) ? EISDIR : 0;
-        snprintf(err->msg, sizeof err->msg, "%s, not a regular file",
-                 S_ISDIR(st.st_mode) ? "a directory" : file_kind(st.st_mode));
-        close(fd);
-        return -1;
-    }
-    size_t size = (size_t)st.st_size;
-    if (size > FL_MAX_FILE_BYTES) {
-        err->code = FL_ERR_LIMIT;
-        snprintf(err->msg, sizeof err->msg, "file of %zu bytes exceeds the 1 GiB limit", size);
-        close(fd);
-        return -1;
-    }
-    if (grow(&w->file, &w->file_cap, size + 1) < 0) {
-        err->code = FL_ERR_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory reading %zu bytes", size);
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = pread(fd, w->file + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            err->code = FL_ERR_IO;
-            err->errnum = r < 0 ? errno : 0;
-            snprintf(err->msg, sizeof err->msg, "read failed: %s", r < 0 ? strerror(errno) : "file shrank");
-            close(fd);
-            return -1;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    w->bytes_read += got;
-    return (long long)got;
 }
 
 /* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM)? */
@@ -182,16 +90,8 @@ fl_native_choose_scale(int box_w, int box_h, int rs_w, int rs_h)
 static void
 release_outsized(fl_native_worker *w)
 {
-    if (w->file_cap > FL_KEEP_BYTES) {
-        free(w->file);
-        w->file = NULL;
-        w->file_cap = 0;
-    }
-    if (w->pix_cap > FL_KEEP_BYTES) {
-        free(w->pix);
-        w->pix = NULL;
-        w->pix_cap = 0;
-    }
+    fl_bytes_trim(&w->file, FL_KEEP_BYTES);
+    fl_bytes_trim(&w->pix, FL_KEEP_BYTES);
 }
 
 /* fl_native_load_one without the buffer trim. */
@@ -202,12 +102,14 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     const char *path = ds->paths[index];
     const int timing = ds->timing;
     uint64_t t0 = timing ? fl_now_ns() : 0;
-    long long len = read_file(w, path, err);
+    long long len = fl_source_read_file(path, &w->file, FL_SOURCE_MAX_FILE_BYTES, err);
+    if (len > 0)
+        w->bytes_read += (uint64_t)len;
     uint64_t t1 = timing ? fl_now_ns() : 0;
     w->read_ns += t1 - t0;
     if (len < 0)
         return -1;
-    const uint8_t *data = w->file;
+    const uint8_t *data = w->file.data;
     if (len == 0) {
         err->code = FL_ERR_DECODE;
         snprintf(err->msg, sizeof err->msg, "empty file (0 bytes)");
@@ -259,16 +161,16 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     int ch = ds->spec.out_channels == 1 ? 1 : 3;
     fl_jpeg_region reg = {ch, m, x0, y0, x1 - x0, y1 - y0};
     size_t stride = (size_t)reg.w * (size_t)ch;
-    if (grow(&w->pix, &w->pix_cap, stride * (size_t)reg.h) < 0) {
+    if (fl_bytes_reserve(&w->pix, stride * (size_t)reg.h) < 0) {
         err->code = FL_ERR_NOMEM;
         snprintf(err->msg, sizeof err->msg, "out of memory for a %dx%d region", reg.w, reg.h);
         return -1;
     }
-    if (fl_jpeg_decode(w->jpeg, data, (size_t)len, &reg, w->pix, stride, &jerr) < 0)
+    if (fl_jpeg_decode(w->jpeg, data, (size_t)len, &reg, w->pix.data, stride, &jerr) < 0)
         goto jpeg_error;
     uint64_t t2 = timing ? fl_now_ns() : 0;
     w->decode_ns += t2 - t1;
-    fl_view view = {w->pix, reg.w, reg.h, stride, ch, (double)x0, (double)y0, m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
+    fl_view view = {w->pix.data, reg.w, reg.h, stride, ch, (double)x0, (double)y0, m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
     int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
     if (rrc < 0) {
         err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;

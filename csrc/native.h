@@ -16,6 +16,7 @@
 #include "imgops.h"
 #include "jpeg.h"
 #include "pool.h"
+#include "source.h"
 
 enum { FL_ON_ERROR_RAISE = 0, FL_ON_ERROR_SKIP = 1, FL_ON_ERROR_REPLACE = 2 };
 
@@ -34,8 +35,8 @@ typedef struct {
 /* Per-worker state: decoder, file and decode buffers, render scratch. */
 typedef struct {
     fl_jpeg *jpeg;
-    uint8_t *file;   size_t file_cap;
-    uint8_t *pix;    size_t pix_cap;
+    fl_bytes file;   /* the sample's encoded bytes (source.h) */
+    fl_bytes pix;    /* the decoded region */
     fl_scratch scratch;
     /* stage counters (ns, bytes), for stats() */
     uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;

@@ -49,6 +49,9 @@ error_from_text(PyObject *module, int code, int errnum, PyObject *text, PyObject
             Py_DECREF(why);
             return e;
         }
+        /* no errno (a FIFO, a file that shrank): OSError(message); the
+         * message names the file (setting .filename without an errno would
+         * make str() read "[Errno None] None: ...") */
         type = PyExc_OSError;
         break;
     case FL_ERR_NOMEM:

@@ -25,12 +25,13 @@
 #include <unistd.h>
 
 #include "jpeg.h"
+#include "source.h"
 
 /* The bytes of one `src` argument. */
 typedef struct {
     Py_buffer view;        /* valid when have_view; released by fl_src_release */
     int have_view;
-    uint8_t *file;         /* file contents (malloc, owned) or NULL */
+    fl_bytes file;         /* file contents (owned; empty for buffers) */
     const uint8_t *data;   /* the bytes to decode (view.buf or file) */
     size_t len;
     PyObject *name;        /* str for messages: the path or "<bytes>" (owned) */
@@ -38,113 +39,6 @@ typedef struct {
 
 /* ------------------------------------------------------------------------ */
 /* helpers */
-
-/* Read the whole file at path into a malloc'ed buffer.  Runs without the GIL.
- * Returns 0 with *buf (owned by the caller; NULL when empty) and *len, or -1
- * with errno set. */
-static int
-fl_read_file_nogil(const char *path, uint8_t **buf, size_t *len)
-{
-    struct stat st;
-    uint8_t *p = NULL;
-    size_t cap, n = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    if (fstat(fd, &st) < 0)
-        goto error;
-    cap = st.st_size > 0 ? (size_t)st.st_size : 0;
-    if (cap > 0 && (p = malloc(cap)) == NULL) {
-        errno = ENOMEM;
-        goto error;
-    }
-    while (n < cap) {
-        ssize_t r = read(fd, p + n, cap - n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            goto error;
-        }
-        if (r == 0)
-            break;   /* the file shrank: decode what is there */
-        n += (size_t)r;
-    }
-    if (cap == 0) {
-        /* Probe for EISDIR and similar on files that report no size. */
-        char c;
-        if (read(fd, &c, 1) < 0)
-            goto error;
-    }
-    close(fd);
-    *buf = p;
-    *len = n;
-    return 0;
-error:
-    {
-        int e = errno;
-        free(p);
-        close(fd);
-        errno = e;
-    }
-    return -1;
-}
-
-/* Fill *s from obj.  Returns 0, or -1 with an exception set (TypeError for
- * unsupported objects, OSError subclasses such as FileNotFoundError). */
-static int
-fl_src_load(PyObject *obj, fl_src *s)
-{
-    memset(s, 0, sizeof(*s));
-    if (PyObject_CheckBuffer(obj)) {
-        if (PyObject_GetBuffer(obj, &s->view, PyBUF_C_CONTIGUOUS) < 0)
-            return -1;
-        s->have_view = 1;
-        s->data = s->view.buf;
-        s->len = (size_t)s->view.len;
-        s->name = PyUnicode_FromString("<bytes>");
-        return s->name == NULL ? -1 : 0;
-    }
-    if (PyUnicode_Check(obj) || PyObject_HasAttrString(obj, "__fspath__")) {
-        PyObject *fs = PyOS_FSPath(obj), *enc = NULL;
-        const char *path;
-        int rc;
-        if (fs == NULL)
-            return -1;
-        s->name = PyUnicode_Check(fs) ? Py_NewRef(fs) : PyUnicode_DecodeFSDefaultAndSize(
-                      PyBytes_AS_STRING(fs), PyBytes_GET_SIZE(fs));
-        if (s->name == NULL || !PyUnicode_FSConverter(fs, &enc)) {
-            Py_DECREF(fs);
-            return -1;
-        }
-        path = PyBytes_AS_STRING(enc);
-        Py_BEGIN_ALLOW_THREADS
-        rc = fl_read_file_nogil(path, &s->file, &s->len);
-        Py_END_ALLOW_THREADS
-        if (rc < 0)
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, fs);
-        Py_DECREF(enc);
-        Py_DECREF(fs);
-        if (rc < 0)
-            return -1;
-        s->data = s->file;
-        return 0;
-    }
-    PyErr_Format(PyExc_TypeError,
-                 "src must be bytes, a buffer or a path (str or os.PathLike), not %.100s",
-                 Py_TYPE(obj)->tp_name);
-    return -1;
-}
-
-static void
-fl_src_release(fl_src *s)
-{
-    if (s->have_view)
-        PyBuffer_Release(&s->view);
-    s->have_view = 0;
-    free(s->file);
-    s->file = NULL;
-    Py_CLEAR(s->name);
-}
 
 /* Raise err for source s through the one translator (py_errors.c): the
  * message is prefixed with the path or "<bytes>", which is also OSError's
@@ -161,6 +55,64 @@ fl_image_raise(PyObject *m, const fl_src *s, const fl_err *e)
     snprintf(named.msg, sizeof named.msg, "%.150s: %.160s", PyBytes_AS_STRING(utf8), e->msg);
     Py_DECREF(utf8);
     return fl_py_raise(m, &named, s->name, NULL);
+}
+
+/* Fill *s from obj.  Returns 0, or -1 with an exception set (TypeError for
+ * unsupported objects, OSError subclasses such as FileNotFoundError). */
+static int
+fl_src_load(PyObject *m, PyObject *obj, fl_src *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &s->view, PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        s->have_view = 1;
+        s->data = s->view.buf;
+        s->len = (size_t)s->view.len;
+        s->name = PyUnicode_FromString("<bytes>");
+        return s->name == NULL ? -1 : 0;
+    }
+    if (PyUnicode_Check(obj) || PyObject_HasAttrString(obj, "__fspath__")) {
+        PyObject *fs = PyOS_FSPath(obj), *enc = NULL;
+        const char *path;
+        if (fs == NULL)
+            return -1;
+        s->name = PyUnicode_Check(fs) ? Py_NewRef(fs) : PyUnicode_DecodeFSDefaultAndSize(
+                      PyBytes_AS_STRING(fs), PyBytes_GET_SIZE(fs));
+        if (s->name == NULL || !PyUnicode_FSConverter(fs, &enc)) {
+            Py_DECREF(fs);
+            return -1;
+        }
+        path = PyBytes_AS_STRING(enc);
+        fl_err err = {0, "", 0};
+        long long len;
+        Py_BEGIN_ALLOW_THREADS
+        len = fl_source_read_file(path, &s->file, FL_SOURCE_MAX_FILE_BYTES, &err);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(enc);
+        Py_DECREF(fs);
+        if (len < 0) {
+            fl_image_raise(m, s, &err);
+            return -1;
+        }
+        s->data = s->file.data;
+        s->len = (size_t)len;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "src must be bytes, a buffer or a path (str or os.PathLike), not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+static void
+fl_src_release(fl_src *s)
+{
+    if (s->have_view)
+        PyBuffer_Release(&s->view);
+    s->have_view = 0;
+    fl_bytes_free(&s->file);
+    Py_CLEAR(s->name);
 }
 
 /* Create a decoder and read the header of s into *info.  Returns the decoder
@@ -215,7 +167,7 @@ fl_decode_jpeg(PyObject *m, PyObject *args, PyObject *kwds)
         channels = 1;
     else
         return PyErr_Format(PyExc_ValueError, "mode must be 'RGB' or 'L', not '%s'", mode);
-    if (fl_src_load(srcobj, &s) < 0)
+    if (fl_src_load(m, srcobj, &s) < 0)
         return NULL;
     if ((j = fl_open(m, &s, &info, 1)) == NULL)
         goto error;
@@ -291,7 +243,7 @@ fl_decode_region(PyObject *m, PyObject *args, PyObject *kwds)
         return PyErr_Format(PyExc_ValueError, "channels must be 1 or 3");
     if (reg.scale_num < 1 || reg.scale_num > 16)
         return PyErr_Format(PyExc_ValueError, "scale_num must be in 1..16");
-    if (fl_src_load(srcobj, &s) < 0)
+    if (fl_src_load(m, srcobj, &s) < 0)
         return NULL;
     if ((j = fl_open(m, &s, &info, 0)) == NULL)
         goto error;
@@ -344,7 +296,7 @@ fl_read_jpeg_header(PyObject *m, PyObject *args, PyObject *kwds)
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:read_jpeg_header", kwlist, &srcobj))
         return NULL;
-    if (fl_src_load(srcobj, &s) < 0)
+    if (fl_src_load(m, srcobj, &s) < 0)
         return NULL;
     j = fl_open(m, &s, &info, 0);
     fl_jpeg_free(j);

@@ -150,6 +150,14 @@ def test_fifo_is_refused_without_blocking(good, tmp_path, on_error):
         assert [p for p, _ in ds.skipped] == [str(fifo)]
 
 
+def test_decode_jpeg_refuses_a_fifo_without_blocking(tmp_path):
+    """decode_jpeg reads paths through the same source layer as the workers."""
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="pipe.jpg: a FIFO, not a regular file"):
+        fastloader.decode_jpeg(str(fifo))
+
+
 # -- item 2: limits before any image-sized allocation; one sample's OOM is that sample's -------------
 
 _RLIMIT_SCRIPT = textwrap.dedent(r"""
