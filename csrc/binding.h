@@ -30,6 +30,7 @@ typedef struct {
     PyObject *DecodeError;     /* fastloader.DecodeError, a ValueError subclass */
     PyTypeObject *EngineType;  /* fastloader._C.Engine */
     PyTypeObject *BufferType;  /* fastloader._C.Buffer */
+    PyTypeObject *BatchPoolType; /* fastloader._C.BatchPool */
     PyTypeObject *NativeDatasetType;  /* fastloader._C.NativeDataset */
     PyTypeObject *NativeEngineType;   /* fastloader._C.NativeEngine */
     PyTypeObject *DeviceCopierType;   /* fastloader._C.DeviceCopier */
@@ -41,7 +42,7 @@ fl_module_state *fl_get_state(PyObject *m);
 
 /* Registration hooks, called once from module.c's exec slot. */
 int fl_register_engine(PyObject *m);     /* py_engine.c: Engine */
-int fl_register_buffer(PyObject *m);     /* py_buffer.c: Buffer, stack */
+int fl_register_buffer(PyObject *m);     /* py_buffer.c: Buffer, BatchPool, stack */
 int fl_register_image(PyObject *m);      /* py_image.c: decode_jpeg, DecodeError helpers */
 int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for tests/inspection */
 

@@ -64,6 +64,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->DecodeError);
     Py_VISIT(st->EngineType);
     Py_VISIT(st->BufferType);
+    Py_VISIT(st->BatchPoolType);
     Py_VISIT(st->NativeDatasetType);
     Py_VISIT(st->NativeEngineType);
     Py_VISIT(st->DeviceCopierType);
@@ -78,6 +79,7 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->DecodeError);
     Py_CLEAR(st->EngineType);
     Py_CLEAR(st->BufferType);
+    Py_CLEAR(st->BatchPoolType);
     Py_CLEAR(st->NativeDatasetType);
     Py_CLEAR(st->NativeEngineType);
     Py_CLEAR(st->DeviceCopierType);

@@ -68,6 +68,12 @@ buf_pinned(const void *data)
     return *(const int *)((const char *)data - FL_POOL_HDR) != 0;
 }
 
+int
+fl_pool_is_pinned(const void *data)
+{
+    return buf_pinned(data);
+}
+
 static void
 buf_free(void *data)
 {

@@ -61,6 +61,10 @@ size_t fl_pool_nbytes(const fl_pool *p);
 void fl_pool_set_pinned(fl_pool *p, int device);
 const char *fl_pool_pin_error(fl_pool *p);
 
+/* Whether `data` (a buffer from fl_pool_get, not yet given back) is
+ * page-locked: pinning may have failed for it (fl_pool_pin_error). */
+int fl_pool_is_pinned(const void *data);
+
 /* Bytes currently allocated by the pool (idle + handed out). */
 size_t fl_pool_bytes_in_use(fl_pool *p);
 

@@ -1,15 +1,20 @@
 /* py_buffer.c: fastloader._C.Buffer (a block of batch memory exported
- * through DLPack) and _C.stack (default collation of arrays and tensors,
- * copied without the GIL).
+ * through DLPack), _C.BatchPool (pools of batch buffers by size, page-locked
+ * when pinning) and _C.stack (default collation of arrays and tensors,
+ * copied without the GIL, into a pooled buffer when given a BatchPool).
  *
  * Ownership: a Buffer owns its memory and frees it (through its free
  * function) in tp_dealloc.  Every DLPack capsule it exports holds a strong
  * reference to the Buffer in manager_ctx, so the memory lives until the
- * last consumer (torch tensor, numpy array) has called the deleter.
+ * last consumer (torch tensor, numpy array) has called the deleter.  A
+ * pooled Buffer's free function gives the memory back to its fl_pool, and
+ * the buffer holds a reference to that fl_pool (pool.h), not to the
+ * BatchPool: batches outlive the BatchPool and the loader that made them.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
 #include "dlpack.h"
+#include "pool.h"
 #include "pybuffer.h"
 
 #include <structmember.h>
@@ -29,6 +34,7 @@ typedef struct {
     DLDevice device;
     fl_buffer_free_fn free_fn;
     void *free_ctx;
+    int pinned;            /* page-locked memory (known for stack's pooled buffers; 0 elsewhere) */
     PyObject *weakreflist;
 } fl_buffer;
 
@@ -50,6 +56,21 @@ fl_aligned_alloc(size_t nbytes)
     if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
         return NULL;
     return p;
+}
+
+void
+fl_py_pool_put(void *pool, void *data)
+{
+    unsigned todo = fl_pool_put_begin(pool, data);
+    if (!(todo & FL_POOL_BLOCKS)) {
+        if (todo)
+            fl_pool_put_end(pool, data, todo);
+        return;
+    }
+    /* cudaFreeHost synchronises the device: not with the GIL held */
+    Py_BEGIN_ALLOW_THREADS
+    fl_pool_put_end(pool, data, todo);
+    Py_END_ALLOW_THREADS
 }
 
 static PyTypeObject *
@@ -154,6 +175,12 @@ buffer_get_ptr(fl_buffer *self, void *Py_UNUSED(closure))
     return PyLong_FromVoidPtr(self->data);
 }
 
+static PyObject *
+buffer_get_pinned(fl_buffer *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->pinned);
+}
+
 static PyMethodDef buffer_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
      "Export as a DLPack capsule (versioned when max_version >= (1, 0))."},
@@ -166,6 +193,8 @@ static PyGetSetDef buffer_getset[] = {
     {"shape", (getter)buffer_get_shape, NULL, "shape of the buffer", NULL},
     {"nbytes", (getter)buffer_get_nbytes, NULL, "size in bytes", NULL},
     {"ptr", (getter)buffer_get_ptr, NULL, "address of the first byte", NULL},
+    {"pinned", (getter)buffer_get_pinned, NULL,
+     "page-locked memory from a pinned BatchPool (stack's buffers; False where not known)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -188,6 +217,217 @@ static PyType_Spec buffer_spec = {
     .basicsize = sizeof(fl_buffer),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = buffer_slots,
+};
+
+/* ---- BatchPool ----------------------------------------------------------- */
+
+/* Python datasets collate into pooled buffers as the native path does, but
+ * a batch holds several arrays of different sizes (images, labels, ...) and
+ * the sizes are only known once collated.  So a BatchPool is a small table
+ * of size classes, each an fl_pool of equally sized buffers.  The table is
+ * bounded (max_sizes): sizes seen after it is full are allocated outside the
+ * pool, so a dataset whose batch sizes never repeat keeps no idle memory
+ * beyond max_sizes x max_idle buffers. */
+
+typedef struct {
+    size_t nbytes;
+    fl_pool *pool;          /* owned reference; buffers out hold their own */
+} batchpool_class;
+
+typedef struct {
+    PyObject_HEAD
+    int pin_device;           /* >= 0: buffers page-locked for this CUDA device; -1: ordinary memory */
+    int max_sizes;            /* size classes at most */
+    int max_idle;             /* idle buffers kept per class (fl_pool's max_free) */
+    int nclasses;
+    batchpool_class *classes; /* max_sizes entries (PyMem).  Every field is
+                               * guarded by the GIL; classes are dropped only
+                               * in dealloc, so a pool found here stays valid
+                               * while the caller holds the BatchPool. */
+    unsigned long long pooled; /* stack calls served by a size class */
+    unsigned long long fresh;  /* stack calls allocated outside (the table was full) */
+} fl_batchpool;
+
+#define FL_BATCHPOOL_MAX_SIZES 64
+
+static PyObject *
+batchpool_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"pin_device", "max_sizes", "max_idle", NULL};
+    int pin_device = -1, max_sizes = 8, max_idle = 8;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|iii:BatchPool", kwlist, &pin_device, &max_sizes, &max_idle))
+        return NULL;
+    if (pin_device < -1)
+        return PyErr_Format(PyExc_ValueError, "pin_device must be a CUDA device index or -1, got %d", pin_device);
+    if (max_sizes < 0 || max_sizes > FL_BATCHPOOL_MAX_SIZES)
+        return PyErr_Format(PyExc_ValueError, "max_sizes must be in [0, %d], got %d", FL_BATCHPOOL_MAX_SIZES,
+                            max_sizes);
+    if (max_idle < 0 || max_idle > 1024)
+        return PyErr_Format(PyExc_ValueError, "max_idle must be in [0, 1024], got %d", max_idle);
+    /* load the CUDA runtime (dlopen, once) and check the device: later
+     * cudaHostAlloc calls need it; RuntimeError says what is missing */
+    if (pin_device >= 0 && fl_py_cuda_require(pin_device) < 0)
+        return NULL;
+    fl_batchpool *self = (fl_batchpool *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->classes = PyMem_Calloc((size_t)(max_sizes ? max_sizes : 1), sizeof *self->classes);
+    if (!self->classes) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->pin_device = pin_device;
+    self->max_sizes = max_sizes;
+    self->max_idle = max_idle;
+    return (PyObject *)self;
+}
+
+static void
+batchpool_dealloc(fl_batchpool *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    batchpool_class *cls = self->classes;
+    int n = self->nclasses;
+    self->classes = NULL;
+    self->nclasses = 0;
+    if (n > 0) {
+        /* The last reference to a class frees its idle buffers, and
+         * cudaFreeHost synchronises the device: not with the GIL held.
+         * Buffers still out keep their class's pool alive. */
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; i < n; i++)
+            fl_pool_unref(cls[i].pool);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(cls);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* The pool for buffers of `nbytes`, with a new class for a new size while
+ * the table has room.  0 with *out set (borrowed; NULL when the table is
+ * full: allocate outside the pool), or -1 with MemoryError.  GIL held. */
+static int
+batchpool_class_for(fl_batchpool *bp, size_t nbytes, fl_pool **out)
+{
+    *out = NULL;
+    for (int i = 0; i < bp->nclasses; i++) {
+        if (bp->classes[i].nbytes == nbytes) {
+            *out = bp->classes[i].pool;
+            return 0;
+        }
+    }
+    if (bp->nclasses >= bp->max_sizes)
+        return 0;
+    fl_pool *p = fl_pool_new(nbytes, bp->max_idle);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (bp->pin_device >= 0)
+        fl_pool_set_pinned(p, bp->pin_device);
+    bp->classes[bp->nclasses].nbytes = nbytes;
+    bp->classes[bp->nclasses].pool = p; /* owned by the table now */
+    bp->nclasses++;
+    *out = p;
+    return 0;
+}
+
+static PyObject *
+batchpool_get_pin_device(fl_batchpool *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(self->pin_device);
+}
+
+static PyObject *
+batchpool_get_bytes(fl_batchpool *self, void *Py_UNUSED(c))
+{
+    size_t n = 0;
+    for (int i = 0; i < self->nclasses; i++)
+        n += fl_pool_bytes_in_use(self->classes[i].pool);
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *
+batchpool_get_bytes_out(fl_batchpool *self, void *Py_UNUSED(c))
+{
+    size_t n = 0;
+    for (int i = 0; i < self->nclasses; i++)
+        n += fl_pool_bytes_out(self->classes[i].pool);
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *
+batchpool_get_pin_error(fl_batchpool *self, void *Py_UNUSED(c))
+{
+    for (int i = 0; i < self->nclasses; i++) {
+        const char *e = fl_pool_pin_error(self->classes[i].pool);
+        if (e)
+            return PyUnicode_FromString(e);
+    }
+    Py_RETURN_NONE;
+}
+
+/* stats() -> dict: pooled / fresh stack calls, bytes allocated and out, and
+ * per size class (nbytes, buffers alive, buffers out), in the order the
+ * sizes were first seen. */
+static PyObject *
+batchpool_stats(fl_batchpool *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *classes = PyList_New(self->nclasses);
+    if (!classes)
+        return NULL;
+    size_t bytes = 0, out = 0;
+    for (int i = 0; i < self->nclasses; i++) {
+        const batchpool_class *c = &self->classes[i];
+        size_t in_use = fl_pool_bytes_in_use(c->pool), bytes_out = fl_pool_bytes_out(c->pool);
+        size_t unit = fl_pool_nbytes(c->pool);
+        bytes += in_use;
+        out += bytes_out;
+        PyObject *t = Py_BuildValue("{s:n,s:n,s:n}", "nbytes", (Py_ssize_t)c->nbytes, "buffers",
+                                    (Py_ssize_t)(in_use / unit), "buffers_out", (Py_ssize_t)(bytes_out / unit));
+        if (!t) {
+            Py_DECREF(classes);
+            return NULL;
+        }
+        PyList_SET_ITEM(classes, i, t);
+    }
+    return Py_BuildValue("{s:K,s:K,s:n,s:n,s:N}", "pooled", self->pooled, "fresh", self->fresh, "bytes",
+                         (Py_ssize_t)bytes, "bytes_out", (Py_ssize_t)out, "classes", classes);
+}
+
+static PyMethodDef batchpool_methods[] = {
+    {"stats", (PyCFunction)batchpool_stats, METH_NOARGS,
+     "stats() -> dict(pooled, fresh, bytes, bytes_out, classes=[dict(nbytes, buffers, buffers_out)])"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef batchpool_getset[] = {
+    {"pin_device", (getter)batchpool_get_pin_device, NULL, "CUDA device the buffers are page-locked for (-1: none)",
+     NULL},
+    {"bytes", (getter)batchpool_get_bytes, NULL, "bytes allocated by the pool (idle + out)", NULL},
+    {"bytes_out", (getter)batchpool_get_bytes_out, NULL, "bytes of buffers in use (not idle)", NULL},
+    {"pin_error", (getter)batchpool_get_pin_error, NULL,
+     "why page-locking failed (buffers then use ordinary memory), or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot batchpool_slots[] = {
+    {Py_tp_new, batchpool_new},
+    {Py_tp_dealloc, batchpool_dealloc},
+    {Py_tp_methods, batchpool_methods},
+    {Py_tp_getset, batchpool_getset},
+    {Py_tp_doc, "BatchPool(pin_device=-1, max_sizes=8, max_idle=8): batch buffers for stack(items, pool=...), "
+                "one pool per buffer size (at most max_sizes sizes, max_idle idle buffers each), page-locked "
+                "for CUDA device pin_device when >= 0 (RuntimeError when CUDA cannot be loaded for it)."},
+    {0, NULL},
+};
+
+static PyType_Spec batchpool_spec = {
+    .name = "fastloader._C.BatchPool",
+    .basicsize = sizeof(fl_batchpool),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = batchpool_slots,
 };
 
 /* ---- stack --------------------------------------------------------------- */
@@ -339,15 +579,52 @@ copy_strided(char *dst, const char *src, int ndim, const int64_t *shape, const i
     }
 }
 
-/* stack(items) -> Buffer | None
- * Collates a sequence of equally shaped arrays or CPU tensors of one dtype
- * into a new [len(items), *shape] Buffer.  Returns None when the inputs
- * need torch's own path (mixed dtypes or shapes, non-CPU tensors, tensors
- * requiring grad): the caller then calls torch's collate, which reports
- * size mismatches with torch's own message. */
-static PyObject *
-fl_stack(PyObject *module, PyObject *arg)
+/* Parse stack(items, pool=None).  0 with *items and *bp (NULL: no pool)
+ * borrowed from the call, or -1 with TypeError. */
+static int
+stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **items,
+           fl_batchpool **bp)
 {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs < 1 || nargs + nkw > 2) {
+        PyErr_SetString(PyExc_TypeError, "stack(items, pool=None) takes one sequence and an optional BatchPool");
+        return -1;
+    }
+    if (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "pool") != 0) {
+        PyErr_Format(PyExc_TypeError, "stack() got an unexpected keyword argument %R", PyTuple_GET_ITEM(kwnames, 0));
+        return -1;
+    }
+    *items = args[0];
+    PyObject *pool = nargs + nkw == 2 ? args[1] : Py_None;
+    *bp = NULL;
+    if (pool != Py_None) {
+        if (!PyObject_TypeCheck(pool, fl_get_state(module)->BatchPoolType)) {
+            PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool or None, not %.100s",
+                         Py_TYPE(pool)->tp_name);
+            return -1;
+        }
+        *bp = (fl_batchpool *)pool;
+    }
+    return 0;
+}
+
+/* stack(items, pool=None) -> Buffer | None
+ * Collates a sequence of equally shaped arrays or CPU tensors of one dtype
+ * into a [len(items), *shape] Buffer.  With a BatchPool the Buffer is one of
+ * its buffers for that size (page-locked when the pool pins; Buffer.pinned
+ * says whether it is), given back to the pool when the last consumer drops
+ * it; without one, or when the pool's size table is full, a new allocation.
+ * The allocation (possibly cudaHostAlloc) and the copy run without the GIL.
+ * Returns None when the inputs need torch's own path (mixed dtypes or
+ * shapes, non-CPU tensors, tensors requiring grad): the caller then calls
+ * torch's collate, which reports size mismatches with torch's own message. */
+static PyObject *
+fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *arg;
+    fl_batchpool *bp;
+    if (stack_args(module, args, nargs, kwnames, &arg, &bp) < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(arg, "stack() expects a sequence");
     if (!seq)
         return NULL;
@@ -355,6 +632,8 @@ fl_stack(PyObject *module, PyObject *arg)
     PyObject *result = NULL;
     stack_item *items = NULL;
     void *data = NULL;
+    fl_pool *pool = NULL;  /* where data came from: borrowed from bp (NULL: fl_aligned_alloc) */
+    int pinned = 0;
     if (n == 0) {
         Py_DECREF(seq);
         Py_RETURN_NONE;
@@ -385,12 +664,25 @@ fl_stack(PyObject *module, PyObject *arg)
                     goto fallback;
         }
     }
+    if (items[0].ndim + 1 > FL_MAX_NDIM)
+        goto fallback;
     size_t per = (size_t)itemsize0;
     for (int i = 0; i < items[0].ndim; i++)
         per *= (size_t)items[0].shape[i];
     size_t total = per * (size_t)n;
+    if (bp && total > 0) {
+        if (batchpool_class_for(bp, total, &pool) < 0)
+            goto done;
+        if (pool)
+            bp->pooled++;
+        else
+            bp->fresh++;
+    }
+    /* the caller's reference to bp keeps `pool` alive through this call */
     Py_BEGIN_ALLOW_THREADS
-    data = fl_aligned_alloc(total);
+    data = pool ? fl_pool_get(pool) : fl_aligned_alloc(total);
+    if (data && pool)
+        pinned = fl_pool_is_pinned(data);
     if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
         for (Py_ssize_t k = 0; k < n; k++)
             copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
@@ -401,21 +693,27 @@ fl_stack(PyObject *module, PyObject *arg)
         PyErr_NoMemory();
         goto done;
     }
-    int64_t shape[FL_MAX_NDIM + 1];
+    int64_t shape[FL_MAX_NDIM];
     shape[0] = n;
     for (int i = 0; i < items[0].ndim; i++)
         shape[i + 1] = items[0].shape[i];
-    if (items[0].ndim + 1 > FL_MAX_NDIM)
-        goto fallback;
     DLDevice cpu = {kDLCPU, 0};
-    result = fl_buffer_new(module, data, total, items[0].ndim + 1, shape, dt0, cpu, fl_aligned_free, NULL);
-    if (result)
+    result = fl_buffer_new(module, data, total, items[0].ndim + 1, shape, dt0, cpu,
+                           pool ? fl_py_pool_put : fl_aligned_free, pool);
+    if (result) {
+        ((fl_buffer *)result)->pinned = pinned;
         data = NULL; /* owned by the Buffer now */
+    }
     goto done;
 fallback:
     result = Py_NewRef(Py_None);
 done:
-    free(data);
+    if (data) {
+        if (pool)
+            fl_py_pool_put(pool, data);
+        else
+            free(data);
+    }
     /* entries never described are zeroed, so releasing all n is safe */
     for (Py_ssize_t k = 0; items && k < n; k++)
         release_item(&items[k]);
@@ -447,8 +745,9 @@ fl_empty_buffer(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef buffer_functions[] = {
-    {"stack", (PyCFunction)fl_stack, METH_O,
-     "stack(items) -> Buffer | None: collate equally shaped arrays/CPU tensors, copying without the GIL."},
+    {"stack", (PyCFunction)(void (*)(void))fl_stack, METH_FASTCALL | METH_KEYWORDS,
+     "stack(items, pool=None) -> Buffer | None: collate equally shaped arrays/CPU tensors, copying without the "
+     "GIL, into a buffer of `pool` (a BatchPool) when given."},
     {"empty_buffer", (PyCFunction)fl_empty_buffer, METH_VARARGS, "empty_buffer(nbytes) -> zeroed uint8 Buffer"},
     {NULL, NULL, 0, NULL},
 };
@@ -461,6 +760,11 @@ fl_register_buffer(PyObject *m)
     if (!st->BufferType)
         return -1;
     if (PyModule_AddType(m, st->BufferType) < 0)
+        return -1;
+    st->BatchPoolType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &batchpool_spec, NULL);
+    if (!st->BatchPoolType)
+        return -1;
+    if (PyModule_AddType(m, st->BatchPoolType) < 0)
         return -1;
     return PyModule_AddFunctions(m, buffer_functions);
 }

@@ -18,6 +18,11 @@ typedef void (*fl_buffer_free_fn)(void *ctx, void *data);
 PyObject *fl_buffer_new(PyObject *module, void *data, size_t nbytes, int ndim, const int64_t *shape,
                         DLDataType dtype, DLDevice device, fl_buffer_free_fn free_fn, void *free_ctx);
 
+/* Give a pooled buffer back (an fl_buffer_free_fn; ctx is the fl_pool):
+ * GIL held; released only around freeing page-locked memory, which
+ * synchronises the device (pool.h). */
+void fl_py_pool_put(void *pool, void *data);
+
 /* ---- DLPack export (py_dlpack.c) ----------------------------------------- */
 
 /* What a __dlpack__ call asked for.  `stream` is borrowed from the call. */

@@ -1,6 +1,7 @@
 """The worker side of Python datasets: what one worker thread runs for a
 batch (`_fetch`: __getitem__ / __getitems__ / next(iterator), then
-collate_fn, then pinning), and the engine's view of Python (`_WorkerHost`:
+collate_fn, stacking into the loader's pooled buffers, then pinning what is
+not page-locked yet), and the engine's view of Python (`_WorkerHost`:
 init / fetch / finish on each worker thread).  Nothing here raises: results
 are (status, value) pairs, and an exception travels as the value with a note
 naming the sample, batch and worker.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .collate import collate_into
 from .worker_info import WorkerInfo, _tls
 
 def _annotate(exc, where):
@@ -47,6 +49,7 @@ class _Epoch:
         self.num_workers = num_workers
         self.cancelled = False
         self.pin = False      # page-lock batches in the worker (Python datasets)
+        self.pool = None      # _C.BatchPool that collation stacks into (page-locked when pinning)
         self.iters = {}       # worker id -> iterator over an IterableDataset
         self.ended = set()    # worker ids whose iterator is exhausted
         # seconds per worker (last slot: the main thread) in the dataset,
@@ -122,15 +125,21 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
             except Exception as e:
                 return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
         t1 = time.perf_counter()
+        target = None
         try:
-            batch = ep.collate_fn(data)
+            if ep.pool is not None:
+                batch, target = collate_into(ep.pool, ep.collate_fn, data)
+            else:
+                batch = ep.collate_fn(data)
         except Exception as e:
             return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
         t2 = time.perf_counter()
         if ep.pin:
             from .cuda_delivery import pin_batch
 
-            batch = pin_batch(batch)  # torch's pin_memory copy, here in the worker thread
+            # torch's pin_memory copy, here in the worker thread, for the
+            # tensors not already stacked into page-locked pool buffers
+            batch = pin_batch(batch, target.pinned_ptrs() if target is not None else ())
         slot = ep.stage_s[wid]  # wid -1 (main thread) is the last slot
         slot[0] += t1 - t0
         slot[1] += t2 - t1

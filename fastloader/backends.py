@@ -181,11 +181,15 @@ class PythonBackend(_Backend):
         return batch_len(batch)
 
     def pool_bytes_out(self):
-        return 0
+        return self.ep.pool.bytes_out if self.ep.pool is not None else 0
 
     def pin_error(self):
+        # what the pool could not page-lock, the worker pins with torch's
+        # copy (pin_batch): batches are pinned all the same
         return None
 
     def add_stats(self, out, workers, eng):
+        if self.ep.pool is not None:
+            out["pool_bytes"] = self.ep.pool.bytes
         st = self.ep.stage_s
         out["stages_s"] = {k: sum(w[i] for w in st) for i, k in enumerate(("dataset_s", "collate_s", "pin_s"))}

@@ -1,10 +1,18 @@
 """Collation: torch's default_collate with arrays and tensors stacked in C
 without the GIL (`_C.stack`), a NumPy version when torch is absent, and the
 sizes of collated batches.
+
+Inside a loader the stacks go straight into the loader's pooled batch
+buffers (`_C.BatchPool`, page-locked when pinning): the worker runs
+collate_fn under `collate_into(pool, ...)`, which this thread's stacks read
+(a thread-local, so a user's collate_fn that calls fast_default_collate
+gets it too).  Called anywhere else, fast_default_collate allocates fresh
+buffers, as torch does.
 """
 from __future__ import annotations
 
 import collections.abc
+import threading
 
 import numpy as np
 
@@ -17,14 +25,58 @@ try:
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
 
-__all__ = ["fast_default_collate", "DEFAULT_COLLATES", "batch_nbytes", "batch_len"]
+__all__ = ["fast_default_collate", "DEFAULT_COLLATES", "batch_nbytes", "batch_len", "collate_into"]
+
+
+class CollateTarget:
+    """Where this thread's stacks go while a loader collates one batch: the
+    pool, and the page-locked buffers written so far.  Holding them keeps
+    their addresses unique until the worker has pinned the rest of the
+    batch (see cuda_delivery.pin_batch)."""
+
+    __slots__ = ("pool", "pinned")
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.pinned = []
+
+    def pinned_ptrs(self):
+        """Addresses of the page-locked buffers the batch was stacked into."""
+        return frozenset(b.ptr for b in self.pinned)
+
+
+_target = threading.local()
+
+
+def collate_into(pool, collate_fn, data):
+    """collate_fn(data) with fast_default_collate stacking into `pool` (a
+    _C.BatchPool) on this thread.  Returns (batch, CollateTarget)."""
+    target = CollateTarget(pool)
+    prev = getattr(_target, "t", None)
+    _target.t = target
+    try:
+        return collate_fn(data), target
+    finally:
+        _target.t = prev
+
+
+def _stack(batch):
+    """_C.stack into this thread's collate target, if any (None: not stackable)."""
+    target = getattr(_target, "t", None)
+    if target is None:
+        return _C.stack(batch)
+    buf = _C.stack(batch, pool=target.pool)
+    if buf is not None and buf.pinned:
+        target.pinned.append(buf)
+    return buf
+
 
 if torch is not None:
 
     def _fast_tensor_fn(batch, *, collate_fn_map=None):
         elem = batch[0]
         if type(elem) is torch.Tensor and elem.layout == torch.strided and not elem.is_nested:
-            buf = _C.stack(batch)
+            buf = _stack(batch)
             if buf is not None:
                 return torch.from_dlpack(buf)
         if elem.is_nested or elem.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr,
@@ -38,7 +90,7 @@ if torch is not None:
     def _fast_numpy_fn(batch, *, collate_fn_map=None):
         elem = batch[0]
         if elem.dtype.kind not in "SaUOV":
-            buf = _C.stack(batch)
+            buf = _stack(batch)
             if buf is not None:
                 return torch.from_dlpack(buf)
         return _torch_collate.collate_numpy_array_fn(batch, collate_fn_map=collate_fn_map)
@@ -60,7 +112,7 @@ else:
         if isinstance(elem, np.ndarray):
             if elem.dtype.kind in "SaUOV":
                 raise TypeError(f"default_collate: batch must contain numbers, dicts or lists; found {elem.dtype}")
-            buf = _C.stack(batch)
+            buf = _stack(batch)
             return np.from_dlpack(buf) if buf is not None else np.stack(batch)
         if isinstance(elem, np.generic):
             return np.array(batch)

@@ -4,7 +4,8 @@ loader's own CUDA stream, CUDA tensors handed out through DLPack.
 Data flow for `DataLoader(..., device="cuda")`:
 
     worker threads -> batch in page-locked host memory (native datasets decode
-                      straight into it; Python datasets are pinned in the worker)
+                      straight into it; Python datasets' default collation
+                      stacks into it, and the worker pins what else is left)
     consumer       -> _C.DeviceCopier.copy: cudaMemcpyAsync into a pooled
                       device buffer on the loader's non-blocking stream, then
                       an event (csrc/devpool.c); the host does not wait
@@ -80,9 +81,21 @@ def _map_tensors(fn, batch):
     return batch
 
 
-def pin_batch(batch):
-    """Page-lock the tensors of a batch (for Python datasets; runs in workers)."""
-    return _map_tensors(lambda t: t if t.is_pinned() else t.pin_memory(), batch)
+def pin_batch(batch, pinned_ptrs=()):
+    """Page-lock the tensors of a batch (for Python datasets; runs in workers).
+
+    Tensors whose storage starts at one of `pinned_ptrs` (the page-locked
+    pool buffers _C.stack wrote them into, kept alive by the caller) are
+    already pinned and are not copied again; nor is any tensor torch knows
+    to be pinned.  The rest (a collate_fn's own tensors, Python numbers
+    made into tensors) get torch's pin_memory copy."""
+
+    def pin(t):
+        if pinned_ptrs and t.untyped_storage().data_ptr() in pinned_ptrs:
+            return t
+        return t if t.is_pinned() else t.pin_memory()
+
+    return _map_tensors(pin, batch)
 
 
 class DeviceCopier:

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from . import sysinfo
+from . import _C, sysinfo
 from ._worker import _Epoch
 from .autotune import AutoTuner
 from .backends import AGAIN, END, NativeBackend, PythonBackend
@@ -210,13 +210,14 @@ class _Iter:
         self._pin_warned = False
         if self._num_workers:
             patch_torch_worker_info()
+        # decode / collate straight into page-locked buffers when pinning is on
+        dev = loader._fl_device.index if loader._fl_device is not None else (
+            torch.cuda.current_device() if pin else -1)
         if self._backend.native:
-            # decode straight into page-locked buffers when pinning is on
-            dev = loader._fl_device.index if loader._fl_device is not None else (
-                torch.cuda.current_device() if pin else -1)
             self._backend.start_epoch(self._ep, self._ep.native_seed, dev if pin else -1)
         else:
-            self._ep.pin = pin  # Python batches are pinned in the worker
+            self._ep.pin = pin  # what collation did not stack into the pool is pinned in the worker
+            self._ep.pool = loader._fl_batch_pool(dev if pin else -1)
             stats0 = self._backend.start_epoch(self._ep, self._base_seed)
             if self._num_workers:
                 self._gil = GilMonitor(self._t_start, stats0)
@@ -546,6 +547,24 @@ class DataLoader(_Base):
             return False
         return want
 
+    def _fl_batch_pool(self, pin_device):
+        """The buffers Python datasets' default collation stacks into
+        (_C.BatchPool), page-locked for `pin_device` (-1: not).  Cached on
+        the loader, as the native datasets' pool is on the dataset, so
+        epochs reuse them; each buffer keeps its own pool alive, so batches
+        may outlive the loader."""
+        pool = getattr(self, "_fl_pool", None)
+        if pool is None or self._fl_pool_pin != pin_device:
+            self._fl_pool_pin = pin_device
+            try:
+                pool = _C.BatchPool(pin_device)
+            except RuntimeError:
+                # torch sees a GPU but fastloader cannot load the CUDA
+                # runtime itself: the worker pins with torch's copy, as before
+                pool = _C.BatchPool(-1)
+            self._fl_pool = pool
+        return pool
+
     def _get_iterator(self):
         it = _Iter(self)
         self._fl_last_iter = weakref.ref(it)
@@ -560,7 +579,8 @@ class DataLoader(_Base):
         workers (per-worker counters), worker_busy_fraction; for native
         datasets stages_s (read/decode/transform seconds summed over
         workers), bytes_read, pool_bytes, skipped, replaced; for Python
-        datasets stages_s (dataset/collate/pin seconds) and, with workers,
+        datasets stages_s (dataset/collate/pin seconds), pool_bytes (the
+        buffers default collation stacks into) and, with workers,
         gil (see README, "The GIL trade-off"); with device=, device,
         h2d_enqueue_s, h2d_gpu_s (the copies' time on the GPU), h2d_bytes,
         h2d_copies_in_flight, device_pool_bytes, device_pool_buffers.
