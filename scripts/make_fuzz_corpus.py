@@ -64,6 +64,56 @@ def with_app1(data: bytes, payload: bytes) -> bytes:
     return data[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + data[2:]
 
 
+def segments(data: bytes):
+    """(offset, marker, length) of each marker segment up to and including the first SOS."""
+    i = 2
+    while i + 4 <= len(data):
+        marker, n = data[i + 1], struct.unpack(">H", data[i + 2:i + 4])[0]
+        yield i, marker, n
+        if marker == 0xDA:
+            return
+        i += 2 + n
+
+
+def sof_patch(data: bytes, precision: int | None = None, marker: int | None = None) -> bytes:
+    out = bytearray(data)
+    for i, m, _ in segments(data):
+        if m in (0xC0, 0xC1, 0xC2):
+            if precision is not None:
+                out[i + 4] = precision
+            if marker is not None:
+                out[i + 1] = marker
+            break
+    return bytes(out)
+
+
+def adobe_transform(data: bytes, transform: int) -> bytes:
+    out = bytearray(data)
+    for i, m, n in segments(data):
+        if m == 0xEE and data[i + 4:i + 9] == b"Adobe":
+            out[i + 2 + n - 1] = transform
+    return bytes(out)
+
+
+def drop_third_component(data: bytes) -> bytes:
+    """SOF and SOS with the first two of three components (the scan data no longer matches)."""
+    out = bytearray(data[:2])
+    for i, m, n in segments(data):
+        seg = bytearray(data[i:i + 2 + n])
+        if m in (0xC0, 0xC1, 0xC2) and seg[9] == 3:
+            seg = seg[:-3]
+            seg[9] = 2
+            seg[2:4] = struct.pack(">H", len(seg) - 2)
+        elif m == 0xDA and seg[4] == 3:
+            seg = seg[:9] + seg[11:]
+            seg[4] = 2
+            seg[2:4] = struct.pack(">H", len(seg) - 2)
+            out += seg + data[i + 2 + n:]
+            return bytes(out)
+        out += seg
+    return bytes(out)
+
+
 def tool(args: list[str], data: bytes) -> bytes | None:
     """Run cjpeg / jpegtran on data (stdin -> stdout); None when unavailable."""
     if shutil.which(args[0]) is None:
@@ -107,6 +157,13 @@ def make_jpegs() -> dict[str, bytes]:
     out["trailing_junk_33x17.jpg"] = good + b"\0junk after EOI\xff\xd9"
     # junk bytes before the first DQT marker: a libjpeg warning, not an error
     out["junk_before_marker_33x17.jpg"] = good[:2] + b"\x00\x11\x22" + good[2:]
+
+    # header variants libjpeg parses but jpeg.c must refuse or convert:
+    # 2 components (JCS_UNKNOWN), Adobe transform 2 (YCCK), 12-bit samples, lossless SOF3
+    out["two_components_33x17.jpg"] = drop_third_component(out["baseline_444_33x17.jpg"])
+    out["ycck_adobe_19x13.jpg"] = adobe_transform(out["cmyk_adobe_19x13.jpg"], 2)
+    out["precision12_33x17.jpg"] = sof_patch(good, precision=12)
+    out["lossless_sof3_33x17.jpg"] = sof_patch(good, marker=0xC3)
 
     src = ppm(picture(37, 29, seed=14))
     made = {
