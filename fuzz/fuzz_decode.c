@@ -16,7 +16,7 @@
  * - decoder reuse: a decoder that has just decoded another JPEG (primer.h,
  *   with its own quantization and Huffman tables) gives the same result for
  *   the input as a fresh one, as a native worker reuses its decoder for every
- *   file it reads (unless built with -DFZ_SKIP_KNOWN, see HARDENING.md).
+ *   file it reads.
  * Everything else uses a fresh decoder per input, so a crash reproduces from
  * its input alone.
  */
@@ -44,7 +44,6 @@ xmalloc(size_t n)
 static void
 check_reuse(const uint8_t *data, size_t size, const fl_jpeg_info *info, int rc3, const uint8_t *rgb)
 {
-#ifndef FZ_SKIP_KNOWN
     if (!reused) {
         reused = fl_jpeg_new();
         if (!reused)
@@ -69,10 +68,6 @@ check_reuse(const uint8_t *data, size_t size, const fl_jpeg_info *info, int rc3,
         FZ_FAIL("decoder reuse: pixels differ from a fresh decoder's after decoding another JPEG first "
                 "(tables carried over from the previous image)");
     free(again);
-#else
-    (void)data, (void)size, (void)info, (void)rc3, (void)rgb;
-    (void)reused;
-#endif
 }
 
 /* fl_jpeg_decode on a decoder of its own (created and freed here): no

@@ -148,26 +148,8 @@ region_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
             FZ_FAIL("valid region %d,%d %dx%d of the %dx%d image at scale %d refused: %s", r.x, r.y, r.w, r.h, sw,
                     sh, scale, err.msg);
     }
-    int compare = 1;
-#ifdef FZ_SKIP_KNOWN
-    /* known finding (HARDENING.md): when the columns jpeg.c asks
-     * jpeg_crop_scanline for (the region plus one on each side, clipped to
-     * the image) are at most 4, a subsampled component's cropped width can
-     * drop below 2 and libjpeg-turbo switches that component to plain
-     * upsampling, so the region differs from the full decode */
-    {
-        int c0 = r.x > 1 ? r.x - 1 : 0, c1 = r.x + r.w + 1 < sw ? r.x + r.w + 1 : sw;
-        if (c1 - c0 <= 4 && r.w < sw)
-            compare = 0;
-    }
-    /* known finding (HARDENING.md): libjpeg's interblock smoothing of
-     * progressive JPEGs with incomplete coefficients treats the crop's edge
-     * blocks as image edges, so cropped columns differ from the full decode */
-    if (info.progressive && r.w < sw)
-        compare = 0;
-#endif
     /* region == window of the full decode at the same scale */
-    if (compare && rc == 0 && warnings == 0 && (size_t)sw * (size_t)sh * (size_t)ch <= ((size_t)4 << 20)
+    if (rc == 0 && warnings == 0 && (size_t)sw * (size_t)sh * (size_t)ch <= ((size_t)4 << 20)
         && !(r.x == 0 && r.y == 0 && r.w == sw && r.h == sh)) {
         fl_jpeg_region full = {ch, scale, 0, 0, sw, sh};
         const size_t fstride = (size_t)sw * (size_t)ch;

@@ -228,10 +228,10 @@ build_spec(fz_bytes *p, fl_tspec *t)
     }
 }
 
-/* The memfd the native path reads "the file" from, and a fresh worker: a
- * real worker keeps its decoder across files, and tables left in it by one
- * file change how the next decodes (HARDENING.md; fuzz_decode.c checks
- * that), which would make findings here depend on earlier inputs. */
+/* The memfd the native path reads "the file" from, and a fresh worker per
+ * input, so that a finding reproduces from its input alone (a real worker
+ * keeps its state across files; fuzz_decode.c checks that decoder reuse
+ * changes nothing). */
 static void
 setup(void)
 {
@@ -346,7 +346,7 @@ native_mode(fz_bytes *p, const fl_tspec *t, int spec_ok, const uint8_t *file, si
             const fl_native_event *e = &bt->events[i];
             if (bt->event_kind[i] == FL_EV_FIXUP)
                 continue;
-            if (e->code < FL_ERR_DECODE || e->code > FL_ERR_IO || memchr(e->msg, '\0', sizeof e->msg) == NULL
+            if (e->code < FL_ERR_DECODE || e->code > FZ_ERR_LAST || memchr(e->msg, '\0', sizeof e->msg) == NULL
                 || e->msg[0] == '\0')
                 FZ_FAIL("batch event %d (kind %d): code %d, message '%.80s'", i, bt->event_kind[i], e->code, e->msg);
         }

@@ -12,7 +12,7 @@
 # Builds fuzz/fuzz_<target>.c against csrc/ (jpeg.c imgops.c native.c engine.c
 # pool.c cuda.c; -ljpeg -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
-# missing, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
+# missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
 # leak and timeout inputs go to build/fuzz/crashes/.  Prints executions,
 # exec/s, coverage (cov/ft) and corpus size per target; exits non-zero if any
@@ -81,7 +81,7 @@ for t in "${targets[@]}"; do
 done
 
 # --- seed corpus
-if [ ! -d "$B/seeds/decode" ]; then
+if [ ! -d "$B/seeds/decode" ] || [ scripts/make_fuzz_corpus.py -nt "$B/seeds/decode" ]; then
     PY=python3
     [ -x "${FASTLOADER_VENV:-.venv}/bin/python" ] && PY="${FASTLOADER_VENV:-.venv}/bin/python"
     "$PY" scripts/make_fuzz_corpus.py "$B/seeds"

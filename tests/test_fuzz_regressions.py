@@ -6,10 +6,9 @@ Each file in tests/data/fuzz-regressions/ is an input of one harness, named
 (fuzz/fuzz_render.c) and a JPEG.  scripts/fuzz.sh replays them through the
 harnesses; here the JPEGs go through the Python API, which must return a
 result or raise DecodeError, and the finding behind each file is tested
-directly.  HARDENING.md ("Fuzzing") describes the findings.
-
-Tests of findings that csrc/ does not fix yet are xfail(strict=True): when the
-fix lands they pass, strict makes that an error, and the mark is removed.
+directly.  HARDENING.md ("Fuzzing") describes the findings and their fixes;
+tests/test_jpeg_tables.py and tests/test_jpeg_regions.py cover the decoder
+ones more widely.
 """
 import io
 import os
@@ -109,8 +108,6 @@ def test_missing_dqt_is_refused_like_pillow():
         fastloader.decode_jpeg(src)
 
 
-@pytest.mark.xfail(strict=True, reason="jpeg.c reuses one libjpeg decompressor per worker and libjpeg keeps "
-                   "DQT/DHT tables across images (HARDENING.md, Fuzzing)")
 def test_missing_dqt_is_refused_after_another_image_too(tmp_path):
     ds = _list(tmp_path, _own_tables_jpeg(), _read("decode-table-carryover-nodqt.jpg"))
     with pytest.raises(fastloader.DecodeError):
@@ -119,8 +116,6 @@ def test_missing_dqt_is_refused_after_another_image_too(tmp_path):
         ds.load_batch([0, 1], 0, 0)       # ... and so must one that just decoded file 0
 
 
-@pytest.mark.xfail(strict=True, reason="jpeg.c reuses one libjpeg decompressor per worker and libjpeg keeps "
-                   "DQT/DHT tables across images (HARDENING.md, Fuzzing)")
 def test_missing_dht_decodes_the_same_after_another_image(tmp_path):
     # without DHT, libjpeg-turbo uses the standard tables (as Pillow does) --
     # unless the decoder still holds another image's tables
@@ -132,8 +127,6 @@ def test_missing_dht_decodes_the_same_after_another_image(tmp_path):
 
 # -- region decode: a region must equal the same window of a full decode ----
 
-@pytest.mark.xfail(strict=True, reason="a crop whose subsampled width drops below 2 makes libjpeg-turbo switch "
-                   "to plain upsampling (HARDENING.md, Fuzzing)")
 def test_one_column_region_at_the_edges_of_a_420_image():
     src = _jpeg("region-narrow-crop-420.bin")
     assert _region("region-narrow-crop-420.bin") == (8, 0, 0, 1, 16, 3)
@@ -142,8 +135,6 @@ def test_one_column_region_at_the_edges_of_a_420_image():
         np.testing.assert_array_equal(_C._decode_region(src, 8, x, 0, 1, 16, 3), full[:, x:x + 1], err_msg=f"x={x}")
 
 
-@pytest.mark.xfail(strict=True, reason="libjpeg's block smoothing of incomplete progressive JPEGs treats the "
-                   "crop edges as image edges (HARDENING.md, Fuzzing)")
 def test_region_of_an_incomplete_progressive_jpeg():
     # a valid progressive file holding only its first two scans; Pillow decodes it
     name = "region-progressive-smoothing.bin"
