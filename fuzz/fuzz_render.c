@@ -5,11 +5,11 @@
  *               fl_plan_source_window + the region/DCT-scaled fl_jpeg_decode +
  *               fl_render exactly as a native worker does (the file is
  *               handed over through a memfd path);
- *   mode 2:     fastloader._C.render with plan=None: the decoded image (or,
+ *   mode 2:     fastloader._C._render with plan=None: the decoded image (or,
  *               when the JPEG does not decode, pixels made from the input) as
  *               an fl_view with a view_scale / view_origin from the input,
  *               fl_plan_sample, fl_render;
- *   mode 3:     fastloader._C.render with an explicit plan dict: a plan of
+ *   mode 3:     fastloader._C._render with an explicit plan dict: a plan of
  *               arbitrary integers from the input, straight to fl_render.
  *
  * What the Python layer enforces, mirrored here (everything else reaches C):
@@ -387,7 +387,7 @@ native_mode(fz_bytes *p, const fl_tspec *t, int spec_ok, const uint8_t *file, si
     free(out);
 }
 
-/* Modes 2, 3: fastloader._C.render. */
+/* Modes 2, 3: fastloader._C._render. */
 static void
 render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t *file, size_t len)
 {

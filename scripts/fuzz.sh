@@ -9,8 +9,8 @@
 #            render-noavx2 is the render binary with FASTLOADER_NO_AVX2=1 (the
 #            portable resample kernels); it shares the render corpus.
 #
-# Builds fuzz/fuzz_<target>.c against csrc/ (jpeg.c imgops.c native.c engine.c
-# pool.c cuda.c; -ljpeg -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# Builds fuzz/fuzz_<target>.c against the core sources (every csrc/*.c but
+# module.c and py_*.c; -ljpeg -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -60,8 +60,15 @@ CFLAGS=(-g -O1 -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -pthread -Wall -We
 # FUZZ_SKIP_KNOWN=1: the harnesses steer clear of the findings recorded in
 # HARDENING.md that csrc/ does not fix yet, so a run can look for new ones.
 [ "${FUZZ_SKIP_KNOWN:-0}" = 1 ] && CFLAGS+=(-DFZ_SKIP_KNOWN)
-CORE=(jpeg imgops native engine pool cuda)
-echo "fuzz: building into $B ($(clang --version | head -1))"
+# The core: every csrc/*.c but the Python binding (module.c, py_*.c), so a
+# split or a new core file needs no change here.
+CORE=()
+for f in csrc/*.c; do
+    f=$(basename "$f" .c)
+    case $f in module|py_*) ;; *) CORE+=("$f") ;; esac
+done
+echo "fuzz: building into $B ($(clang --version | head -1)): ${CORE[*]}"
+rm -f "$B"/obj/*.o
 for f in "${CORE[@]}"; do
     clang "${CFLAGS[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "csrc/$f.c" -o "$B/obj/$f.o" &
 done

@@ -161,7 +161,7 @@ cases = [dict(plan=plan, view_origin=(math.nan, 0.0)), dict(plan=plan, view_orig
          dict(view_origin=(math.nan, math.nan))]
 for kw in cases:
     try:
-        _C.render(spec, img, **kw)
+        _C._render(spec, img, **kw)
     except ValueError:
         continue
     sys.exit(f"no ValueError for {kw}")
@@ -171,7 +171,7 @@ print("all refused")
 
 def test_render_refuses_non_finite_view_geometry():
     # Each call must raise ValueError.  They do in a normal build, but today by
-    # luck: fl_render (imgops.c fl_axis_setup) and render()'s default src_size
+    # luck: fl_render (resample.c fl_axis_setup) and _render()'s default src_size
     # (py_transform.c) convert NaN / infinite / huge doubles to int, which is
     # undefined behaviour that clang's UBSan reports (fuzz_render) and gcc's
     # reports with -fsanitize=float-cast-overflow (not part of gcc's
