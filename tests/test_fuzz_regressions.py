@@ -1,0 +1,181 @@
+"""Regression tests for what the libFuzzer harnesses (fuzz/, scripts/fuzz.sh) found.
+
+Each file in tests/data/fuzz-regressions/ is an input of one harness, named
+<target>-<finding>.<ext>: decode-* is a JPEG; region-* is 16 parameter bytes
+(fuzz/fuzz_region.c) and a JPEG; render-* is 64 parameter bytes
+(fuzz/fuzz_render.c) and a JPEG.  scripts/fuzz.sh replays them through the
+harnesses; here the JPEGs go through the Python API, which must return a
+result or raise DecodeError, and the finding behind each file is tested
+directly.  HARDENING.md ("Fuzzing") describes the findings and their fixes;
+tests/test_jpeg_tables.py and tests/test_jpeg_regions.py cover the decoder
+ones more widely.
+"""
+import io
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fastloader
+from fastloader import _C
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "fuzz-regressions")
+FILES = sorted(os.listdir(DATA))
+PARAMS = {"decode": 0, "region": 16, "render": 64}   # fuzz/fuzz_common.h
+
+
+def _read(name: str) -> bytes:
+    with open(os.path.join(DATA, name), "rb") as f:
+        return f.read()
+
+
+def _jpeg(name: str) -> bytes:
+    return _read(name)[PARAMS[name.split("-")[0]]:]
+
+
+def _region(name: str) -> tuple[int, int, int, int, int, int]:
+    """(scale_num, x, y, w, h, channels) that fuzz_region.c derives from a valid
+    region-* parameter block (the header gives the scaled size)."""
+    p = _read(name)[:16]
+    flags, scale = p[0], 1 + p[1] % 16
+    assert (flags >> 2) & 3, "an invalid-request input"
+    fx, fy, fw, fh = struct.unpack(">4H", p[3:11])
+    h = _C.read_jpeg_header(_jpeg(name))
+    sw, sh = -(-h["width"] * scale // 8), -(-h["height"] * scale // 8)
+    x, y = fx * sw >> 16, fy * sh >> 16
+    return scale, x, y, 1 + (fw * (sw - x) >> 16), 1 + (fh * (sh - y) >> 16), 1 if flags & 1 else 3
+
+
+def test_every_file_names_a_target():
+    assert FILES
+    assert all(f.split("-")[0] in PARAMS for f in FILES), FILES
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_regression_input_decodes_or_raises_decode_error(name):
+    src = _jpeg(name)
+    try:
+        info = _C.read_jpeg_header(src)
+    except fastloader.DecodeError:
+        info = None
+    for mode, ch in (("RGB", 3), ("L", 1)):
+        try:
+            a = fastloader.decode_jpeg(src, mode=mode, apply_exif_orientation=True)
+        except fastloader.DecodeError:
+            continue
+        assert info is not None
+        assert a.dtype == np.uint8 and a.shape[2] == ch
+        assert sorted(a.shape[:2]) == sorted((info["height"], info["width"]))
+    if name.startswith("region-"):
+        scale, x, y, w, h, ch = _region(name)
+        try:
+            a = _C._decode_region(src, scale, x, y, w, h, ch)
+        except fastloader.DecodeError:
+            return
+        assert a.shape == (h, w, ch)
+
+
+# -- decoder reuse: tables left over from the previous image ----------------
+
+def _own_tables_jpeg() -> bytes:
+    """A JPEG with its own quantization (quality 37) and optimized Huffman tables."""
+    img = Image.new("RGB", (32, 24))
+    img.putdata([((i * 37) & 255, (i * 7) & 255, (i * 3) & 255) for i in range(32 * 24)])
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=37, optimize=True)
+    return buf.getvalue()
+
+
+def _list(tmp_path, *files):
+    from fastloader import transforms as FT
+    paths = []
+    for i, data in enumerate(files):
+        p = tmp_path / f"{i}.jpg"
+        p.write_bytes(data)
+        paths.append(str(p))
+    return fastloader.ImageList(paths, transform=FT.Compose([FT.Resize((24, 32))]))
+
+
+def test_missing_dqt_is_refused_like_pillow():
+    src = _read("decode-table-carryover-nodqt.jpg")
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(src)).load()
+    with pytest.raises(fastloader.DecodeError, match="Quantization table 0x00 was not defined"):
+        fastloader.decode_jpeg(src)
+
+
+def test_missing_dqt_is_refused_after_another_image_too(tmp_path):
+    ds = _list(tmp_path, _own_tables_jpeg(), _read("decode-table-carryover-nodqt.jpg"))
+    with pytest.raises(fastloader.DecodeError):
+        ds.load_batch([1], 0, 0)          # a fresh worker decoder refuses it
+    with pytest.raises(fastloader.DecodeError):
+        ds.load_batch([0, 1], 0, 0)       # ... and so must one that just decoded file 0
+
+
+def test_missing_dht_decodes_the_same_after_another_image(tmp_path):
+    # without DHT, libjpeg-turbo uses the standard tables (as Pillow does) --
+    # unless the decoder still holds another image's tables
+    ds = _list(tmp_path, _own_tables_jpeg(), _read("decode-table-carryover-nodht.jpg"))
+    alone, _ = ds.load_batch([1], 0, 0)
+    after, _ = ds.load_batch([0, 1], 0, 0)
+    np.testing.assert_array_equal(np.asarray(after)[1], np.asarray(alone)[0])
+
+
+# -- region decode: a region must equal the same window of a full decode ----
+
+def test_one_column_region_at_the_edges_of_a_420_image():
+    src = _jpeg("region-narrow-crop-420.bin")
+    assert _region("region-narrow-crop-420.bin") == (8, 0, 0, 1, 16, 3)
+    full = fastloader.decode_jpeg(src)                 # 18 x 16, 4:2:0
+    for x in (0, 17):                                  # 17: the iMCU column 16.. holds 2 pixels
+        np.testing.assert_array_equal(_C._decode_region(src, 8, x, 0, 1, 16, 3), full[:, x:x + 1], err_msg=f"x={x}")
+
+
+def test_region_of_an_incomplete_progressive_jpeg():
+    # a valid progressive file holding only its first two scans; Pillow decodes it
+    name = "region-progressive-smoothing.bin"
+    src = _jpeg(name)
+    scale, x, y, w, h, ch = _region(name)
+    assert (scale, x, y, w, h, ch) == (8, 17, 0, 4, 24, 3)
+    full = fastloader.decode_jpeg(src)
+    np.testing.assert_array_equal(full, np.asarray(Image.open(io.BytesIO(src)).convert("RGB")))
+    np.testing.assert_array_equal(_C._decode_region(src, scale, x, y, w, h, ch), full[y:y + h, x:x + w])
+
+
+# -- render: non-finite or huge view geometry --------------------------------
+
+_RENDER_CHILD = r"""
+import math, sys
+import numpy as np
+from fastloader import _C
+spec = dict(geom="resize_crop", resize_h=8, resize_w=8, out_h=8, out_w=8)
+img = np.zeros((16, 16, 3), np.uint8)
+plan = dict(box=(0, 0, 16, 16), resized=(8, 8), window=(0, 0))
+cases = [dict(plan=plan, view_origin=(math.nan, 0.0)), dict(plan=plan, view_origin=(math.inf, 0.0)),
+         dict(plan=plan, view_origin=(0.0, 1e300)), dict(plan=plan, view_scale=(math.inf, 1.0)),
+         dict(plan=plan, view_scale=(1e300, 1e300)), dict(view_scale=(1e-300, 1e-300)),
+         dict(view_origin=(math.nan, math.nan))]
+for kw in cases:
+    try:
+        _C._render(spec, img, **kw)
+    except ValueError:
+        continue
+    sys.exit(f"no ValueError for {kw}")
+print("all refused")
+"""
+
+
+def test_render_refuses_non_finite_view_geometry():
+    # Each call must raise ValueError.  They do in a normal build, but today by
+    # luck: fl_render (resample.c fl_axis_setup) and _render()'s default src_size
+    # (py_transform.c) convert NaN / infinite / huge doubles to int, which is
+    # undefined behaviour that clang's UBSan reports (fuzz_render) and gcc's
+    # reports with -fsanitize=float-cast-overflow (not part of gcc's
+    # -fsanitize=undefined).  A child process, so that a sanitizer abort fails
+    # this test instead of ending the whole run.
+    r = subprocess.run([sys.executable, "-c", _RENDER_CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "all refused" in r.stdout, r.stdout + r.stderr[-3000:]
