@@ -67,7 +67,7 @@ int fl_jpeg_last_warnings(const fl_jpeg *j);
 
 typedef struct {
     int width, height;      /* as stored in the file (before EXIF orientation) */
-    int components;         /* 1, 3 or 4 */
+    int components;         /* as the file says (1..4); fl_jpeg_decode refuses what it cannot convert */
     int colorspace;         /* libjpeg J_COLOR_SPACE of the file (JCS_GRAYSCALE, JCS_YCbCr, JCS_RGB, JCS_CMYK, JCS_YCCK) */
     int orientation;        /* EXIF orientation 1..8, 1 if absent or invalid */
     int progressive, arithmetic;

@@ -380,8 +380,13 @@ fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
                 goto error;
             }
         } else {
-            sw = (int)((v.w + origin[0]) / scale[0] + 0.5);
-            sh = (int)((v.h + origin[1]) / scale[1] + 0.5);
+            double dw = (v.w + origin[0]) / scale[0] + 0.5, dh = (v.h + origin[1]) / scale[1] + 0.5;
+            if (!(dw >= 1.0 && dw <= FL_MAX_DIM && dh >= 1.0 && dh <= FL_MAX_DIM)) {
+                PyErr_Format(PyExc_ValueError, "render: the view implies a source of %g x %g pixels", dw, dh);
+                goto error;
+            }
+            sw = (int)dw;
+            sh = (int)dh;
         }
         if (fl_plan_sample(&t, sw, sh, seed, epoch, index, &p, msg, sizeof msg) < 0) {
             PyErr_SetString(PyExc_ValueError, msg);

@@ -25,6 +25,7 @@
 #include "imgops_internal.h"
 #include "resample.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -434,12 +435,17 @@ int
 fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
           char *msg, size_t msglen)
 {
+    /* origin and scale bounded (NaN fails every comparison), so no double
+     * below converts to an int out of range */
     if (src == NULL || src->data == NULL || src->w <= 0 || src->h <= 0
         || (src->channels != 1 && src->channels != 3) || src->stride < (size_t)src->w * src->channels
-        || !(src->scale_x > 0) || !(src->scale_y > 0)) {
+        || !(src->scale_x > 1e-6 && src->scale_x <= 16.0) || !(src->scale_y > 1e-6 && src->scale_y <= 16.0)
+        || !(fabs(src->origin_x) <= FL_MAX_DIM) || !(fabs(src->origin_y) <= FL_MAX_DIM)) {
         fl_imgops_msg(msg, msglen, "render: invalid source view");
         return -1;
     }
+    if (fl_tspec_check(t, msg, msglen) < 0)   /* the spec sizes the tables and rows below */
+        return -1;
     fl_rctx r;
     memset(&r, 0, sizeof r);
     r.t = t;

@@ -128,6 +128,8 @@ fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, i
         if (a->in_lo >= 0 && a->in_hi <= len && a->in_hi > a->in_lo)
             return 0;
     }
+    if (!(b0 > -4.0 * FL_MAX_DIM && b1 < 4.0 * FL_MAX_DIM && b0 < b1))   /* NaN fails too */
+        return -1;
     int lo = (int)floor(b0 + 1e-6), hi = (int)ceil(b1 - 1e-6);
     if (lo < 0)
         lo = 0;

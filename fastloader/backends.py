@@ -69,6 +69,13 @@ class NativeBackend(_Backend):
         self.ep = ep
         self.epoch = ep.epoch
         self.seed = seed
+        if pin_device >= 0:
+            # cudaHostAlloc needs fastloader's own handle on the CUDA runtime,
+            # which nothing else may have loaded yet (torch's does not count)
+            try:
+                _C.cuda_require(pin_device)
+            except RuntimeError:
+                pass  # set_pinned's allocations then fail: pin_error, and the loader warns once
         self.dataset._native.set_pinned(pin_device)
         if self.num_workers and not self._engine_ready():
             self.engine = _C.NativeEngine(self.num_workers, self.dataset._native)

@@ -170,12 +170,12 @@ print("all refused")
 
 
 def test_render_refuses_non_finite_view_geometry():
-    # Each call must raise ValueError.  They do in a normal build, but today by
-    # luck: fl_render (resample.c fl_axis_setup) and _render()'s default src_size
-    # (py_transform.c) convert NaN / infinite / huge doubles to int, which is
-    # undefined behaviour that clang's UBSan reports (fuzz_render) and gcc's
-    # reports with -fsanitize=float-cast-overflow (not part of gcc's
-    # -fsanitize=undefined).  A child process, so that a sanitizer abort fails
-    # this test instead of ending the whole run.
+    # Each call must raise ValueError.  They used to, in a normal build, by
+    # luck: fl_render (resample.c fl_axis_setup) and _render()'s default
+    # src_size (py_transform.c) converted NaN / infinite / huge doubles to int,
+    # undefined behaviour that clang's UBSan reported (fuzz_render, F4 in
+    # HARDENING.md) and gcc's does with -fsanitize=float-cast-overflow, which
+    # the ASan build now has.  A child process, so that a sanitizer abort
+    # fails this test instead of ending the whole run.
     r = subprocess.run([sys.executable, "-c", _RENDER_CHILD], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "all refused" in r.stdout, r.stdout + r.stderr[-3000:]
