@@ -342,7 +342,7 @@ def _where(e) -> str:
     return " ".join([str(e), *getattr(e, "__notes__", ())])
 
 
-def _run_epoch_with_fault(dl, paths, fault, jpeg):
+def _run_epoch_with_fault(dl, paths, fault):
     """Take the first batch, make samples BAD bad, then run the rest of the
     epoch.  Returns (batches, error or None, slowest next() in seconds).
 
@@ -455,7 +455,7 @@ def test_native_file_fault_mid_epoch(tmp_path, jpeg, fault, kind, on_error, nw):
     ds = _native(kind, root, paths, on_error=on_error)
     dl = _dl(ds, nw)
     ref_labels = [int(t) for t in ds.targets]
-    batches, err, slowest = _run_epoch_with_fault(dl, paths, fault, jpeg)
+    batches, err, slowest = _run_epoch_with_fault(dl, paths, fault)
     assert slowest < NO_BLOCK_S, f"a next() took {slowest:.2f}s: the loader blocked on the {fault} file"
     bad = [paths[i] for i in BAD]
     if on_error == "raise":
@@ -530,7 +530,7 @@ def test_python_file_fault_mid_epoch(tmp_path, jpeg, reader, fault, nw):
     paths = _tree(str(tmp_path / "train"), jpeg)
     ds = FileDataset(paths, reader)
     dl = _dl(ds, nw)
-    batches, err, slowest = _run_epoch_with_fault(dl, paths, fault, jpeg)
+    batches, err, slowest = _run_epoch_with_fault(dl, paths, fault)
     assert slowest < NO_BLOCK_S, f"a next() took {slowest:.2f}s: blocked on the {fault} file"
     assert len(batches) == BAD[0] // BS
     if fault == "truncated":  # decoded from bytes: the message cannot name the file
@@ -568,7 +568,7 @@ def test_python_dataset_blocked_on_fifo_times_out(tmp_path, jpeg):
     assert isinstance(err, RuntimeError), repr(err)
     assert "timed out" in str(err) and "batch 4" in str(err), str(err)
     assert got == BAD[0] // BS
-    assert 0.4 < waited < 1.5, f"timeout=0.5 raised after {waited:.2f}s"
+    assert 0.4 < waited < 1.9, f"timeout=0.5 raised after {waited:.2f}s"
 
 
 # -- a consumer that keeps every batch -------------------------------------------
@@ -577,9 +577,10 @@ def test_python_dataset_blocked_on_fifo_times_out(tmp_path, jpeg):
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 def test_consumer_keeps_every_batch(tmp_path, jpeg, native):
     """Two epochs, every batch kept: completes, every kept batch keeps its
-    values (no buffer reused while a tensor uses it), memory is what is kept
-    (+ the prefetch window and the pool's idle buffers), and the loader holds
-    no batch once the consumer drops them."""
+    values (equal to a num_workers=0 run: no buffer is reused while a tensor
+    uses it), the loader holds no batch once the consumer drops them, and for
+    the native dataset the batch pool holds what is kept plus at most the
+    prefetch window and its 8 idle buffers (and only the idle ones after)."""
     n, bs = 48, 4
     paths = _tree(str(tmp_path / "train"), jpeg, n=n)
     if native:
