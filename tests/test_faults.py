@@ -44,9 +44,8 @@ What is here:
   loader, an epoch of 1200 files under `ulimit -n 256`;
 * test_sigint_while_an_iterator_is_finalized_is_not_lost.
 
-Tests marked xfail(strict=True) fail with today's code for the reason given
-in the mark; they are expected to pass once that bug is fixed (strict: an
-unexpected pass is reported, so the mark gets removed).
+The one test marked xfail(strict=True) is a known bug, left open (see its
+reason); strict, so a fix is noticed and the mark removed.
 """
 
 from __future__ import annotations
@@ -82,36 +81,6 @@ NO_BLOCK_S = 0.5         # a next() that takes longer than this blocked on somet
 N = 12                   # samples per test epoch
 BS = 2                   # batch size: N // BS batches
 BAD = (8, 11)            # samples made bad after the first batch (batches 4 and 5)
-
-# -- xfail reasons (bugs in today's code) --------------------------------------
-
-XF_TYPED_OSERROR = (
-    "issue 9 item 5/8: the native reader reports every I/O failure as fastloader.DecodeError "
-    "('<path>: cannot open: No such file or directory' / '<path>: not a regular file') instead of the "
-    "OSError subclass with errno and filename")
-XF_FIFO_BLOCKS = (
-    "issue 9 item 5/8: open() of a FIFO blocks (no O_NONBLOCK / stat before open), so the read waits "
-    "for a writer; here it only returns because the test opens the FIFO for writing after NO_BLOCK_S + 0.3 s")
-XF_FIFO_DECODE_JPEG = (
-    "issue 9 item 5/8: fastloader.decode_jpeg(path) opens a FIFO with a blocking open() (csrc/py_image.c "
-    "fl_read_file_nogil), and once a writer comes and goes reads it as an empty file ('Empty input file') "
-    "instead of refusing a file that is not a regular file")
-XF_FORK_ITER = (
-    "issue 9 item 5/8: an iterator carried into a forked child waits forever for worker threads that "
-    "do not exist in the child, instead of raising RuntimeError")
-XF_FORK_EXIT = (
-    "found by this suite (same root cause as issue 9 item 5/8): a forked child that drops an inherited "
-    "live iterator, or exits normally (atexit) while one is alive, hangs in pthread_join on the parent's "
-    "worker threads (csrc/engine.c fl_engine_free_timed)")
-XF_UTF8_MSG = (
-    "found by this suite: the native error event carries the path inside a C message that "
-    "py_native.c turns into str with Py_BuildValue('s'), which is strict UTF-8: a non-UTF-8 file "
-    "name raises UnicodeDecodeError instead of the error (even with on_error='skip')")
-XF_LONG_MSG = (
-    "found by this suite: the native error message is '<path>: <reason>' in a 320-byte buffer "
-    "(fl_err.msg): with a long path the path is cut (decode errors) or the reason is pushed out (I/O "
-    "errors), and a cut inside a multi-byte UTF-8 character raises UnicodeDecodeError instead of the error")
-
 
 # -- fixtures --------------------------------------------------------------------
 
@@ -291,8 +260,9 @@ class FifoUnblocker:
     """Frees readers blocked in open() on FIFOs: after `after` s it keeps
     opening each FIFO for writing (non-blocking, which succeeds only while a
     reader waits) and closes it at once, so the reader's open() returns and
-    its read sees end-of-file.  Today's code blocks on a FIFO (XF_FIFO_BLOCKS);
-    without this, such a test would hang instead of failing."""
+    its read sees end-of-file.  The loader refuses a FIFO without opening it
+    for reading; should that regress, a test would then fail (the read takes
+    longer than NO_BLOCK_S) instead of hanging."""
 
     def __init__(self, paths, after=NO_BLOCK_S + 0.3):
         self.paths = [p for p in paths]
@@ -436,14 +406,7 @@ def _native_cases():
         for kind in kinds:
             for on_error in ("raise", "skip", "replace"):
                 for nw in (0, 2):
-                    marks = []
-                    if fault == "fifo":
-                        marks.append(pytest.mark.xfail(strict=True, reason=XF_FIFO_BLOCKS))
-                    elif on_error == "raise" and fault in ("deleted", "directory", "unreadable"):
-                        if not (fault == "unreadable" and os.geteuid() == 0):
-                            marks.append(pytest.mark.xfail(strict=True, reason=XF_TYPED_OSERROR))
-                    cases.append(pytest.param(fault, kind, on_error, nw, marks=marks,
-                                              id=f"{fault}-{kind}-{on_error}-w{nw}"))
+                    cases.append(pytest.param(fault, kind, on_error, nw, id=f"{fault}-{kind}-{on_error}-w{nw}"))
     return cases
 
 
@@ -486,16 +449,16 @@ def test_native_file_fault_mid_epoch(tmp_path, jpeg, fault, kind, on_error, nw):
     # the next epoch (the files are still bad) copes in the same way
     with FifoUnblocker(bad if fault == "fifo" else [], after=0.0):
         again = list(dl)
+    # each bad file is listed once, however many epochs meet it (issue 9 item 10)
     if on_error == "skip":
         assert _labels(again) == delivered
-        assert [s[0] for s in ds.skipped] == bad * 2
+        assert [s[0] for s in ds.skipped] == bad
     else:  # the replacements may differ by epoch
         assert [len(b[1]) for b in again] == [BS] * (N // BS)
-        assert [r[0] for r in ds.replaced] == bad * 2
+        assert [r[0] for r in ds.replaced] == bad
 
 
 @pytest.mark.parametrize("nw", [0, 2])
-@pytest.mark.xfail(strict=True, reason=XF_TYPED_OSERROR)
 def test_native_error_type_before_iterating(tmp_path, jpeg, nw):
     """The same errors when the file is already missing when the epoch starts."""
     root = str(tmp_path / "train")
@@ -514,10 +477,7 @@ def _python_cases():
     for reader in ("open", "decode_jpeg"):
         for fault in ("deleted", "truncated", "directory", "unreadable", "fifo"):
             for nw in (0, 2):
-                marks = []
-                if fault == "fifo" and reader == "decode_jpeg":
-                    marks.append(pytest.mark.xfail(strict=True, reason=XF_FIFO_DECODE_JPEG))
-                cases.append(pytest.param(reader, fault, nw, marks=marks, id=f"{reader}-{fault}-w{nw}"))
+                cases.append(pytest.param(reader, fault, nw, id=f"{reader}-{fault}-w{nw}"))
     return cases
 
 
@@ -684,7 +644,6 @@ def test_non_utf8_names_load(tmp_path, jpeg, nw):
 
 
 @pytest.mark.parametrize("nw", [0, 2])
-@pytest.mark.xfail(strict=True, reason=XF_UTF8_MSG)
 def test_non_utf8_name_missing_raises_file_not_found(tmp_path, jpeg, nw):
     _, paths = _odd_tree(tmp_path, jpeg)
     ds = fastloader.ImageList(paths, transform=_tf())
@@ -694,7 +653,6 @@ def test_non_utf8_name_missing_raises_file_not_found(tmp_path, jpeg, nw):
 
 
 @pytest.mark.parametrize("nw", [0, 2])
-@pytest.mark.xfail(strict=True, reason=XF_UTF8_MSG)
 def test_non_utf8_name_bad_file_is_skipped(tmp_path, jpeg, nw):
     _, paths = _odd_tree(tmp_path, jpeg)
     ds = fastloader.ImageList(paths, list(range(4)), transform=_tf(), on_error="skip")
@@ -707,7 +665,6 @@ def test_non_utf8_name_bad_file_is_skipped(tmp_path, jpeg, nw):
 
 
 @pytest.mark.parametrize("pad", [0, 1], ids=["even", "odd"])
-@pytest.mark.xfail(strict=True, reason=XF_LONG_MSG)
 def test_long_non_ascii_path_keeps_the_reason(tmp_path, jpeg, pad):
     """A ~500-byte path of two-byte characters: the error still says why
     (two lengths one byte apart, so one of them would cut a character)."""
@@ -750,8 +707,7 @@ def _symlink_cases():
     for fault in ("dangling", "loop"):
         for on_error in ("raise", "skip"):
             for nw in (0, 2):
-                marks = [pytest.mark.xfail(strict=True, reason=XF_TYPED_OSERROR)] if on_error == "raise" else []
-                out.append(pytest.param(fault, on_error, nw, marks=marks, id=f"{fault}-{on_error}-w{nw}"))
+                out.append(pytest.param(fault, on_error, nw, id=f"{fault}-{on_error}-w{nw}"))
     return out
 
 
@@ -1124,7 +1080,6 @@ def test_fork_child_uses_a_new_loader_parent_unaffected(fork_results, kind):
 
 
 @pytest.mark.parametrize("kind", ["native", "python"])
-@pytest.mark.xfail(strict=True, reason=XF_FORK_ITER)
 def test_fork_child_using_the_parents_iterator_raises(fork_results, kind):
     """Child status: 0 = RuntimeError mentioning fork, 4 = another
     RuntimeError, 5 = hung for 2 s, 6 = no error at all."""
@@ -1133,7 +1088,6 @@ def test_fork_child_using_the_parents_iterator_raises(fork_results, kind):
 
 @pytest.mark.parametrize("check", ["drop_iterator", "normal_exit"])
 @pytest.mark.parametrize("kind", ["native", "python"])
-@pytest.mark.xfail(strict=True, reason=XF_FORK_EXIT)
 def test_fork_child_with_inherited_iterator_exits(fork_results, kind, check):
     """A child that drops the inherited iterator, or exits through atexit
     with it alive, exits 0 at once (-14: killed by its 2 s SIGALRM)."""
