@@ -3,6 +3,7 @@
 Only the extension is configured here; metadata lives in pyproject.toml.
 Environment knobs:
   FASTLOADER_SANITIZE=1   build with AddressSanitizer + UndefinedBehaviorSanitizer
+  FASTLOADER_SANITIZE=thread  build with ThreadSanitizer (scripts/test-tsan.sh)
   FASTLOADER_JPEG_PREFIX  a prefix holding include/ and lib/ of libjpeg-turbo
                           (for example a Debian package unpacked with dpkg -x)
 """
@@ -62,8 +63,12 @@ class BuildExt(build_ext):
 cflags = ["-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-std=c11",
           "-D_GNU_SOURCE", "-fvisibility=hidden", "-pthread"]
 ldflags = ["-pthread"]
-if os.environ.get("FASTLOADER_SANITIZE"):
-    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+sanitize = os.environ.get("FASTLOADER_SANITIZE", "")
+if sanitize:
+    if sanitize == "thread":
+        san = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
+    else:
+        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     cflags = [f for f in cflags if f != "-O3"] + ["-O1", "-g"] + san
     ldflags += san
 
