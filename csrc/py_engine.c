@@ -37,7 +37,9 @@ typedef struct {
     PyObject *init;
     PyObject *finish;
     int nworkers;
-    py_worker_stats *stats; /* nworkers entries, written by each worker only */
+    py_worker_stats *stats; /* nworkers entries, each written by its worker only,
+                               always with the GIL held (op_run), and read
+                               with it (worker_stats): the GIL orders them */
 } py_ctx;
 
 typedef struct {
@@ -79,7 +81,7 @@ op_thread_start(void *vctx, int worker_id)
 }
 
 static void *
-op_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *cancelled)
+op_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
 {
     py_ctx *ctx = vctx;
     py_wstate *ws = vws;

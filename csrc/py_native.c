@@ -36,8 +36,12 @@ typedef struct {
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
 
+/* One worker's stage counters as stats() sees them: the worker copies its
+ * fl_native_worker totals here after each batch, and worker_stats() reads
+ * them on another thread without any lock.  Atomics, relaxed: each value
+ * only has to be read whole; the five need not come from the same batch. */
 typedef struct {
-    uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
+    _Atomic uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
 } native_stats;
 
 typedef struct {
@@ -515,7 +519,7 @@ nop_thread_start(void *vctx, int worker_id)
 }
 
 static void *
-nop_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *cancelled)
+nop_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
 {
     native_ctx *ctx = vctx;
     fl_native_worker *w = vws;
@@ -529,12 +533,13 @@ nop_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int 
         }
     } else {
         b = fl_native_load_batch(w, ctx->ds, job->pool, job->idx, job->count, job->seed, job->epoch, cancelled);
+        /* w's own counters are touched only by this thread; publish them */
         native_stats *s = &ctx->stats[worker_id];
-        s->read_ns = w->read_ns;
-        s->decode_ns = w->decode_ns;
-        s->render_ns = w->render_ns;
-        s->bytes_read = w->bytes_read;
-        s->samples = w->samples;
+        atomic_store_explicit(&s->read_ns, w->read_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->decode_ns, w->decode_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->render_ns, w->render_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->bytes_read, w->bytes_read, memory_order_relaxed);
+        atomic_store_explicit(&s->samples, w->samples, memory_order_relaxed);
     }
     fl_pool_unref(job->pool);
     free(job);
@@ -737,13 +742,19 @@ neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
     if (!list)
         return NULL;
     for (int i = 0; i < n; i++) {
-        native_stats s = {0, 0, 0, 0, 0};
-        if (self->ctx)
-            s = self->ctx->stats[i];
+        uint64_t read_ns = 0, decode_ns = 0, render_ns = 0, bytes_read = 0, samples = 0;
+        if (self->ctx) {
+            native_stats *s = &self->ctx->stats[i];
+            read_ns = atomic_load_explicit(&s->read_ns, memory_order_relaxed);
+            decode_ns = atomic_load_explicit(&s->decode_ns, memory_order_relaxed);
+            render_ns = atomic_load_explicit(&s->render_ns, memory_order_relaxed);
+            bytes_read = atomic_load_explicit(&s->bytes_read, memory_order_relaxed);
+            samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
+        }
         PyObject *d = Py_BuildValue("{s:d,s:K,s:d,s:d,s:d,s:K,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
-                                    (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s",
-                                    s.decode_ns * 1e-9, "transform_s", s.render_ns * 1e-9, "bytes_read",
-                                    (unsigned long long)s.bytes_read, "samples", (unsigned long long)s.samples);
+                                    (unsigned long long)jobs[i], "read_s", read_ns * 1e-9, "decode_s",
+                                    decode_ns * 1e-9, "transform_s", render_ns * 1e-9, "bytes_read",
+                                    (unsigned long long)bytes_read, "samples", (unsigned long long)samples);
         if (!d) {
             Py_DECREF(list);
             return NULL;
