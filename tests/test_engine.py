@@ -1,6 +1,11 @@
 """The C worker pool (_C.Engine) and batch buffers (_C.Buffer, _C.stack) on their own."""
 import gc
+import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import textwrap
 import threading
 import time
 
@@ -236,3 +241,71 @@ def test_close_with_a_straggler_releases_queued_payloads():
         time.sleep(0.02)
         gc.collect()
     assert refs[0]() is None
+
+
+def _run_python(code, preload=None):
+    """Run `code` in a fresh interpreter that imports this tree's fastloader
+    (a crash there must fail the test, not end the test run), with `preload`
+    after any sanitizer runtime already preloaded."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    if preload:
+        env["LD_PRELOAD"] = " ".join(p for p in [os.environ.get("LD_PRELOAD", ""), preload] if p)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_engine_collected_in_a_cycle_joins_its_workers_before_the_cycle_is_cleared():
+    # finish -> finish.__dict__ -> engine -> finish: only the GC frees it.  The
+    # collector clears the cycle's objects one by one; joining the workers
+    # from tp_clear ran `finish` (thread exit) after the function had been
+    # cleared, and calling a cleared function crashes.  Joined from
+    # tp_finalize, which runs before anything is cleared, finish works.
+    proc = _run_python("""
+        import gc
+        from fastloader import _C
+        calls = []
+        def fetch(wid, payload):
+            return payload
+        def finish(wid):
+            calls.append(wid)  # a global: needs finish's globals intact
+        eng = _C.Engine(2, fetch, None, finish)
+        finish.engine = eng
+        eng.submit(0, 7)
+        assert eng.wait(0)[2] == 7
+        del eng, finish
+        gc.collect()
+        print(sorted(calls))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[0,", "1]"]
+
+
+def test_worker_keeps_one_thread_state_when_an_allocation_at_start_fails(tmp_path):
+    # tests/fakealloc/worker_calloc.c fails the extension's small callocs on
+    # worker threads.  A worker whose per-thread state could not be allocated
+    # used to fall back to a fresh Python thread state per job, so what init
+    # set in its thread-locals (get_worker_info()) was gone in every job.  The
+    # states are now allocated before the threads start.  (Under a sanitizer
+    # its own calloc comes first and the stand-in is not used.)
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(cc):
+        cc = "cc"
+    shim = str(tmp_path / "libworkercalloc.so")
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", shim, os.path.join(here, "fakealloc", "worker_calloc.c")],
+                   check=True)
+    proc = _run_python("""
+        import fastloader
+        class DS:
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                info = fastloader.get_worker_info()
+                return -1 if info is None else info.id
+        ids = [int(x) for b in fastloader.DataLoader(DS(), batch_size=2, num_workers=2) for x in b]
+        assert len(ids) == 8 and set(ids) <= {0, 1}, ids  # every sample saw its worker's info
+        print("ok")
+    """, preload=shim)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok"]
