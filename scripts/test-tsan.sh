@@ -6,11 +6,12 @@
 #
 #   FASTLOADER_VENV=/path/to/venv bash scripts/test-tsan.sh [pytest args] [test files]
 #
-# Without test files it runs the default list below (about 2.5 minutes on
-# two idle cores).  Only the extension is instrumented: CPython, numpy and torch are
-# not, so TSan sees their locks (pthread calls are intercepted, which is how
-# the GIL orders our accesses) but not their memory accesses.  scripts/tsan.supp
-# silences reports inside those libraries only, never a csrc/ function.
+# Without test files it runs the default list below (75 s on two idle cores,
+# about 3 minutes on a busy two-core box).  Only the extension is
+# instrumented: CPython, numpy and torch are not, so TSan sees their locks
+# (pthread calls are intercepted, which is how the GIL orders our accesses)
+# but not their memory accesses.  scripts/tsan.supp may silence reports inside
+# those libraries only, never a csrc/ function.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="$(cd "${FASTLOADER_VENV:-.venv}" && pwd)"
@@ -24,13 +25,18 @@ libtsan=$(gcc -print-file-name=libtsan.so)
 reports="$PWD/$tree/reports"
 mkdir -p "$reports"
 
+# arguments naming tests (tests/...) replace the default list; the rest go
+# to pytest as they are (an option's value stays with its option)
 tests=()
 args=()
+prev=
 for a in "$@"; do
-    case "$a" in
-    tests/*) tests+=("$a") ;;
+    case "$prev:$a" in
+    -k:* | -m:* | -p:* | -o:* | --deselect:* | --ignore:* | --ignore-glob:*) args+=("$a") ;;
+    *:tests/*) tests+=("$a") ;;
     *) args+=("$a") ;;
     esac
+    prev=$a
 done
 if [ ${#tests[@]} -eq 0 ]; then
     tests=(tests/test_engine.py tests/test_lifecycle.py tests/test_loader_semantics.py
@@ -66,17 +72,15 @@ PY
 echo "== pytest (ThreadSanitizer build): ${tests[*]}"
 cd "$tree"
 # libtsan first in LD_PRELOAD: its interceptors (pthread, malloc) must be in
-# place before libpython or torch start a thread.
+# place before libpython or torch start a thread.  Nothing else is needed for
+# torch to import (unlike ASan, no libstdc++ preload).
 #  halt_on_error=0 + exitcode=66: list every report, then fail the process.
-#  log_path: reports go to files, since pytest captures a passing test's stderr.
-#  die_after_fork=0: tests that fork a helper process (not a torch worker,
-#    see tsan_plugin above) must not be killed for it.
-#  report_signal_unsafe=0: CPython's signal handler (not ours) calls
-#    functions TSan deems async-signal-unsafe.
+#  log_path: reports go to files, since pytest captures a passing test's stderr
+#    (child processes the tests start write theirs there too).
 #  history_size=4: keep enough history for the second stack of a report.
 status=0
 LD_PRELOAD="$libtsan" \
-TSAN_OPTIONS="halt_on_error=0:exitcode=66:log_path=$reports/tsan:die_after_fork=0:report_signal_unsafe=0:history_size=4:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp" \
+TSAN_OPTIONS="halt_on_error=0:exitcode=66:log_path=$reports/tsan:history_size=4:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp" \
 FASTLOADER_UNDER_TSAN=1 \
     "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p tsan_plugin ${args[@]+"${args[@]}"} "${tests[@]}" \
     || status=$?
