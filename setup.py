@@ -3,6 +3,7 @@
 Only the extension is configured here; metadata lives in pyproject.toml.
 Environment knobs:
   FASTLOADER_SANITIZE=1   build with AddressSanitizer + UndefinedBehaviorSanitizer
+  FASTLOADER_SANITIZE=thread  build with ThreadSanitizer (scripts/test-tsan.sh)
   FASTLOADER_JPEG_PREFIX  a prefix holding include/ and lib/ of libjpeg-turbo
                           (for example a Debian package unpacked with dpkg -x)
 """
@@ -62,11 +63,15 @@ class BuildExt(build_ext):
 cflags = ["-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-std=c11",
           "-D_GNU_SOURCE", "-fvisibility=hidden", "-pthread"]
 ldflags = ["-pthread"]
-if os.environ.get("FASTLOADER_SANITIZE"):
-    # float-cast-overflow is not part of gcc's "undefined" group: a double out of
-    # an int's range (a NaN view origin, say) must abort too
-    san = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-omit-frame-pointer",
-           "-fno-sanitize-recover=undefined,float-cast-overflow"]
+sanitize = os.environ.get("FASTLOADER_SANITIZE", "")
+if sanitize:
+    if sanitize == "thread":
+        san = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
+    else:
+        # float-cast-overflow is not part of gcc's "undefined" group: a double
+        # out of an int's range (a NaN view origin, say) must abort too
+        san = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-omit-frame-pointer",
+               "-fno-sanitize-recover=undefined,float-cast-overflow"]
     cflags = [f for f in cflags if f != "-O3"] + ["-O1", "-g"] + san
     ldflags += san
 

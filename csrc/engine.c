@@ -28,7 +28,7 @@ typedef struct fl_job {
     int ran_on;         /* worker that ran it */
     void *payload;      /* owned by the job until run; destroyed via ops */
     void *result;       /* owned by the job once done, until collected */
-    volatile int cancelled;
+    atomic_int cancelled; /* set under mu, polled by run() without it */
 } fl_job;
 
 typedef struct {
@@ -36,8 +36,11 @@ typedef struct {
     int id;
     pthread_t thread;
     int started;
-    uint64_t busy_ns;   /* written by the worker, read racily for stats */
-    uint64_t jobs;
+    /* Written only by this worker, read by fl_engine_worker_stats on any
+     * thread without the lock: atomics, relaxed because a reader only needs
+     * each value whole, not ordered with anything else. */
+    _Atomic uint64_t busy_ns;
+    _Atomic uint64_t jobs;
     fl_job *current;    /* job being run (guarded by mu), for cancellation */
 } fl_worker;
 
@@ -177,8 +180,8 @@ worker_main(void *arg)
         j->payload = NULL;  /* ownership passes to run() */
         j->result = e->ops.run(e->ctx, w->id, wstate, payload, &j->cancelled);
         j->ran_on = w->id;
-        w->busy_ns += fl_now_ns() - t0;
-        w->jobs++;
+        atomic_fetch_add_explicit(&w->busy_ns, fl_now_ns() - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->jobs, 1, memory_order_relaxed);
 
         pthread_mutex_lock(&e->mu);
         w->current = NULL;
@@ -377,7 +380,7 @@ fl_engine_reset(fl_engine *e)
     e->nrunning_cur = 0;
     for (int i = 0; i < e->nworkers; i++)
         if (e->workers[i].current)
-            e->workers[i].current->cancelled = 1;
+            atomic_store_explicit(&e->workers[i].current->cancelled, 1, memory_order_relaxed);
     pthread_mutex_unlock(&e->mu);
     destroy_jobs(e, pending);
     destroy_jobs(e, done);
@@ -438,12 +441,10 @@ fl_engine_nworkers(const fl_engine *e)
 int
 fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n)
 {
-    pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->nworkers && i < n; i++) {
-        busy_ns[i] = e->workers[i].busy_ns;
-        jobs[i] = e->workers[i].jobs;
+        busy_ns[i] = atomic_load_explicit(&e->workers[i].busy_ns, memory_order_relaxed);
+        jobs[i] = atomic_load_explicit(&e->workers[i].jobs, memory_order_relaxed);
     }
-    pthread_mutex_unlock(&e->mu);
     return e->nworkers;
 }
 
@@ -472,7 +473,7 @@ fl_engine_free_timed(fl_engine *e, int timeout_ms)
     e->stopping = 1;
     for (int i = 0; i < e->nworkers; i++)
         if (e->workers[i].current)
-            e->workers[i].current->cancelled = 1;
+            atomic_store_explicit(&e->workers[i].current->cancelled, 1, memory_order_relaxed);
     pthread_cond_broadcast(&e->work_cv);
     pthread_cond_broadcast(&e->done_cv);
     pthread_mutex_unlock(&e->mu);

@@ -14,7 +14,10 @@
  *
  * Locking: one mutex guards the queue and the done list.  Callbacks
  * (run, destroy, thread start/exit) are never called with that mutex held,
- * so they may take the GIL without any lock-order problem.
+ * so they may take the GIL without any lock-order problem.  The two values
+ * read without that mutex are C11 atomics: a job's `cancelled` flag (set
+ * under the mutex, polled by the running job) and the per-worker counters
+ * (written by their worker, read by fl_engine_worker_stats).
  *
  * None of these functions needs the GIL; fl_engine_wait() and
  * fl_engine_free() must be called WITHOUT it when the ops take the GIL
@@ -23,6 +26,7 @@
 #ifndef FL_ENGINE_H
 #define FL_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,9 +38,11 @@ typedef struct {
     void *(*thread_start)(void *ctx, int worker_id);
     /* Run one job on a worker thread; returns its result (opaque, may be
      * NULL).  `cancelled` points to a flag that turns non-zero when the job's
-     * generation has been abandoned; long jobs should poll it between samples. */
+     * generation has been abandoned; long jobs should poll it between samples
+     * (a relaxed load is enough: it is only a hint to stop early, and no
+     * other data is published through it). */
     void *(*run)(void *ctx, int worker_id, void *wstate, void *payload,
-                 const volatile int *cancelled);
+                 const atomic_int *cancelled);
     /* Destroy a payload that will never run, or a result that will never be
      * collected (called on any thread, without the engine lock). */
     void (*destroy_payload)(void *ctx, void *payload);
@@ -88,7 +94,9 @@ uint64_t fl_engine_reset(fl_engine *e);
 int fl_engine_outstanding(fl_engine *e);
 
 /* Counters for stats(): per-worker busy nanoseconds and jobs run.  Copies
- * at most `n` entries; returns the number of workers. */
+ * at most `n` entries; returns the number of workers.  Takes no lock: each
+ * counter is read atomically, but the set is not one consistent instant
+ * (a job may be counted in `jobs` and not yet in `busy_ns`). */
 int fl_engine_worker_stats(fl_engine *e, uint64_t *busy_ns, uint64_t *jobs, int n);
 int fl_engine_nworkers(const fl_engine *e);
 

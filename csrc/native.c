@@ -247,7 +247,7 @@ nomem:
 
 fl_native_batch *
 fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool, const int64_t *indices, int count,
-                     uint64_t seed, uint64_t epoch, const volatile int *cancelled)
+                     uint64_t seed, uint64_t epoch, const atomic_int *cancelled)
 {
     fl_native_batch *b = calloc(1, sizeof *b);
     if (!b)
@@ -265,7 +265,7 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
     size_t sb = ds->sample_bytes;
     int k = 0;
     for (int i = 0; i < count && !b->failed; i++) {
-        if (cancelled && *cancelled) {
+        if (cancelled && atomic_load_explicit(cancelled, memory_order_relaxed)) {
             b->cancelled = 1;
             break;
         }

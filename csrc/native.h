@@ -11,6 +11,7 @@
 #ifndef FL_NATIVE_H
 #define FL_NATIVE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "imgops.h"
@@ -76,7 +77,7 @@ typedef struct {
  * samples.  No GIL. */
 fl_native_batch *fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
                                       const int64_t *indices, int count, uint64_t seed, uint64_t epoch,
-                                      const volatile int *cancelled);
+                                      const atomic_int *cancelled);
 
 /* Free a batch and everything it still owns (images go back to the pool).
  * NULL ok.  No GIL. */

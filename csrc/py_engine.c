@@ -12,6 +12,12 @@
  *
  * Per-worker counters (GIL wait, wall and CPU time spent in Python) feed
  * stats() and the GIL-bound warning in fastloader/loader.py.
+ *
+ * Shutting down: the workers call Python (fetch, finish), so they are joined
+ * in tp_finalize, not tp_clear.  The garbage collector finalizes every object
+ * of a dead cycle before it clears any of them (PEP 442); by tp_clear, other
+ * objects of the cycle may already be cleared, and a worker calling into
+ * them then (a function without its globals) would crash.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
@@ -29,6 +35,12 @@ typedef struct {
     uint64_t jobs;
 } py_worker_stats;
 
+/* One worker thread's Python thread state, kept for the thread's life. */
+typedef struct {
+    PyThreadState *tstate;
+    PyGILState_STATE gstate;
+} py_wstate;
+
 /* Shared by the Engine object and its threads.  Heap-allocated (not the
  * object itself) so a deferred close (fl_engine_free returning 1) can leak
  * it safely while detached threads still run. */
@@ -37,13 +49,13 @@ typedef struct {
     PyObject *init;
     PyObject *finish;
     int nworkers;
-    py_worker_stats *stats; /* nworkers entries, written by each worker only */
+    py_worker_stats *stats; /* nworkers entries, each written by its worker only,
+                               always with the GIL held (op_run), and read
+                               with it (worker_stats): the GIL orders them */
+    py_wstate *wstates;     /* nworkers entries, one per thread; allocated
+                               before the threads start, so starting one
+                               cannot fail half-way */
 } py_ctx;
-
-typedef struct {
-    PyThreadState *tstate;
-    PyGILState_STATE gstate;
-} py_wstate;
 
 typedef struct {
     PyObject_HEAD
@@ -56,41 +68,33 @@ typedef struct {
 
 /* ---- ops (run on worker threads, GIL not held on entry) ---------------- */
 
+/* Create this thread's Python thread state (kept until op_thread_exit, so
+ * thread-locals such as get_worker_info() last between jobs) and run init. */
 static void *
 op_thread_start(void *vctx, int worker_id)
 {
     py_ctx *ctx = vctx;
-    py_wstate *ws = calloc(1, sizeof *ws);
-    PyGILState_STATE g = PyGILState_Ensure();
+    py_wstate *ws = &ctx->wstates[worker_id];
+    ws->gstate = PyGILState_Ensure();
     if (ctx->init && ctx->init != Py_None) {
         PyObject *r = PyObject_CallFunction(ctx->init, "i", worker_id);
         if (r == NULL)
             PyErr_WriteUnraisable(ctx->init); /* init reports its own errors; this is a bug */
         Py_XDECREF(r);
     }
-    if (ws == NULL) {
-        /* out of memory: keep the thread state pinned in a static-free way */
-        PyGILState_Release(g);
-        return NULL;
-    }
-    ws->gstate = g;
     ws->tstate = PyEval_SaveThread();
     return ws;
 }
 
 static void *
-op_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *cancelled)
+op_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
 {
     py_ctx *ctx = vctx;
     py_wstate *ws = vws;
     (void)cancelled; /* Python jobs poll their own cancel flag between samples */
     py_worker_stats *st = &ctx->stats[worker_id];
     uint64_t t0 = fl_now_ns();
-    PyGILState_STATE g = PyGILState_UNLOCKED;
-    if (ws)
-        PyEval_RestoreThread(ws->tstate);
-    else
-        g = PyGILState_Ensure();
+    PyEval_RestoreThread(ws->tstate);
     uint64_t t1 = fl_now_ns();
     uint64_t c1 = fl_thread_cpu_ns();
     PyObject *r = PyObject_CallFunction(ctx->fetch, "iO", worker_id, (PyObject *)payload);
@@ -118,10 +122,7 @@ op_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *
     st->py_wall_ns += t2 - t1;
     st->py_cpu_ns += c2 - c1;
     st->jobs++;
-    if (ws)
-        PyEval_SaveThread();
-    else
-        PyGILState_Release(g);
+    PyEval_SaveThread();
     return r;
 }
 
@@ -141,8 +142,6 @@ op_thread_exit(void *vctx, int worker_id, void *vws)
 {
     py_ctx *ctx = vctx;
     py_wstate *ws = vws;
-    if (ws == NULL)
-        return;
     PyEval_RestoreThread(ws->tstate);
     if (ctx->finish && ctx->finish != Py_None) {
         PyObject *r = PyObject_CallFunction(ctx->finish, "i", worker_id);
@@ -151,7 +150,6 @@ op_thread_exit(void *vctx, int worker_id, void *vws)
         Py_XDECREF(r);
     }
     PyGILState_Release(ws->gstate);
-    free(ws);
 }
 
 static const fl_engine_ops py_ops = {
@@ -212,6 +210,7 @@ ctx_free(py_ctx *ctx)
     Py_CLEAR(ctx->init);
     Py_CLEAR(ctx->finish);
     free(ctx->stats);
+    free(ctx->wstates);
     free(ctx);
 }
 
@@ -255,7 +254,10 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!self)
         return NULL;
     py_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx || !(ctx->stats = calloc((size_t)n, sizeof *ctx->stats))) {
+    if (!ctx || !(ctx->stats = calloc((size_t)n, sizeof *ctx->stats)) ||
+        !(ctx->wstates = calloc((size_t)n, sizeof *ctx->wstates))) {
+        if (ctx)
+            free(ctx->stats);
         free(ctx);
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -469,10 +471,23 @@ engine_traverse(EngineObject *self, visitproc visit, void *arg)
     return 0;
 }
 
+/* tp_finalize: stop and join the workers while everything they may call is
+ * intact (see the top of this file).  GIL held; released while joining. */
+static void
+engine_finalize(EngineObject *self)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    engine_close(self, -1);
+    PyErr_Restore(type, value, tb);
+}
+
 static int
 engine_clear(EngineObject *self)
 {
-    /* workers may be inside fetch: stop them before dropping references */
+    /* already closed by engine_finalize, which the GC and engine_dealloc
+     * run first; kept so that no path drops the references under running
+     * workers */
     engine_close(self, -1);
     if (self->ctx) {
         ctx_free(self->ctx);
@@ -485,6 +500,8 @@ static void
 engine_dealloc(EngineObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return; /* resurrected while the workers were joined */
     PyObject_GC_UnTrack(self);
     if (self->weakreflist)
         PyObject_ClearWeakRefs((PyObject *)self);
@@ -535,6 +552,7 @@ static PyMemberDef engine_members[] = {
 static PyType_Slot engine_slots[] = {
     {Py_tp_new, engine_new},
     {Py_tp_dealloc, engine_dealloc},
+    {Py_tp_finalize, engine_finalize},
     {Py_tp_traverse, engine_traverse},
     {Py_tp_clear, engine_clear},
     {Py_tp_methods, engine_methods},

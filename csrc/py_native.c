@@ -37,8 +37,12 @@ typedef struct {
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
 
+/* One worker's stage counters as stats() sees them: the worker copies its
+ * fl_native_worker totals here after each batch, and worker_stats() reads
+ * them on another thread without any lock.  Atomics, relaxed: each value
+ * only has to be read whole; the five need not come from the same batch. */
 typedef struct {
-    uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
+    _Atomic uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
 } native_stats;
 
 typedef struct {
@@ -597,7 +601,7 @@ nop_thread_start(void *vctx, int worker_id)
 }
 
 static void *
-nop_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int *cancelled)
+nop_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
 {
     native_ctx *ctx = vctx;
     fl_native_worker *w = vws;
@@ -611,12 +615,13 @@ nop_run(void *vctx, int worker_id, void *vws, void *payload, const volatile int 
         }
     } else {
         b = fl_native_load_batch(w, ctx->ds, job->pool, job->idx, job->count, job->seed, job->epoch, cancelled);
+        /* w's own counters are touched only by this thread; publish them */
         native_stats *s = &ctx->stats[worker_id];
-        s->read_ns = w->read_ns;
-        s->decode_ns = w->decode_ns;
-        s->render_ns = w->render_ns;
-        s->bytes_read = w->bytes_read;
-        s->samples = w->samples;
+        atomic_store_explicit(&s->read_ns, w->read_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->decode_ns, w->decode_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->render_ns, w->render_ns, memory_order_relaxed);
+        atomic_store_explicit(&s->bytes_read, w->bytes_read, memory_order_relaxed);
+        atomic_store_explicit(&s->samples, w->samples, memory_order_relaxed);
     }
     fl_pool_unref(job->pool);
     free(job);
@@ -655,13 +660,18 @@ static const fl_engine_ops native_ops = {
     .thread_exit = nop_thread_exit,
 };
 
-static void
-neng_close(NativeEngineObject *self)
+/* Stop and join the workers, waiting at most timeout_ms (< 0: no limit) for
+ * a worker stuck in a read (a hung network file system); those are left to
+ * finish detached.  Returns 1 when every thread was joined.  Idempotent. */
+static int
+neng_close(NativeEngineObject *self, int timeout_ms)
 {
-    if (fl_py_engine_stop(&self->engine, 10000)) { /* a worker stuck in a read (a hung network file system) */
+    if (fl_py_engine_stop(&self->engine, timeout_ms)) {
         self->ctx = NULL;
         self->dataset = NULL; /* leaked on purpose: detached threads still read it */
+        return 0;
     }
+    return 1;
 }
 
 static PyObject *
@@ -703,7 +713,7 @@ static void
 neng_dealloc(NativeEngineObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    neng_close(self);
+    neng_close(self, 10000);
     if (self->ctx) {
         free(self->ctx->stats);
         free(self->ctx);
@@ -732,12 +742,15 @@ neng_submit(NativeEngineObject *self, PyObject *args)
     unsigned long long epoch, seed;
     if (!PyArg_ParseTuple(args, "LOKK:submit", &seq, &ind, &epoch, &seed))
         return NULL;
-    if (neng_check(self) < 0)
-        return NULL;
     int count;
     int64_t *idx = parse_indices(ind, &count);
     if (!idx)
         return NULL;
+    /* checked after parsing: an index's __index__ may have closed us */
+    if (neng_check(self) < 0) {
+        free(idx);
+        return NULL;
+    }
     native_job *job = malloc(sizeof *job + sizeof(int64_t) * (size_t)(count ? count : 1));
     if (!job) {
         free(idx);
@@ -770,15 +783,22 @@ neng_wait(NativeEngineObject *self, PyObject *args)
     double timeout;
     if (fl_py_timeout(timeout_obj, &timeout) < 0 || neng_check(self) < 0)
         return NULL;
+    /* Our own reference: a close() on another thread while we wait without
+     * the GIL may leave workers behind and drop self->ctx and self->dataset
+     * before we use them for the batch we got. */
+    PyObject *dataset = Py_NewRef(self->dataset);
     void *res = NULL;
     int64_t got = -1;
     int worker = -1;
     int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got, &worker, NULL);
-    if (rc < 0)
-        return NULL;
-    if (rc == 0)
+    if (rc <= 0) {
+        Py_DECREF(dataset);
+        if (rc < 0)
+            return NULL;
         Py_RETURN_NONE;
-    PyObject *batch = batch_to_python(PyType_GetModule(Py_TYPE(self)), self->ctx->ds, res);
+    }
+    PyObject *batch = batch_to_python(PyType_GetModule(Py_TYPE(self)), &((NativeDatasetObject *)dataset)->ds, res);
+    Py_DECREF(dataset);
     if (!batch)
         return NULL;
     PyObject *out = Py_BuildValue("(LiO)", (long long)got, worker, batch);
@@ -801,11 +821,25 @@ neng_reset(NativeEngineObject *self, PyObject *Py_UNUSED(x))
     return PyLong_FromUnsignedLongLong(g);
 }
 
+/* close(timeout=10.0): stop and join the workers; workers still inside a
+ * read after `timeout` seconds (None: no limit) finish on their own,
+ * detached.  Returns True when every thread was joined. */
 static PyObject *
-neng_close_meth(NativeEngineObject *self, PyObject *Py_UNUSED(x))
+neng_close_meth(NativeEngineObject *self, PyObject *args)
 {
-    neng_close(self);
-    Py_RETURN_NONE;
+    PyObject *timeout_obj = NULL;
+    if (!PyArg_ParseTuple(args, "|O:close", &timeout_obj))
+        return NULL;
+    int ms = 10000;
+    if (timeout_obj == Py_None) {
+        ms = -1;
+    } else if (timeout_obj) {
+        double t = PyFloat_AsDouble(timeout_obj);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        ms = t < 0 ? 0 : (int)(t * 1000.0);
+    }
+    return PyBool_FromLong(neng_close(self, ms));
 }
 
 static PyObject *
@@ -819,13 +853,19 @@ neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
     if (!list)
         return NULL;
     for (int i = 0; i < n; i++) {
-        native_stats s = {0, 0, 0, 0, 0};
-        if (self->ctx)
-            s = self->ctx->stats[i];
+        uint64_t read_ns = 0, decode_ns = 0, render_ns = 0, bytes_read = 0, samples = 0;
+        if (self->ctx) {
+            native_stats *s = &self->ctx->stats[i];
+            read_ns = atomic_load_explicit(&s->read_ns, memory_order_relaxed);
+            decode_ns = atomic_load_explicit(&s->decode_ns, memory_order_relaxed);
+            render_ns = atomic_load_explicit(&s->render_ns, memory_order_relaxed);
+            bytes_read = atomic_load_explicit(&s->bytes_read, memory_order_relaxed);
+            samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
+        }
         PyObject *d = Py_BuildValue("{s:d,s:K,s:d,s:d,s:d,s:K,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
-                                    (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s",
-                                    s.decode_ns * 1e-9, "transform_s", s.render_ns * 1e-9, "bytes_read",
-                                    (unsigned long long)s.bytes_read, "samples", (unsigned long long)s.samples);
+                                    (unsigned long long)jobs[i], "read_s", read_ns * 1e-9, "decode_s",
+                                    decode_ns * 1e-9, "transform_s", render_ns * 1e-9, "bytes_read",
+                                    (unsigned long long)bytes_read, "samples", (unsigned long long)samples);
         if (!d) {
             Py_DECREF(list);
             return NULL;
@@ -859,7 +899,8 @@ static PyMethodDef neng_methods[] = {
     {"wait", (PyCFunction)neng_wait, METH_VARARGS,
      "wait(seq, timeout=None) -> (seq, worker, (images, labels, events, failed)) or None on timeout"},
     {"reset", (PyCFunction)neng_reset, METH_NOARGS, "Start a new generation, dropping queued batches."},
-    {"close", (PyCFunction)neng_close_meth, METH_NOARGS, "Stop and join the worker threads."},
+    {"close", (PyCFunction)neng_close_meth, METH_VARARGS,
+     "close(timeout=10.0) -> bool: stop the workers and join them (True when all were joined)."},
     {"worker_stats", (PyCFunction)neng_worker_stats, METH_NOARGS, "Per-worker stage counters."},
     {NULL, NULL, 0, NULL},
 };

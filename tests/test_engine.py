@@ -1,6 +1,11 @@
 """The C worker pool (_C.Engine) and batch buffers (_C.Buffer, _C.stack) on their own."""
 import gc
+import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import textwrap
 import threading
 import time
 
@@ -236,3 +241,157 @@ def test_close_with_a_straggler_releases_queued_payloads():
         time.sleep(0.02)
         gc.collect()
     assert refs[0]() is None
+
+
+def _run_python(code, preload=None):
+    """Run `code` in a fresh interpreter that imports this tree's fastloader
+    (a crash there must fail the test, not end the test run), with `preload`
+    after any sanitizer runtime already preloaded.  torch is kept out (the
+    code does not need it), which makes the start quick, under a sanitizer
+    too."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    if preload:
+        env["LD_PRELOAD"] = " ".join(p for p in [os.environ.get("LD_PRELOAD", ""), preload] if p)
+    code = 'import sys\nsys.modules["torch"] = None\n' + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_engine_collected_in_a_cycle_joins_its_workers_before_the_cycle_is_cleared():
+    # finish -> finish.__dict__ -> engine -> finish: only the GC frees it.  The
+    # collector clears the cycle's objects one by one; joining the workers
+    # from tp_clear ran `finish` (thread exit) after the function had been
+    # cleared, and calling a cleared function crashes.  Joined from
+    # tp_finalize, which runs before anything is cleared, finish works.
+    proc = _run_python("""
+        import gc
+        from fastloader import _C
+        calls = []
+        def fetch(wid, payload):
+            return payload
+        def finish(wid):
+            calls.append(wid)  # a global: needs finish's globals intact
+        eng = _C.Engine(2, fetch, None, finish)
+        finish.engine = eng
+        eng.submit(0, 7)
+        assert eng.wait(0)[2] == 7
+        del eng, finish
+        gc.collect()
+        print(sorted(calls))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[0,", "1]"]
+
+
+def test_worker_keeps_one_thread_state_when_an_allocation_at_start_fails(tmp_path):
+    # tests/fakealloc/worker_calloc.c fails the extension's small callocs on
+    # worker threads.  A worker whose per-thread state could not be allocated
+    # used to fall back to a fresh Python thread state per job, so what init
+    # set in its thread-locals (get_worker_info()) was gone in every job.  The
+    # states are now allocated before the threads start.  (Under a sanitizer
+    # its own calloc comes first and the stand-in is not used.)
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(cc):
+        cc = "cc"
+    shim = str(tmp_path / "libworkercalloc.so")
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", shim, os.path.join(here, "fakealloc", "worker_calloc.c")],
+                   check=True)
+    proc = _run_python("""
+        import fastloader
+        class DS:
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                info = fastloader.get_worker_info()
+                return -1 if info is None else info.id
+        ids = [int(x) for b in fastloader.DataLoader(DS(), batch_size=2, num_workers=2) for x in b]
+        assert len(ids) == 8 and set(ids) <= {0, 1}, ids  # every sample saw its worker's info
+        print("ok")
+    """, preload=shim)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux scheduling controls and two CPUs")
+def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
+    # A waiter takes its finished batch without the GIL, then waits for the
+    # GIL; meanwhile close(0) on another thread leaves a worker stuck in a read
+    # (a FIFO nobody writes) behind and drops the engine's ctx.  wait() used
+    # ctx for the batch it already had: a NULL dereference.  The schedule
+    # is forced, not hoped for: the waiter runs at SCHED_IDLE on a CPU a
+    # decoding worker keeps busy, so it gets the GIL only after close()
+    # returned.  (Repeated because the scheduler may still let it in first.)
+    proc = _run_python(f"""
+        import ctypes, os, sys, threading, time
+        import numpy as np
+        from PIL import Image
+        from fastloader import _C
+        from fastloader import transforms as FT
+        from fastloader.datasets import NativeImageDataset
+
+        d = {str(tmp_path)!r}
+        small, large = os.path.join(d, "small.jpg"), os.path.join(d, "large.jpg")
+        Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(small)
+        Image.fromarray(np.random.default_rng(0).integers(0, 255, (1000, 1000, 3), dtype=np.uint8)).save(large)
+        cpu0, cpu1 = sorted(os.sched_getaffinity(0))[:2]
+        tf = FT.Compose([FT.Resize((8, 8)), FT.ToTensor()])
+        sys.setswitchinterval(5.0)          # a thread waiting for the GIL asks for it after 5 s only
+        usleep = ctypes.PyDLL(None).usleep  # PyDLL: the call keeps the GIL
+        for i in range(5):
+            a, b = os.path.join(d, f"a{{i}}"), os.path.join(d, f"b{{i}}")
+            os.mkfifo(a)
+            os.mkfifo(b)
+            os.sched_setaffinity(0, {{cpu1}})
+            hog = _C.NativeEngine(1, NativeImageDataset([(large, 0)], transform=tf)._native)  # worker on cpu1
+            os.sched_setaffinity(0, {{cpu0}})
+            ds = NativeImageDataset([(a, 0), (small, 1), (b, 2)], transform=tf, on_error="skip")
+            eng = _C.NativeEngine(2, ds._native)
+            eng.submit(0, [0, 1], 0, 0)     # a worker blocks opening FIFO a
+            eng.submit(1, [2], 0, 0)        # the other opening FIFO b: it is not joined in time
+            out = []
+            def waiter():
+                os.sched_setaffinity(0, {{cpu1}})
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+                try:
+                    out.append(eng.wait(0)[0])
+                except RuntimeError as e:
+                    out.append(str(e))
+            t = threading.Thread(target=waiter)
+            t.start()
+            time.sleep(0.05)                   # the waiter is in wait(), without the GIL
+            os.close(os.open(a, os.O_WRONLY))  # job 0 goes on (skips a, loads small) and is done
+            usleep(50000)                      # the waiter takes it, then waits for the GIL we hold
+            hog.submit(0, [0] * 1000, 0, 0)    # keep cpu1 busy: the waiter stays off it
+            assert eng.close(0) is False       # worker b is left behind
+            hog.close(None)
+            os.close(os.open(b, os.O_WRONLY))  # let it finish
+            t.join()
+            assert out == [0] or "closed" in out[0], out
+        print("ok")
+    """)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stdout.split() == ["ok"]
+
+
+def test_native_submit_checks_the_engine_after_reading_the_indices(tmp_path):
+    # An index's __index__ runs Python, which may close the engine: submit
+    # then went on with no engine and no dataset (a NULL dereference).
+    from PIL import Image
+    from fastloader import transforms as FT
+    from fastloader.datasets import NativeImageDataset
+
+    p = str(tmp_path / "x.jpg")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(p)
+    ds = NativeImageDataset([(p, 0)], transform=FT.Compose([FT.Resize((4, 4)), FT.ToTensor()]))
+    eng = _C.NativeEngine(1, ds._native)
+
+    class ClosesTheEngine:
+        def __index__(self):
+            eng.close()
+            return 0
+
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.submit(0, [ClosesTheEngine()], 0, 0)
+    assert eng.closed

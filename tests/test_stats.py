@@ -96,3 +96,63 @@ def test_python_dataset_stages_against_known_work(num_workers):
     assert 0.24 <= st["dataset_s"] <= 0.36, st
     assert 0.12 <= st["collate_s"] <= 0.18, st
     assert st["pin_s"] < 0.01, st  # no pinning asked for
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_stats_hammered_from_another_thread(kind, tmp_path):
+    """stats() is a snapshot safe from any thread: read it in a loop on a
+    second thread while two workers fill their counters, for two epochs.
+    Under scripts/test-tsan.sh any counter read without synchronisation is
+    a report, which fails the run; here the snapshots must be whole and the
+    per-worker counters must only grow within an epoch."""
+    import threading
+
+    n = 16
+    if kind == "native":
+        from fastloader import transforms as FT
+        from fastloader.sample import make_sample
+
+        make_sample(str(tmp_path / "d"), n=n, classes=2, progress=False, processes=1)
+        ds = fastloader.ImageFolder(str(tmp_path / "d"),
+                                    transform=FT.Compose([FT.RandomResizedCrop(16), FT.ToTensor()]))
+    else:
+        ds = Sleepy(n, 0.001)
+    dl = fastloader.DataLoader(ds, batch_size=2, num_workers=2)
+    stop = threading.Event()
+    snapshots, errors = [], []
+
+    def poll():
+        while not stop.is_set():
+            try:
+                snapshots.append(dl.stats())
+            except Exception as e:  # re-raised on the test's thread
+                errors.append(e)
+                return
+            time.sleep(0)  # let the consumer take the GIL between reads
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        got = [sum(len(b[0]) if kind == "native" else len(b) for b in dl) for _ in range(2)]
+    finally:
+        stop.set()
+        t.join()
+    if errors:
+        if isinstance(errors[0], AttributeError) and "consumer_gil_wait" in str(errors[0]):
+            pytest.xfail("item 4: stats() during the iterator's shutdown (loader.py)")
+        raise errors[0]
+    assert got == [n, n]
+    live = [s for s in snapshots if s.get("workers")]
+    assert live, "no snapshot was taken while the workers ran"
+    last = {}
+    for s in live:
+        for i, w in enumerate(s["workers"]):
+            key = (s["epoch"], i)
+            prev = last.get(key)
+            if prev is not None:
+                assert w["jobs"] >= prev["jobs"] and w["busy_s"] >= prev["busy_s"]
+                if kind == "native":
+                    assert w["samples"] >= prev["samples"] and w["bytes_read"] >= prev["bytes_read"]
+            last[key] = w
+    final = dl.stats()
+    assert final["samples"] == n and final["batches"] == n // 2
