@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Run the whole test suite (set-up included): the normal build, then the same
-# suite against an AddressSanitizer + UndefinedBehaviorSanitizer build.
-#   scripts/test.sh            both
-#   scripts/test.sh --no-asan  normal build only
-#   extra arguments go to pytest
+# Run the whole test suite (set-up included):
+#   1. the suite on the release build
+#   2. a 60 s fuzz smoke pass (libFuzzer + ASan/UBSan; installs clang if missing)
+#   3. the suite on an AddressSanitizer + UndefinedBehaviorSanitizer build
+#   4. the engine and loader tests on a ThreadSanitizer build
+#   scripts/test.sh            all four
+#   scripts/test.sh --no-asan  the release build only
+#   extra arguments go to pytest (release and ASan runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV="${FASTLOADER_VENV:-.venv}"
-asan=1
-if [ "${1:-}" = "--no-asan" ]; then asan=0; shift; fi
+full=1
+if [ "${1:-}" = "--no-asan" ]; then full=0; shift; fi
 echo "== pytest (release build)"
 "$VENV/bin/python" -m pytest -q "$@" tests
-if [ $asan = 1 ]; then
+if [ $full = 1 ]; then
+    echo "== fuzz smoke (60 s)"
+    FASTLOADER_VENV="$VENV" bash scripts/fuzz.sh 60
+    echo "== pytest (ASan + UBSan build)"
     bash scripts/test-asan.sh "$@"
+    echo "== pytest (TSan build: engine and loader tests)"
+    FASTLOADER_VENV="$VENV" bash scripts/test-tsan.sh
 fi
