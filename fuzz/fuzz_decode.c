@@ -88,6 +88,23 @@ decode_fresh(const uint8_t *data, size_t size, const fl_jpeg_region *r, uint8_t 
     return rc;
 }
 
+/* Decode a 1x1 region into a guarded 3-byte buffer, for inputs that must
+ * be refused before anything is written; `what` names the check.  Returns
+ * fl_jpeg_decode's result (a refusal must carry a known error). */
+static int
+decode_1x1(fl_jpeg *dec, const uint8_t *data, size_t size, const char *what)
+{
+    uint8_t *px = fz_guarded_alloc(3);
+    fl_jpeg_region r = {3, 8, 0, 0, 1, 1};
+    fl_err e = {0, ""};
+    int rc = fl_jpeg_decode(dec, data, size, &r, px, 3, &e);
+    fz_guard_check(px, 3, what);
+    free(px);
+    if (rc != 0)
+        fz_check_err(&e, what);
+    return rc;
+}
+
 /* All the checks on one input; dec is fresh.  Returns 0. */
 static int
 fz_decode_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
@@ -98,15 +115,8 @@ fz_decode_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
         fz_check_err(&err, "fl_jpeg_read_header");
         FZ_LOG("header refused: %s", err.msg);
         /* decode parses the same header: it must refuse too */
-        uint8_t *px = fz_guarded_alloc(3);
-        fl_jpeg_region r = {3, 8, 0, 0, 1, 1};
-        fl_err e2 = {0, ""};
-        int rc = fl_jpeg_decode(dec, data, size, &r, px, 3, &e2);
-        fz_guard_check(px, 3, "fl_jpeg_decode after a refused header");
-        free(px);
-        if (rc == 0)
+        if (decode_1x1(dec, data, size, "fl_jpeg_decode after a refused header") == 0)
             FZ_FAIL("fl_jpeg_read_header refused (%s) but fl_jpeg_decode accepted", err.msg);
-        fz_check_err(&e2, "fl_jpeg_decode after a refused header");
         return 0;
     }
     if (info.width < 1 || info.height < 1 || info.components < 1 || info.components > 10)
@@ -124,15 +134,8 @@ fz_decode_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
         if (err.code != FL_ERR_LIMIT)
             FZ_FAIL("fl_jpeg_check_limits: code %d, not FL_ERR_LIMIT", err.code);
         /* decode must refuse before touching the (too small) buffer */
-        uint8_t *px = fz_guarded_alloc(3);
-        fl_jpeg_region r = {3, 8, 0, 0, 1, 1};
-        fl_err e2 = {0, ""};
-        int rc = fl_jpeg_decode(dec, data, size, &r, px, 3, &e2);
-        fz_guard_check(px, 3, "fl_jpeg_decode over the limit");
-        free(px);
-        if (rc == 0)
+        if (decode_1x1(dec, data, size, "fl_jpeg_decode over the limit") == 0)
             FZ_FAIL("%zu x %zu is over the pixel limit but fl_jpeg_decode accepted it", w, h);
-        fz_check_err(&e2, "fl_jpeg_decode over the limit");
         return 0;
     }
     if (w * h * 3 > FZ_MAX_OUT_BYTES)

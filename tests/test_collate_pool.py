@@ -15,10 +15,6 @@ import collections
 import gc
 import json
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 import threading
 
 import numpy as np
@@ -27,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import helpers_datasets as H  # noqa: E402
+from helpers_fakecuda import build_fake_cudart, run_on_fake_cudart  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import _C  # noqa: E402
@@ -302,24 +299,10 @@ def _fake_child():
 
 @pytest.fixture(scope="module")
 def fake_results(tmp_path_factory):
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not shutil.which(cc):
-        cc = "cc"
-    lib = str(tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so")
-    flags = ["-shared", "-fPIC", "-O1", "-g", "-pthread"]
-    if os.environ.get("FASTLOADER_UNDER_ASAN"):
-        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    subprocess.run([cc, *flags, "-o", lib, os.path.join(HERE, "fakecuda", "fake_cudart.c")], check=True)
-    env = dict(os.environ, FASTLOADER_CUDART=lib, FAKECUDA_DEVICES="1", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE), HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    code = "import test_collate_pool as t; t._fake_child()"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=os.path.dirname(HERE))
-    for line in proc.stdout.splitlines():
-        if line.startswith("FAKECUDA-COLLATE "):
-            return json.loads(line.split(" ", 1)[1])
-    pytest.fail(f"child died (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    lib = build_fake_cudart(tmp_path_factory)
+    return run_on_fake_cudart(lib, ["-c", "import test_collate_pool as t; t._fake_child()"], devices=1,
+                              marker="FAKECUDA-COLLATE", timeout=120, extra_path=[HERE],
+                              cwd=os.path.dirname(HERE))
 
 
 def test_pinned_pool_buffers(fake_results):

@@ -9,17 +9,12 @@ the fake really catches it).  The scenarios run in one child process with
 FASTLOADER_CUDART pointing at the fake, since a process loads its CUDA
 runtime once.  tests/test_cuda.py runs the same objects on a real GPU.
 """
-import json
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE_DIR = os.path.join(HERE, "fakecuda")
+from helpers_fakecuda import FAKE_DIR, build_fake_cudart, run_on_fake_cudart
+
 
 SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kept_until_copy_done",
              "release_ordered_after_consumer", "ready_buffer_preferred", "pool_flat_any_order",
@@ -33,23 +28,9 @@ SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kep
 
 @pytest.fixture(scope="module")
 def fake_results(tmp_path_factory):
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not shutil.which(cc):
-        cc = "cc"
-    lib = str(tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so")
-    flags = ["-shared", "-fPIC", "-O1", "-g", "-pthread"]
-    if os.environ.get("FASTLOADER_UNDER_ASAN"):  # scripts/test-asan.sh: check the fake too
-        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    subprocess.run([cc, *flags, "-o", lib, os.path.join(FAKE_DIR, "fake_cudart.c")], check=True)
-    env = dict(os.environ, FASTLOADER_CUDART=lib, FAKECUDA_DEVICES="2", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, os.path.join(FAKE_DIR, "scenarios.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
-    for line in proc.stdout.splitlines():
-        if line.startswith("FAKECUDA-RESULTS "):
-            return json.loads(line.split(" ", 1)[1])
-    pytest.fail(f"scenario runner died (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    lib = build_fake_cudart(tmp_path_factory)
+    return run_on_fake_cudart(lib, [os.path.join(FAKE_DIR, "scenarios.py")], devices=2,
+                              marker="FAKECUDA-RESULTS", timeout=300)
 
 
 def test_every_scenario_ran(fake_results):
