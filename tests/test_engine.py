@@ -317,12 +317,14 @@ def test_worker_keeps_one_thread_state_when_an_allocation_at_start_fails(tmp_pat
                     reason="needs Linux scheduling controls and two CPUs")
 def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
     # A waiter takes its finished batch without the GIL, then waits for the
-    # GIL; meanwhile close(0) on another thread leaves a worker stuck in a read
-    # (a FIFO nobody writes) behind and drops the engine's ctx.  wait() used
-    # ctx for the batch it already had: a NULL dereference.  The schedule
-    # is forced, not hoped for: the waiter runs at SCHED_IDLE on a CPU a
-    # decoding worker keeps busy, so it gets the GIL only after close()
-    # returned.  (Repeated because the scheduler may still let it in first.)
+    # GIL; meanwhile close(0) on another thread leaves a worker busy decoding
+    # a huge image behind and drops the engine's ctx.  wait() used ctx for
+    # the batch it already had: a NULL dereference.  The schedule is forced,
+    # not hoped for: the waiter runs at SCHED_IDLE on a CPU a decoding worker
+    # keeps busy, so it gets the GIL only after close() returned.  (Repeated
+    # because the scheduler may still let it in first.)  A worker used to be
+    # kept busy by a FIFO it blocked on; FIFOs are now refused without being
+    # opened for reading, so a long decode takes that role.
     proc = _run_python(f"""
         import ctypes, os, sys, threading, time
         import numpy as np
@@ -332,24 +334,22 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
         from fastloader.datasets import NativeImageDataset
 
         d = {str(tmp_path)!r}
-        small, large = os.path.join(d, "small.jpg"), os.path.join(d, "large.jpg")
-        Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(small)
-        Image.fromarray(np.random.default_rng(0).integers(0, 255, (1000, 1000, 3), dtype=np.uint8)).save(large)
+        large, huge = os.path.join(d, "large.jpg"), os.path.join(d, "huge.jpg")
+        rng = np.random.default_rng(0)
+        Image.fromarray(rng.integers(0, 255, (1000, 1000, 3), dtype=np.uint8)).save(large)
+        Image.fromarray(rng.integers(0, 255, (3000, 4000, 3), dtype=np.uint8)).save(huge, quality=95)
         cpu0, cpu1 = sorted(os.sched_getaffinity(0))[:2]
         tf = FT.Compose([FT.Resize((8, 8)), FT.ToTensor()])
         sys.setswitchinterval(5.0)          # a thread waiting for the GIL asks for it after 5 s only
         usleep = ctypes.PyDLL(None).usleep  # PyDLL: the call keeps the GIL
         for i in range(5):
-            a, b = os.path.join(d, f"a{{i}}"), os.path.join(d, f"b{{i}}")
-            os.mkfifo(a)
-            os.mkfifo(b)
             os.sched_setaffinity(0, {{cpu1}})
             hog = _C.NativeEngine(1, NativeImageDataset([(large, 0)], transform=tf)._native)  # worker on cpu1
             os.sched_setaffinity(0, {{cpu0}})
-            ds = NativeImageDataset([(a, 0), (small, 1), (b, 2)], transform=tf, on_error="skip")
+            ds = NativeImageDataset([(large, 0), (huge, 1)], transform=tf)
             eng = _C.NativeEngine(2, ds._native)
-            eng.submit(0, [0, 1], 0, 0)     # a worker blocks opening FIFO a
-            eng.submit(1, [2], 0, 0)        # the other opening FIFO b: it is not joined in time
+            eng.submit(1, [1], 0, 0)        # a worker decodes the huge image: it is not joined in time
+            eng.submit(0, [0], 0, 0)        # the other loads job 0 in tens of ms
             out = []
             def waiter():
                 os.sched_setaffinity(0, {{cpu1}})
@@ -361,12 +361,10 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
             t = threading.Thread(target=waiter)
             t.start()
             time.sleep(0.05)                   # the waiter is in wait(), without the GIL
-            os.close(os.open(a, os.O_WRONLY))  # job 0 goes on (skips a, loads small) and is done
-            usleep(50000)                      # the waiter takes it, then waits for the GIL we hold
+            usleep(300000)                     # job 0 is done; the waiter waits for the GIL we hold
             hog.submit(0, [0] * 1000, 0, 0)    # keep cpu1 busy: the waiter stays off it
-            assert eng.close(0) is False       # worker b is left behind
+            assert eng.close(0) is False       # the huge decode is left behind
             hog.close(None)
-            os.close(os.open(b, os.O_WRONLY))  # let it finish
             t.join()
             assert out == [0] or "closed" in out[0], out
         print("ok")
