@@ -319,12 +319,14 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
     # A waiter takes its finished batch without the GIL, then waits for the
     # GIL; meanwhile close(0) on another thread leaves a worker busy decoding
     # a huge image behind and drops the engine's ctx.  wait() used ctx for
-    # the batch it already had: a NULL dereference.  The schedule is forced,
-    # not hoped for: the waiter runs at SCHED_IDLE on a CPU a decoding worker
-    # keeps busy, so it gets the GIL only after close() returned.  (Repeated
-    # because the scheduler may still let it in first.)  A worker used to be
-    # kept busy by a FIFO it blocked on; FIFOs are now refused without being
-    # opened for reading, so a long decode takes that role.
+    # the batch it already had: a NULL dereference.  The waiter runs at
+    # SCHED_IDLE on a CPU a decoding worker keeps busy, so it gets the GIL
+    # only after close() returned.  (Repeated because the scheduler may still
+    # let it in first.)  The worker left behind used to be blocked on a FIFO,
+    # which reproduced the crash every time; FIFOs are now refused without
+    # being opened for reading, and with a long decode in its place this
+    # checks the outcome (the batch, or "closed") but no longer reproduces
+    # the crash on the unfixed code.
     proc = _run_python(f"""
         import ctypes, os, sys, threading, time
         import numpy as np
@@ -337,7 +339,7 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
         large, huge = os.path.join(d, "large.jpg"), os.path.join(d, "huge.jpg")
         rng = np.random.default_rng(0)
         Image.fromarray(rng.integers(0, 255, (1000, 1000, 3), dtype=np.uint8)).save(large)
-        Image.fromarray(rng.integers(0, 255, (3000, 4000, 3), dtype=np.uint8)).save(huge, quality=95)
+        Image.fromarray(rng.integers(0, 255, (5000, 6000, 3), dtype=np.uint8)).save(huge, quality=95)
         cpu0, cpu1 = sorted(os.sched_getaffinity(0))[:2]
         tf = FT.Compose([FT.Resize((8, 8)), FT.ToTensor()])
         sys.setswitchinterval(5.0)          # a thread waiting for the GIL asks for it after 5 s only
@@ -348,8 +350,7 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
             os.sched_setaffinity(0, {{cpu0}})
             ds = NativeImageDataset([(large, 0), (huge, 1)], transform=tf)
             eng = _C.NativeEngine(2, ds._native)
-            eng.submit(1, [1], 0, 0)        # a worker decodes the huge image: it is not joined in time
-            eng.submit(0, [0], 0, 0)        # the other loads job 0 in tens of ms
+            eng.submit(0, [0] * 60, 0, 0)   # job 0: 60 decodes of ~6 ms, so the waiter waits for it
             out = []
             def waiter():
                 os.sched_setaffinity(0, {{cpu1}})
@@ -361,7 +362,9 @@ def test_native_wait_survives_a_close_that_leaves_workers_behind(tmp_path):
             t = threading.Thread(target=waiter)
             t.start()
             time.sleep(0.05)                   # the waiter is in wait(), without the GIL
-            usleep(300000)                     # job 0 is done; the waiter waits for the GIL we hold
+            usleep(1500000)                    # job 0 is done; the waiter waits for the GIL we hold
+            eng.submit(1, [1], 0, 0)           # a worker starts the huge decode (~0.2 s): not joined in time
+            usleep(20000)
             hog.submit(0, [0] * 1000, 0, 0)    # keep cpu1 busy: the waiter stays off it
             assert eng.close(0) is False       # the huge decode is left behind
             hog.close(None)
