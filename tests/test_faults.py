@@ -1037,7 +1037,9 @@ FORK_SCRIPT = PRELUDE + textwrap.dedent(
         res = {"parent_ok": same(got, ref)}
         for check, pid in kids.items():
             res[check] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        print("RESULTS", kind, json.dumps(res), flush=True)
+        # one write(2) of under PIPE_BUF bytes: the two runners share the pipe,
+        # and print() may split a line between writes
+        os.write(1, ("RESULTS %s %s" % (kind, json.dumps(res)) + chr(10)).encode())
 
     runners = []
     for kind in ("native", "python"):
