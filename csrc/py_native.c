@@ -16,6 +16,7 @@
 #include "binding.h"
 #include "engine.h"
 #include "native.h"
+#include "native_engine.h"
 #include "py_transform.h"
 #include "pybuffer.h"
 
@@ -37,34 +38,13 @@ typedef struct {
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
 
-/* One worker's stage counters as stats() sees them: the worker copies its
- * fl_native_worker totals here after each batch, and worker_stats() reads
- * them on another thread without any lock.  Atomics, relaxed: each value
- * only has to be read whole; the five need not come from the same batch. */
-typedef struct {
-    _Atomic uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
-} native_stats;
-
-typedef struct {
-    const fl_native_ds *ds;   /* borrowed from the NativeDataset the engine holds */
-    int nworkers;
-    native_stats *stats;
-} native_ctx;
-
 typedef struct {
     PyObject_HEAD
-    fl_engine *engine;
-    native_ctx *ctx;
+    fl_engine *engine;        /* NULL once closed */
+    fl_native_ctx *ctx;       /* owned (native_engine.h); leaked with detached workers */
     PyObject *dataset;        /* strong ref: keeps ds alive */
     int nworkers;
 } NativeEngineObject;
-
-typedef struct {
-    fl_pool *pool;            /* ref owned by the payload */
-    uint64_t epoch, seed;
-    int count;
-    int64_t idx[];
-} native_job;
 
 
 /* Drop a pool reference with the GIL released: the last one frees up to
@@ -82,61 +62,17 @@ pool_unref_nogil(fl_pool *p)
 
 /* ---- conversions (GIL held) ----------------------------------------------- */
 
-/* A batch buffer back to its pool, from the Buffer's dealloc (an
- * fl_buffer_free_fn) or a batch never handed out; GIL held.  Freeing
- * page-locked memory synchronises the device, so the GIL is released
- * around that, and only that (pool.h). */
-static void
-py_pool_put(void *pool, void *data)
-{
-    unsigned todo = fl_pool_put_begin(pool, data);
-    if (!(todo & FL_POOL_BLOCKS)) {
-        if (todo)
-            fl_pool_put_end(pool, data, todo);
-        return;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    fl_pool_put_end(pool, data, todo);
-    Py_END_ALLOW_THREADS
-}
-
 /* fl_native_batch_free with the GIL held: the images go back through
- * py_pool_put. */
+ * fl_py_pool_put (pybuffer.h), which releases the GIL only around freeing
+ * page-locked memory. */
 static void
 batch_free_gil(fl_native_batch *b)
 {
     if (b->images) {
-        py_pool_put(b->pool, b->images);
+        fl_py_pool_put(b->pool, b->images);
         b->images = NULL;
     }
     fl_native_batch_free(b);
-}
-
-static DLDataType
-spec_dltype(const fl_tspec *t)
-{
-    DLDataType d = {kDLUInt, 8, 1};
-    switch (t->dtype) {
-    case FL_DT_F16: d.code = kDLFloat; d.bits = 16; break;
-    case FL_DT_BF16: d.code = kDLBfloat; d.bits = 16; break;
-    case FL_DT_F32: d.code = kDLFloat; d.bits = 32; break;
-    default: break;
-    }
-    return d;
-}
-
-static void
-sample_shape(const fl_tspec *t, int64_t *shape)
-{
-    if (t->layout == FL_LAYOUT_CHW) {
-        shape[0] = t->out_channels;
-        shape[1] = t->out_h;
-        shape[2] = t->out_w;
-    } else {
-        shape[0] = t->out_h;
-        shape[1] = t->out_w;
-        shape[2] = t->out_channels;
-    }
 }
 
 static const char *event_names[] = {"error", "skipped", "replaced", "fixup"};
@@ -171,10 +107,10 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
     if (!b->failed && b->images) {
         int64_t shape[4];
         shape[0] = b->n;
-        sample_shape(&ds->spec, shape + 1);
+        fl_native_sample_shape(&ds->spec, shape + 1);
         DLDevice cpu = {kDLCPU, 0};
         images = fl_buffer_new(module, b->images, ds->sample_bytes * (size_t)b->n, 4, shape,
-                               spec_dltype(&ds->spec), cpu, py_pool_put, b->pool);
+                               fl_native_sample_dltype(&ds->spec), cpu, fl_py_pool_put, b->pool);
         if (!images)
             goto done;
         b->images = NULL; /* the Buffer returns it to the pool */
@@ -247,19 +183,6 @@ ds_pool_for(NativeDatasetObject *self, int count)
 }
 
 /* ---- NativeDataset ----------------------------------------------------------- */
-
-static void
-ds_free_arrays(fl_native_ds *ds)
-{
-    if (ds->paths) {
-        for (int64_t i = 0; i < ds->n; i++)
-            free(ds->paths[i]);
-        free(ds->paths);
-    }
-    free(ds->labels);
-    ds->paths = NULL;
-    ds->labels = NULL;
-}
 
 static PyObject *
 nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -363,7 +286,7 @@ nds_dealloc(NativeDatasetObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     fl_native_worker_free(self->inline_worker);
     pool_unref_nogil(self->pool);
-    ds_free_arrays(&self->ds);
+    fl_native_ds_clear(&self->ds);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -449,10 +372,10 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
         return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     }
     int64_t shape[3];
-    sample_shape(&self->ds.spec, shape);
+    fl_native_sample_shape(&self->ds.spec, shape);
     DLDevice cpu = {kDLCPU, 0};
     PyObject *b = fl_buffer_new(PyType_GetModule(Py_TYPE(self)), out, self->ds.sample_bytes, 3, shape,
-                                spec_dltype(&self->ds.spec), cpu, fl_aligned_free, NULL);
+                                fl_native_sample_dltype(&self->ds.spec), cpu, fl_aligned_free, NULL);
     if (!b)
         free(out);
     return b;
@@ -504,7 +427,7 @@ static PyObject *
 nds_get_sample_shape(NativeDatasetObject *self, void *Py_UNUSED(c))
 {
     int64_t s[3];
-    sample_shape(&self->ds.spec, s);
+    fl_native_sample_shape(&self->ds.spec, s);
     return Py_BuildValue("(LLL)", (long long)s[0], (long long)s[1], (long long)s[2]);
 }
 
@@ -590,75 +513,7 @@ static PyType_Spec nds_spec = {
     .slots = nds_slots,
 };
 
-/* ---- NativeEngine: ops run on worker threads, never take the GIL ------- */
-
-static void *
-nop_thread_start(void *vctx, int worker_id)
-{
-    (void)worker_id;
-    native_ctx *ctx = vctx;
-    return fl_native_worker_new(ctx->ds);
-}
-
-static void *
-nop_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
-{
-    native_ctx *ctx = vctx;
-    fl_native_worker *w = vws;
-    native_job *job = payload;
-    fl_native_batch *b;
-    if (w == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b) {
-            b->failed = 1;
-            b->nevents = 0;
-        }
-    } else {
-        b = fl_native_load_batch(w, ctx->ds, job->pool, job->idx, job->count, job->seed, job->epoch, cancelled);
-        /* w's own counters are touched only by this thread; publish them */
-        native_stats *s = &ctx->stats[worker_id];
-        atomic_store_explicit(&s->read_ns, w->read_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->decode_ns, w->decode_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->render_ns, w->render_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->bytes_read, w->bytes_read, memory_order_relaxed);
-        atomic_store_explicit(&s->samples, w->samples, memory_order_relaxed);
-    }
-    fl_pool_unref(job->pool);
-    free(job);
-    return b;
-}
-
-static void
-nop_destroy_payload(void *vctx, void *payload)
-{
-    (void)vctx;
-    native_job *job = payload;
-    fl_pool_unref(job->pool);
-    free(job);
-}
-
-static void
-nop_destroy_result(void *vctx, void *result)
-{
-    (void)vctx;
-    fl_native_batch_free(result);
-}
-
-static void
-nop_thread_exit(void *vctx, int worker_id, void *vws)
-{
-    (void)vctx;
-    (void)worker_id;
-    fl_native_worker_free(vws);
-}
-
-static const fl_engine_ops native_ops = {
-    .thread_start = nop_thread_start,
-    .run = nop_run,
-    .destroy_payload = nop_destroy_payload,
-    .destroy_result = nop_destroy_result,
-    .thread_exit = nop_thread_exit,
-};
+/* ---- NativeEngine: worker threads run native_engine.c's ops, never the GIL -- */
 
 /* Stop and join the workers, waiting at most timeout_ms (< 0: no limit) for
  * a worker stuck in a read (a hung network file system); those are left to
@@ -690,18 +545,14 @@ neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     NativeEngineObject *self = (NativeEngineObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    native_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx || !(ctx->stats = calloc((size_t)n, sizeof *ctx->stats))) {
-        free(ctx);
+    self->ctx = fl_native_ctx_new(&((NativeDatasetObject *)dataset)->ds, n);
+    if (!self->ctx) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    ctx->ds = &((NativeDatasetObject *)dataset)->ds;
-    ctx->nworkers = n;
-    self->ctx = ctx;
     self->dataset = Py_NewRef(dataset);
     self->nworkers = n;
-    self->engine = fl_py_engine_start(n, &native_ops, ctx);
+    self->engine = fl_py_engine_start(n, &fl_native_ops, self->ctx);
     if (!self->engine) {
         Py_DECREF(self);
         return NULL;
@@ -714,10 +565,7 @@ neng_dealloc(NativeEngineObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     neng_close(self, 10000);
-    if (self->ctx) {
-        free(self->ctx->stats);
-        free(self->ctx);
-    }
+    fl_native_ctx_free(self->ctx);
     Py_XDECREF(self->dataset);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
@@ -751,23 +599,16 @@ neng_submit(NativeEngineObject *self, PyObject *args)
         free(idx);
         return NULL;
     }
-    native_job *job = malloc(sizeof *job + sizeof(int64_t) * (size_t)(count ? count : 1));
-    if (!job) {
-        free(idx);
-        return PyErr_NoMemory();
-    }
-    memcpy(job->idx, idx, sizeof(int64_t) * (size_t)count);
-    free(idx);
-    job->count = count;
-    job->epoch = epoch;
-    job->seed = seed;
     fl_pool *pool = ds_pool_for((NativeDatasetObject *)self->dataset, count);
     if (!pool) {
-        free(job);
+        free(idx);
         return NULL;
     }
-    fl_pool_ref(pool);
-    job->pool = pool;
+    void *job = fl_native_job_new(pool, idx, count, epoch, seed); /* takes its own pool ref */
+    free(idx);
+    if (!job)
+        return PyErr_NoMemory();
+    /* the engine owns the job from here, and destroys it if it cannot queue it */
     if (fl_engine_submit(self->engine, seq, -1, job) < 0)
         return PyErr_Format(PyExc_RuntimeError, "could not queue batch %lld", seq);
     Py_RETURN_NONE;
@@ -853,19 +694,12 @@ neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
     if (!list)
         return NULL;
     for (int i = 0; i < n; i++) {
-        uint64_t read_ns = 0, decode_ns = 0, render_ns = 0, bytes_read = 0, samples = 0;
-        if (self->ctx) {
-            native_stats *s = &self->ctx->stats[i];
-            read_ns = atomic_load_explicit(&s->read_ns, memory_order_relaxed);
-            decode_ns = atomic_load_explicit(&s->decode_ns, memory_order_relaxed);
-            render_ns = atomic_load_explicit(&s->render_ns, memory_order_relaxed);
-            bytes_read = atomic_load_explicit(&s->bytes_read, memory_order_relaxed);
-            samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
-        }
+        fl_native_stats s;
+        fl_native_ctx_stats(self->ctx, i, &s); /* zeros once the ctx is gone */
         PyObject *d = Py_BuildValue("{s:d,s:K,s:d,s:d,s:d,s:K,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
-                                    (unsigned long long)jobs[i], "read_s", read_ns * 1e-9, "decode_s",
-                                    decode_ns * 1e-9, "transform_s", render_ns * 1e-9, "bytes_read",
-                                    (unsigned long long)bytes_read, "samples", (unsigned long long)samples);
+                                    (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s",
+                                    s.decode_ns * 1e-9, "transform_s", s.render_ns * 1e-9, "bytes_read",
+                                    (unsigned long long)s.bytes_read, "samples", (unsigned long long)s.samples);
         if (!d) {
             Py_DECREF(list);
             return NULL;
