@@ -10,6 +10,7 @@
  */
 #include "cuda.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -265,6 +266,126 @@ const char *
 fl_cuda_library_path(void)
 {
     return fl_cuda_get_api() ? g_path : NULL;
+}
+
+/* ---- finding the runtime: the nvidia-* wheel copies ---------------------- */
+
+/* A growable list of malloc'ed C strings. */
+typedef struct {
+    char **v;
+    size_t n, cap;
+} strv;
+
+/* Append a copy of str.  0, or -1 when out of memory. */
+static int
+strv_push(strv *s, const char *str)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 16;
+        char **v = realloc(s->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        s->v = v;
+        s->cap = cap;
+    }
+    char *d = strdup(str);
+    if (!d)
+        return -1;
+    s->v[s->n++] = d;
+    return 0;
+}
+
+/* Append "a/b" (a = "" means "."). */
+static int
+strv_push_join(strv *s, const char *a, const char *b)
+{
+    size_t len = strlen(a) + 1 + strlen(b) + 2;
+    char *p = malloc(len);
+    if (!p)
+        return -1;
+    snprintf(p, len, "%s/%s", a[0] ? a : ".", b);
+    int rc = strv_push(s, p);
+    free(p);
+    return rc;
+}
+
+static void
+strv_free(strv *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    s->v = NULL;
+    s->n = s->cap = 0;
+}
+
+static int
+cmp_desc(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)b, *(char *const *)a);
+}
+
+/* Append dir/libcudart.so* to out, newest version first ("libcudart.so.13"
+ * sorts after "libcudart.so.12" and "libcudart.so").  A missing directory
+ * adds nothing.  Returns -1 on out of memory. */
+static int
+scan_dir(const char *dir, strv *out)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    strv names = {0};
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (strncmp(nm, "libcudart.so", 12) == 0 && (nm[12] == '\0' || nm[12] == '.'))
+            if (strv_push(&names, nm) < 0) {
+                rc = -1;
+                break;
+            }
+    }
+    closedir(d);
+    if (names.n > 1)
+        qsort(names.v, names.n, sizeof *names.v, cmp_desc);
+    for (size_t i = 0; rc == 0 && i < names.n; i++)
+        rc = strv_push_join(out, dir, names.v[i]);
+    strv_free(&names);
+    return rc;
+}
+
+/* Where the nvidia-* wheels keep libcudart under a sys.path entry. */
+static const char *const wheel_dirs[] = {"nvidia/cu13/lib", "nvidia/cuda_runtime/lib"};
+
+int
+fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *roots, size_t nroots,
+              fl_cuda_probe_result *p)
+{
+    strv cand = {0}, dir = {0};
+    int oom = 0;
+    memset(p, 0, sizeof *p);
+    for (size_t i = 0; i < nfiles && !oom; i++)
+        oom = files[i] && strv_push(&cand, files[i]) < 0;
+    for (size_t i = 0; i < nroots && !oom && !fl_cuda_get_api(); i++) {
+        for (size_t k = 0; roots[i] && k < sizeof wheel_dirs / sizeof wheel_dirs[0] && !oom; k++) {
+            oom = strv_push_join(&dir, roots[i], wheel_dirs[k]) < 0;
+            if (!oom)
+                oom = scan_dir(dir.v[dir.n - 1], &cand) < 0;
+        }
+    }
+    if (!oom) {
+        p->loaded = fl_cuda_load((const char *const *)cand.v, cand.n, p->load_err, sizeof p->load_err) ==
+                    FL_CUDA_OK;
+        if (p->loaded) {
+            p->vers_rc = fl_cuda_versions(&p->runtime, &p->driver, p->vers_err, sizeof p->vers_err);
+            p->count_rc = fl_cuda_device_count(&p->count, p->count_err, sizeof p->count_err);
+        }
+    } else {
+        snprintf(p->load_err, sizeof p->load_err, "out of memory while looking for the CUDA runtime");
+    }
+    strv_free(&cand);
+    strv_free(&dir);
+    return oom ? -1 : 0;
 }
 
 /* ---- helpers ------------------------------------------------------------ */

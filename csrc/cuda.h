@@ -142,6 +142,40 @@ const char *fl_cuda_library_path(void);
  * `code` so callers can `return fl_cuda_format_error(...)`. */
 int fl_cuda_format_error(char *err, size_t errlen, const char *what, int code);
 
+/* ---- finding the runtime and describing it (cuda_info, cuda_require) ---- */
+
+/* Size of the error buffers of fl_cuda_probe_result. */
+#define FL_CUDA_ERRLEN 4096
+
+typedef struct {
+    int loaded;      /* libcudart is loaded (by this call or an earlier one) */
+    int vers_rc;     /* fl_cuda_versions result; set when loaded */
+    int runtime, driver;
+    int count_rc;    /* fl_cuda_device_count result; set when loaded */
+    int count;
+    char load_err[FL_CUDA_ERRLEN];  /* why nothing is loaded */
+    char vers_err[FL_CUDA_ERRLEN];
+    char count_err[FL_CUDA_ERRLEN];
+} fl_cuda_probe_result;
+
+/* Load libcudart unless an earlier call has tried, then query the versions
+ * and the device count.  The candidates handed to fl_cuda_load (which
+ * tries them after FASTLOADER_CUDART and an already loaded runtime, and
+ * before CUDA_HOME and the system) are, in order:
+ *   files[0, nfiles), as given (the caller's search_paths);
+ *   for each of roots[0, nroots) (sys.path entries; "" is the current
+ *   directory), the copies the nvidia-* wheels installed with torch keep:
+ *   <root>/nvidia/cu13/lib/libcudart.so* (CUDA 13 wheels), then
+ *   <root>/nvidia/cuda_runtime/lib/libcudart.so* (CUDA 12 wheels), newest
+ *   version first in each directory.  Missing directories add nothing, and
+ *   the roots are not scanned at all once a runtime is loaded.
+ * Later calls get the first load's outcome whatever they pass.  Returns 0
+ * with *out filled (whatever CUDA's state), or -1 when out of memory
+ * (*out then says nothing is loaded).  No GIL: directory scans and the
+ * driver's initialisation may take seconds. */
+int fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *roots, size_t nroots,
+                  fl_cuda_probe_result *out);
+
 /* ---- queries ----------------------------------------------------------- */
 
 /* *count = number of visible devices (0 on failure).  Returns 0 or the
@@ -235,5 +269,23 @@ int fl_cuda_memcpy_h2d_async(int device, void *dst_device, const void *src_host,
                              fl_cudaStream_t stream, char *err, size_t errlen);
 int fl_cuda_memcpy_d2h_async(int device, void *dst_host, const void *src_device, size_t bytes,
                              fl_cudaStream_t stream, char *err, size_t errlen);
+
+/* ---- round trips for tests (cuda_roundtrip.c) -------------------------- */
+
+/* Copy src (n > 0 bytes) into page-locked host memory and from there into
+ * dst.  reg: page-lock page-aligned malloc memory with cudaHostRegister
+ * instead of cudaHostAlloc.  Returns 0 or a code as above (err set). */
+int fl_cuda_pinned_roundtrip(int device, const void *src, void *dst, size_t n, int reg, char *err,
+                             size_t errlen);
+
+/* Copy src (n > 0 bytes) to `device` and back into dst, through page-locked
+ * buffers.  The device buffer is first filled with the complement of src,
+ * so a device-to-host copy that does not wait for the host-to-device one
+ * returns wrong bytes.  two_streams: the H2D runs on stream A, stream B
+ * waits on A's event and runs the D2H.  reg as above, for the source
+ * buffer.  Both events must report done afterwards.  Returns 0 or a code
+ * (err set).  Call without the GIL: it synchronises. */
+int fl_cuda_device_roundtrip(int device, const void *src, void *dst, size_t n, int two_streams, int reg,
+                             char *err, size_t errlen);
 
 #endif

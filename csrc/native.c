@@ -23,6 +23,46 @@
  * such file does not hold memory for the worker's life. */
 #define FL_KEEP_BYTES ((size_t)64 << 20)
 
+void
+fl_native_ds_clear(fl_native_ds *ds)
+{
+    if (ds->paths) {
+        for (int64_t i = 0; i < ds->n; i++)
+            free(ds->paths[i]);
+        free(ds->paths);
+    }
+    free(ds->labels);
+    ds->paths = NULL;
+    ds->labels = NULL;
+}
+
+void
+fl_native_sample_shape(const fl_tspec *t, int64_t shape[3])
+{
+    if (t->layout == FL_LAYOUT_CHW) {
+        shape[0] = t->out_channels;
+        shape[1] = t->out_h;
+        shape[2] = t->out_w;
+    } else {
+        shape[0] = t->out_h;
+        shape[1] = t->out_w;
+        shape[2] = t->out_channels;
+    }
+}
+
+DLDataType
+fl_native_sample_dltype(const fl_tspec *t)
+{
+    DLDataType d = {kDLUInt, 8, 1};
+    switch (t->dtype) {
+    case FL_DT_F16: d.code = kDLFloat; d.bits = 16; break;
+    case FL_DT_BF16: d.code = kDLBfloat; d.bits = 16; break;
+    case FL_DT_F32: d.code = kDLFloat; d.bits = 32; break;
+    default: break;
+    }
+    return d;
+}
+
 fl_native_worker *
 fl_native_worker_new(const fl_native_ds *ds)
 {

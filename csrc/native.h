@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "dlpack.h"
 #include "imgops.h"
 #include "jpeg.h"
 #include "pool.h"
@@ -32,6 +33,19 @@ typedef struct {
     size_t sample_bytes;  /* fl_tspec_sample_bytes(&spec) */
     int timing;           /* keep per-stage clocks for stats() (on unless FASTLOADER_STATS=0) */
 } fl_native_ds;
+
+/* Free ds->paths (each entry and the array) and ds->labels, and set them to
+ * NULL; the rest of *ds is left as it is.  Entries of a partly filled paths
+ * array must be NULL (calloc).  No GIL. */
+void fl_native_ds_clear(fl_native_ds *ds);
+
+/* The shape of one output sample: (C, H, W) or (H, W, C) as the spec's
+ * layout says, written to shape[0..3).  Pure. */
+void fl_native_sample_shape(const fl_tspec *t, int64_t shape[3]);
+
+/* The DLPack dtype of the spec's output (uint8, float16, bfloat16,
+ * float32).  Pure. */
+DLDataType fl_native_sample_dltype(const fl_tspec *t);
 
 /* Per-worker state: decoder, file and decode buffers, render scratch. */
 typedef struct {

@@ -14,6 +14,7 @@
 #define NO_IMPORT_ARRAY
 #include "binding.h"
 #include "dlpack.h"
+#include "copy.h"
 #include "pool.h"
 #include "pybuffer.h"
 
@@ -21,8 +22,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-
-#define FL_MAX_NDIM 16
 
 typedef struct {
     PyObject_HEAD
@@ -38,25 +37,7 @@ typedef struct {
     PyObject *weakreflist;
 } fl_buffer;
 
-/* ---- allocation helpers ------------------------------------------------ */
-
-void
-fl_aligned_free(void *ctx, void *data)
-{
-    (void)ctx;
-    free(data);
-}
-
-void *
-fl_aligned_alloc(size_t nbytes)
-{
-    void *p = NULL;
-    /* 64-byte alignment for SIMD stores; malloc-family because buffers are
-     * filled and may be freed by threads that do not hold the GIL. */
-    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
-        return NULL;
-    return p;
-}
+/* ---- pool helper ------------------------------------------------------- */
 
 void
 fl_py_pool_put(void *pool, void *data)
@@ -443,7 +424,9 @@ typedef struct {
     PyObject *capsule;            /* DLPack capsule to release, or NULL */
 } stack_item;
 
-/* Map a struct-module format (numpy's buffer format) to DLPack. */
+/* Map a struct-module format (numpy's buffer format) to DLPack.  Plain C,
+ * but its input is the Python buffer protocol's vocabulary, so it stays with
+ * the binding that reads Py_buffer. */
 static int
 format_to_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *dt)
 {
@@ -544,39 +527,6 @@ describe_item(PyObject *obj, stack_item *it, DLDataType *dt, Py_ssize_t *itemsiz
         s *= t->shape[i];
     }
     return 1;
-}
-
-/* Copy an N-d strided array into a compact destination.  No GIL needed. */
-static void
-copy_strided(char *dst, const char *src, int ndim, const int64_t *shape, const int64_t *strides,
-             size_t itemsize)
-{
-    /* find the innermost compact run */
-    int64_t run = (int64_t)itemsize;
-    int d = ndim;
-    while (d > 0 && strides[d - 1] == run) {
-        run *= shape[d - 1];
-        d--;
-    }
-    if (d == 0) {
-        memcpy(dst, src, (size_t)run);
-        return;
-    }
-    int64_t idx[FL_MAX_NDIM] = {0};
-    for (;;) {
-        const char *p = src;
-        for (int i = 0; i < d; i++)
-            p += idx[i] * strides[i];
-        memcpy(dst, p, (size_t)run);
-        dst += run;
-        int i = d - 1;
-        while (i >= 0 && ++idx[i] == shape[i]) {
-            idx[i] = 0;
-            i--;
-        }
-        if (i < 0)
-            break;
-    }
 }
 
 /* Parse stack(items, pool=None).  0 with *items and *bp (NULL: no pool)
@@ -685,7 +635,7 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         pinned = fl_pool_is_pinned(data);
     if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
         for (Py_ssize_t k = 0; k < n; k++)
-            copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
+            fl_copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
                          items[k].strides, (size_t)itemsize0);
     }
     Py_END_ALLOW_THREADS

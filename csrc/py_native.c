@@ -3,19 +3,32 @@
  *   NativeDataset(paths, labels, spec, on_error="raise", dct_scaling=False, max_pixels=0)
  *       an immutable list of files + labels + a compiled transform; can load
  *       a batch on the calling thread (GIL released) for num_workers=0.
- *   NativeEngine(num_workers, dataset)
- *       worker threads that load whole batches without ever taking the GIL.
+ *   NativeEngine(num_workers, dataset, post=None, post_always=False)
+ *       worker threads that load whole batches without the GIL; with `post`,
+ *       the worker that built a batch that needs Python afterwards (every
+ *       batch with post_always, else those with fix-ups) calls
+ *       post(batch, epoch, seed, seq, worker, native_s) itself, with the GIL
+ *       (native_engine.h says when and in which order).
  *
  * A finished batch comes back as (images, labels, events, failed): images
  * and labels are Buffers (DLPack) over the batch memory the workers wrote;
  * events lists skipped / replaced / failed samples and the slots that need a
  * Pillow fix-up (non-JPEG files), as (kind, index, by, message, code, errno)
- * tuples; code and errno feed _C._error, the one translator.
+ * tuples; code and errno feed _C._error, the one translator.  wait() hands
+ * out that tuple, or what post returned, or the exception post raised (an
+ * exception instance: the consumer raises it at that batch's turn).
+ *
+ * Shutting down with a post hook: the workers call Python, so they are
+ * joined in tp_finalize (as py_engine.c does, for the same reason), with
+ * the GIL released; a worker inside post finishes that call first.  Workers
+ * never take the GIL once the interpreter is finalizing: the batch then
+ * stays raw, and results are leaked rather than released.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
 #include "engine.h"
 #include "native.h"
+#include "native_engine.h"
 #include "py_transform.h"
 #include "pybuffer.h"
 
@@ -37,34 +50,22 @@ typedef struct {
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
 
-/* One worker's stage counters as stats() sees them: the worker copies its
- * fl_native_worker totals here after each batch, and worker_stats() reads
- * them on another thread without any lock.  Atomics, relaxed: each value
- * only has to be read whole; the five need not come from the same batch. */
+/* What the post hook needs on a worker thread.  Heap-allocated, not part of
+ * the engine object, so that it can be leaked with detached workers. */
 typedef struct {
-    _Atomic uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
-} native_stats;
-
-typedef struct {
-    const fl_native_ds *ds;   /* borrowed from the NativeDataset the engine holds */
-    int nworkers;
-    native_stats *stats;
-} native_ctx;
+    PyObject *post;           /* the callable (strong ref) */
+    PyObject *module;         /* fastloader._C, for Buffers (strong ref) */
+    const fl_native_ds *ds;   /* borrowed from the engine's dataset */
+} post_ctx;
 
 typedef struct {
     PyObject_HEAD
-    fl_engine *engine;
-    native_ctx *ctx;
+    fl_engine *engine;        /* NULL once closed */
+    fl_native_ctx *ctx;       /* owned (native_engine.h); leaked with detached workers */
+    post_ctx *pc;             /* owned, NULL without a hook; leaked with detached workers */
     PyObject *dataset;        /* strong ref: keeps ds alive */
     int nworkers;
 } NativeEngineObject;
-
-typedef struct {
-    fl_pool *pool;            /* ref owned by the payload */
-    uint64_t epoch, seed;
-    int count;
-    int64_t idx[];
-} native_job;
 
 
 /* Drop a pool reference with the GIL released: the last one frees up to
@@ -82,61 +83,17 @@ pool_unref_nogil(fl_pool *p)
 
 /* ---- conversions (GIL held) ----------------------------------------------- */
 
-/* A batch buffer back to its pool, from the Buffer's dealloc (an
- * fl_buffer_free_fn) or a batch never handed out; GIL held.  Freeing
- * page-locked memory synchronises the device, so the GIL is released
- * around that, and only that (pool.h). */
-static void
-py_pool_put(void *pool, void *data)
-{
-    unsigned todo = fl_pool_put_begin(pool, data);
-    if (!(todo & FL_POOL_BLOCKS)) {
-        if (todo)
-            fl_pool_put_end(pool, data, todo);
-        return;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    fl_pool_put_end(pool, data, todo);
-    Py_END_ALLOW_THREADS
-}
-
 /* fl_native_batch_free with the GIL held: the images go back through
- * py_pool_put. */
+ * fl_py_pool_put (pybuffer.h), which releases the GIL only around freeing
+ * page-locked memory. */
 static void
 batch_free_gil(fl_native_batch *b)
 {
     if (b->images) {
-        py_pool_put(b->pool, b->images);
+        fl_py_pool_put(b->pool, b->images);
         b->images = NULL;
     }
     fl_native_batch_free(b);
-}
-
-static DLDataType
-spec_dltype(const fl_tspec *t)
-{
-    DLDataType d = {kDLUInt, 8, 1};
-    switch (t->dtype) {
-    case FL_DT_F16: d.code = kDLFloat; d.bits = 16; break;
-    case FL_DT_BF16: d.code = kDLBfloat; d.bits = 16; break;
-    case FL_DT_F32: d.code = kDLFloat; d.bits = 32; break;
-    default: break;
-    }
-    return d;
-}
-
-static void
-sample_shape(const fl_tspec *t, int64_t *shape)
-{
-    if (t->layout == FL_LAYOUT_CHW) {
-        shape[0] = t->out_channels;
-        shape[1] = t->out_h;
-        shape[2] = t->out_w;
-    } else {
-        shape[0] = t->out_h;
-        shape[1] = t->out_w;
-        shape[2] = t->out_channels;
-    }
 }
 
 static const char *event_names[] = {"error", "skipped", "replaced", "fixup"};
@@ -171,10 +128,10 @@ batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
     if (!b->failed && b->images) {
         int64_t shape[4];
         shape[0] = b->n;
-        sample_shape(&ds->spec, shape + 1);
+        fl_native_sample_shape(&ds->spec, shape + 1);
         DLDevice cpu = {kDLCPU, 0};
         images = fl_buffer_new(module, b->images, ds->sample_bytes * (size_t)b->n, 4, shape,
-                               spec_dltype(&ds->spec), cpu, py_pool_put, b->pool);
+                               fl_native_sample_dltype(&ds->spec), cpu, fl_py_pool_put, b->pool);
         if (!images)
             goto done;
         b->images = NULL; /* the Buffer returns it to the pool */
@@ -247,19 +204,6 @@ ds_pool_for(NativeDatasetObject *self, int count)
 }
 
 /* ---- NativeDataset ----------------------------------------------------------- */
-
-static void
-ds_free_arrays(fl_native_ds *ds)
-{
-    if (ds->paths) {
-        for (int64_t i = 0; i < ds->n; i++)
-            free(ds->paths[i]);
-        free(ds->paths);
-    }
-    free(ds->labels);
-    ds->paths = NULL;
-    ds->labels = NULL;
-}
 
 static PyObject *
 nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -363,7 +307,7 @@ nds_dealloc(NativeDatasetObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     fl_native_worker_free(self->inline_worker);
     pool_unref_nogil(self->pool);
-    ds_free_arrays(&self->ds);
+    fl_native_ds_clear(&self->ds);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -449,10 +393,10 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
         return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     }
     int64_t shape[3];
-    sample_shape(&self->ds.spec, shape);
+    fl_native_sample_shape(&self->ds.spec, shape);
     DLDevice cpu = {kDLCPU, 0};
     PyObject *b = fl_buffer_new(PyType_GetModule(Py_TYPE(self)), out, self->ds.sample_bytes, 3, shape,
-                                spec_dltype(&self->ds.spec), cpu, fl_aligned_free, NULL);
+                                fl_native_sample_dltype(&self->ds.spec), cpu, fl_aligned_free, NULL);
     if (!b)
         free(out);
     return b;
@@ -504,7 +448,7 @@ static PyObject *
 nds_get_sample_shape(NativeDatasetObject *self, void *Py_UNUSED(c))
 {
     int64_t s[3];
-    sample_shape(&self->ds.spec, s);
+    fl_native_sample_shape(&self->ds.spec, s);
     return Py_BuildValue("(LLL)", (long long)s[0], (long long)s[1], (long long)s[2]);
 }
 
@@ -590,75 +534,79 @@ static PyType_Spec nds_spec = {
     .slots = nds_slots,
 };
 
-/* ---- NativeEngine: ops run on worker threads, never take the GIL ------- */
+/* ---- the post hook (worker threads; takes the GIL itself) ------------------ */
 
-static void *
-nop_thread_start(void *vctx, int worker_id)
+/* The pending exception as an instance with its traceback; clears it.
+ * Never NULL (None when even that fails).  GIL held. */
+static PyObject *
+take_exception(void)
 {
-    (void)worker_id;
-    native_ctx *ctx = vctx;
-    return fl_native_worker_new(ctx->ds);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value ? value : Py_NewRef(Py_None);
 }
 
+/* fl_native_post.run: the batch as Python objects, then post(...).  Returns
+ * a new reference (post's result, or the exception it raised), or NULL
+ * without touching b when the interpreter is finalizing.  GIL not held on
+ * entry; taken here, with a thread state that lives for this call only. */
 static void *
-nop_run(void *vctx, int worker_id, void *vws, void *payload, const atomic_int *cancelled)
+post_run(void *arg, int worker_id, fl_native_batch *b, const fl_native_job_info *job, uint64_t *gil_wait_ns)
 {
-    native_ctx *ctx = vctx;
-    fl_native_worker *w = vws;
-    native_job *job = payload;
-    fl_native_batch *b;
-    if (w == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b) {
-            b->failed = 1;
-            b->nevents = 0;
-        }
-    } else {
-        b = fl_native_load_batch(w, ctx->ds, job->pool, job->idx, job->count, job->seed, job->epoch, cancelled);
-        /* w's own counters are touched only by this thread; publish them */
-        native_stats *s = &ctx->stats[worker_id];
-        atomic_store_explicit(&s->read_ns, w->read_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->decode_ns, w->decode_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->render_ns, w->render_ns, memory_order_relaxed);
-        atomic_store_explicit(&s->bytes_read, w->bytes_read, memory_order_relaxed);
-        atomic_store_explicit(&s->samples, w->samples, memory_order_relaxed);
+    post_ctx *pc = arg;
+    if (FL_IS_FINALIZING())
+        return NULL; /* never take the GIL of a dying interpreter */
+    uint64_t t0 = fl_now_ns();
+    PyGILState_STATE g = PyGILState_Ensure();
+    *gil_wait_ns += fl_now_ns() - t0;
+    PyObject *res = NULL;
+    PyObject *batch = batch_to_python(pc->module, pc->ds, b); /* consumes b */
+    if (batch) {
+        res = PyObject_CallFunction(pc->post, "OKKLid", batch, (unsigned long long)job->epoch,
+                                    (unsigned long long)job->seed, (long long)job->seq, worker_id,
+                                    job->native_ns * 1e-9);
+        Py_DECREF(batch);
     }
-    fl_pool_unref(job->pool);
-    free(job);
-    return b;
+    if (!res)
+        res = take_exception();
+    PyGILState_Release(g);
+    return res;
 }
 
+/* fl_native_post.free_result: drop a result nobody took (any thread). */
 static void
-nop_destroy_payload(void *vctx, void *payload)
+post_free(void *arg, void *obj)
 {
-    (void)vctx;
-    native_job *job = payload;
-    fl_pool_unref(job->pool);
-    free(job);
+    (void)arg;
+    if (FL_IS_FINALIZING())
+        return; /* never touch a dying interpreter; the OS reclaims it */
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF((PyObject *)obj);
+    PyGILState_Release(g);
 }
 
-static void
-nop_destroy_result(void *vctx, void *result)
+/* An engine result as what wait() hands out: (images, labels, events,
+ * failed), or post's result; consumes r.  NULL with an exception.  GIL held. */
+static PyObject *
+result_to_python(PyObject *module, const fl_native_ds *ds, fl_native_result *r)
 {
-    (void)vctx;
-    fl_native_batch_free(result);
+    if (r == NULL)
+        return PyErr_NoMemory();
+    PyObject *out;
+    if (r->post)
+        out = r->post; /* the reference passes to the caller */
+    else
+        out = batch_to_python(module, ds, r->batch); /* consumes the batch */
+    free(r);
+    return out;
 }
 
-static void
-nop_thread_exit(void *vctx, int worker_id, void *vws)
-{
-    (void)vctx;
-    (void)worker_id;
-    fl_native_worker_free(vws);
-}
-
-static const fl_engine_ops native_ops = {
-    .thread_start = nop_thread_start,
-    .run = nop_run,
-    .destroy_payload = nop_destroy_payload,
-    .destroy_result = nop_destroy_result,
-    .thread_exit = nop_thread_exit,
-};
+/* ---- NativeEngine ------------------------------------------------------------ */
 
 /* Stop and join the workers, waiting at most timeout_ms (< 0: no limit) for
  * a worker stuck in a read (a hung network file system); those are left to
@@ -667,41 +615,66 @@ static int
 neng_close(NativeEngineObject *self, int timeout_ms)
 {
     if (fl_py_engine_stop(&self->engine, timeout_ms)) {
+        /* leaked on purpose: detached threads still use them */
         self->ctx = NULL;
-        self->dataset = NULL; /* leaked on purpose: detached threads still read it */
+        self->pc = NULL;
+        self->dataset = NULL;
         return 0;
     }
     return 1;
 }
 
+static void
+post_ctx_free(post_ctx *pc)
+{
+    if (!pc)
+        return;
+    Py_XDECREF(pc->post);
+    Py_XDECREF(pc->module);
+    free(pc);
+}
+
 static PyObject *
 neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"num_workers", "dataset", NULL};
-    int n;
-    PyObject *dataset;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO:NativeEngine", kwlist, &n, &dataset))
+    static char *kwlist[] = {"num_workers", "dataset", "post", "post_always", NULL};
+    int n, always = 0;
+    PyObject *dataset, *post = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|Op:NativeEngine", kwlist, &n, &dataset, &post, &always))
         return NULL;
     if (n < 1 || n > 1024)
         return PyErr_Format(PyExc_ValueError, "num_workers must be in 1..1024, got %d", n);
-    fl_module_state *st = fl_get_state(PyType_GetModule(type));
+    PyObject *module = PyType_GetModule(type);
+    fl_module_state *st = fl_get_state(module);
     if (!st || !PyObject_TypeCheck(dataset, st->NativeDatasetType))
         return PyErr_Format(PyExc_TypeError, "dataset must be a NativeDataset");
+    if (post != Py_None && !PyCallable_Check(post))
+        return PyErr_Format(PyExc_TypeError, "post must be callable or None");
     NativeEngineObject *self = (NativeEngineObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    native_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx || !(ctx->stats = calloc((size_t)n, sizeof *ctx->stats))) {
-        free(ctx);
+    const fl_native_ds *ds = &((NativeDatasetObject *)dataset)->ds;
+    fl_native_post hook = {0};
+    if (post != Py_None) {
+        /* malloc, not PyMem: worker threads read it without the GIL */
+        self->pc = calloc(1, sizeof *self->pc);
+        if (!self->pc) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+        self->pc->post = Py_NewRef(post);
+        self->pc->module = Py_NewRef(module);
+        self->pc->ds = ds;
+        hook = (fl_native_post){post_run, post_free, self->pc, always};
+    }
+    self->ctx = fl_native_ctx_new(ds, n, post != Py_None ? &hook : NULL);
+    if (!self->ctx) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    ctx->ds = &((NativeDatasetObject *)dataset)->ds;
-    ctx->nworkers = n;
-    self->ctx = ctx;
     self->dataset = Py_NewRef(dataset);
     self->nworkers = n;
-    self->engine = fl_py_engine_start(n, &native_ops, ctx);
+    self->engine = fl_py_engine_start(n, &fl_native_ops, self->ctx);
     if (!self->engine) {
         Py_DECREF(self);
         return NULL;
@@ -709,16 +682,51 @@ neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
+static int
+neng_traverse(NativeEngineObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->dataset);
+    if (self->pc) {
+        Py_VISIT(self->pc->post);
+        Py_VISIT(self->pc->module);
+    }
+    return 0;
+}
+
+/* tp_finalize: stop and join the workers while everything post may call is
+ * intact (see the top of this file).  GIL held; released while joining. */
+static void
+neng_finalize(NativeEngineObject *self)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    neng_close(self, 10000);
+    PyErr_Restore(type, value, tb);
+}
+
+static int
+neng_clear(NativeEngineObject *self)
+{
+    /* closed by neng_finalize already, which the GC and dealloc run first;
+     * kept so that no path drops the references under running workers */
+    neng_close(self, 10000);
+    fl_native_ctx_free(self->ctx); /* before pc: the context's hook points to it */
+    self->ctx = NULL;
+    post_ctx_free(self->pc);
+    self->pc = NULL;
+    Py_CLEAR(self->dataset);
+    return 0;
+}
+
 static void
 neng_dealloc(NativeEngineObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    neng_close(self, 10000);
-    if (self->ctx) {
-        free(self->ctx->stats);
-        free(self->ctx);
-    }
-    Py_XDECREF(self->dataset);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return; /* resurrected while the workers were joined */
+    PyObject_GC_UnTrack(self);
+    neng_clear(self);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -751,24 +759,17 @@ neng_submit(NativeEngineObject *self, PyObject *args)
         free(idx);
         return NULL;
     }
-    native_job *job = malloc(sizeof *job + sizeof(int64_t) * (size_t)(count ? count : 1));
-    if (!job) {
-        free(idx);
-        return PyErr_NoMemory();
-    }
-    memcpy(job->idx, idx, sizeof(int64_t) * (size_t)count);
-    free(idx);
-    job->count = count;
-    job->epoch = epoch;
-    job->seed = seed;
     fl_pool *pool = ds_pool_for((NativeDatasetObject *)self->dataset, count);
     if (!pool) {
-        free(job);
+        free(idx);
         return NULL;
     }
-    fl_pool_ref(pool);
-    job->pool = pool;
-    if (fl_engine_submit(self->engine, seq, -1, job) < 0)
+    void *job = fl_native_job_new(pool, idx, count, epoch, seed); /* takes its own pool ref */
+    free(idx);
+    if (!job)
+        return PyErr_NoMemory();
+    /* the engine owns the job from here, and destroys it if it cannot queue it */
+    if (fl_native_submit(self->ctx, self->engine, seq, job) < 0)
         return PyErr_Format(PyExc_RuntimeError, "could not queue batch %lld", seq);
     Py_RETURN_NONE;
 }
@@ -797,7 +798,7 @@ neng_wait(NativeEngineObject *self, PyObject *args)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *batch = batch_to_python(PyType_GetModule(Py_TYPE(self)), &((NativeDatasetObject *)dataset)->ds, res);
+    PyObject *batch = result_to_python(PyType_GetModule(Py_TYPE(self)), &((NativeDatasetObject *)dataset)->ds, res);
     Py_DECREF(dataset);
     if (!batch)
         return NULL;
@@ -813,9 +814,10 @@ neng_reset(NativeEngineObject *self, PyObject *Py_UNUSED(x))
         return NULL;
     uint64_t g;
     fl_engine *e = self->engine;
+    fl_native_reset(self->ctx); /* first: batches queued after this wait for none before */
     fl_engine_hold(e); /* close() from another thread waits for us */
     Py_BEGIN_ALLOW_THREADS
-    g = fl_engine_reset(e);
+    g = fl_engine_reset(e); /* dropped post results take the GIL to be released */
     Py_END_ALLOW_THREADS
     fl_engine_release(e);
     return PyLong_FromUnsignedLongLong(g);
@@ -853,19 +855,14 @@ neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
     if (!list)
         return NULL;
     for (int i = 0; i < n; i++) {
-        uint64_t read_ns = 0, decode_ns = 0, render_ns = 0, bytes_read = 0, samples = 0;
-        if (self->ctx) {
-            native_stats *s = &self->ctx->stats[i];
-            read_ns = atomic_load_explicit(&s->read_ns, memory_order_relaxed);
-            decode_ns = atomic_load_explicit(&s->decode_ns, memory_order_relaxed);
-            render_ns = atomic_load_explicit(&s->render_ns, memory_order_relaxed);
-            bytes_read = atomic_load_explicit(&s->bytes_read, memory_order_relaxed);
-            samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
-        }
-        PyObject *d = Py_BuildValue("{s:d,s:K,s:d,s:d,s:d,s:K,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
-                                    (unsigned long long)jobs[i], "read_s", read_ns * 1e-9, "decode_s",
-                                    decode_ns * 1e-9, "transform_s", render_ns * 1e-9, "bytes_read",
-                                    (unsigned long long)bytes_read, "samples", (unsigned long long)samples);
+        fl_native_stats s;
+        fl_native_ctx_stats(self->ctx, i, &s); /* zeros once the ctx is gone */
+        PyObject *d = Py_BuildValue(
+            "{s:d,s:K,s:d,s:d,s:d,s:K,s:K,s:d,s:d,s:d,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
+            (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s", s.decode_ns * 1e-9, "transform_s",
+            s.render_ns * 1e-9, "bytes_read", (unsigned long long)s.bytes_read, "samples",
+            (unsigned long long)s.samples, "python_s", s.post_ns * 1e-9, "gil_wait_s", s.post_gil_ns * 1e-9,
+            "turn_wait_s", s.post_turn_ns * 1e-9, "python_batches", (unsigned long long)s.post_batches);
         if (!d) {
             Py_DECREF(list);
             return NULL;
@@ -897,11 +894,14 @@ static PyMethodDef neng_methods[] = {
     {"set_active", (PyCFunction)neng_set_active, METH_O, "set_active(n) -> int: workers 0..n-1 take jobs"},
     {"submit", (PyCFunction)neng_submit, METH_VARARGS, "submit(seq, indices, epoch, seed)"},
     {"wait", (PyCFunction)neng_wait, METH_VARARGS,
-     "wait(seq, timeout=None) -> (seq, worker, (images, labels, events, failed)) or None on timeout"},
+     "wait(seq, timeout=None) -> (seq, worker, result) or None on timeout; result is (images, labels,\n"
+     "events, failed), or what post returned, or the exception it raised"},
     {"reset", (PyCFunction)neng_reset, METH_NOARGS, "Start a new generation, dropping queued batches."},
     {"close", (PyCFunction)neng_close_meth, METH_VARARGS,
      "close(timeout=10.0) -> bool: stop the workers and join them (True when all were joined)."},
-    {"worker_stats", (PyCFunction)neng_worker_stats, METH_NOARGS, "Per-worker stage counters."},
+    {"worker_stats", (PyCFunction)neng_worker_stats, METH_NOARGS,
+     "Per-worker counters: busy_s, jobs, read_s, decode_s, transform_s, bytes_read, samples, and for the post\n"
+     "hook python_s (GIL held), gil_wait_s, turn_wait_s (earlier batches' hooks) and python_batches."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -913,16 +913,21 @@ static PyGetSetDef neng_getset[] = {
 static PyType_Slot neng_slots[] = {
     {Py_tp_new, neng_new},
     {Py_tp_dealloc, neng_dealloc},
+    {Py_tp_finalize, neng_finalize},
+    {Py_tp_traverse, neng_traverse},
+    {Py_tp_clear, neng_clear},
     {Py_tp_methods, neng_methods},
     {Py_tp_getset, neng_getset},
-    {Py_tp_doc, "NativeEngine(num_workers, dataset): threads that load native batches without the GIL."},
+    {Py_tp_doc, "NativeEngine(num_workers, dataset, post=None, post_always=False): threads that load native "
+                "batches without the GIL, and finish them with post(batch, epoch, seed, seq, worker, native_s) "
+                "when they need Python."},
     {0, NULL},
 };
 
 static PyType_Spec neng_spec = {
     .name = "fastloader._C.NativeEngine",
     .basicsize = sizeof(NativeEngineObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = neng_slots,
 };
 

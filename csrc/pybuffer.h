@@ -6,6 +6,7 @@
 #define FL_PYBUFFER_H
 
 #include "binding.h"
+#include "copy.h"   /* fl_aligned_alloc, fl_aligned_free */
 #include "dlpack.h"
 
 /* Releases `data`; called from Buffer's dealloc (GIL held, but it must not
@@ -52,9 +53,5 @@ PyObject *fl_dlpack_capsule(void *data, DLDevice device, int ndim, const int64_t
 
 /* shape[0, ndim) as a tuple of ints (a new reference, or NULL). */
 PyObject *fl_shape_tuple(int ndim, const int64_t *shape);
-
-/* 64-byte aligned malloc / free; safe without the GIL.  NULL on failure. */
-void *fl_aligned_alloc(size_t nbytes);
-void fl_aligned_free(void *ctx, void *data);
 
 #endif

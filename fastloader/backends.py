@@ -5,7 +5,10 @@ the memory budget, delivery to a device, statistics and shutdown.
 
     NativeBackend   fastloader.ImageFolder / ImageList with default collation:
                     a job is (seq, indices, epoch, seed); worker threads
-                    build whole batches in C without the GIL (csrc/native.c)
+                    build whole batches in C without the GIL (csrc/native.c),
+                    then, for batches that need it, run the dataset's Python
+                    part themselves (datasets.py _post), so the consumer
+                    only files the finished batch
     PythonBackend   any other dataset: a job is (_Epoch, seq, indices); the
                     worker threads run __getitem__ / __getitems__ / next(it)
                     and collate_fn with the GIL (fastloader/_worker.py)
@@ -44,9 +47,14 @@ class _Backend:
         return True
 
     def close(self, timeout=None):
+        """Stop and join the workers.  A worker still busy after `timeout`
+        seconds (user code that does not return, a hung read) finishes on
+        its own, detached.  timeout=None: Python engines wait for ever,
+        native ones 10 s (their workers are in C unless in a dataset's
+        Python part)."""
         eng, self.engine = self.engine, None
         if eng is not None:
-            eng.close(timeout) if isinstance(eng, _C.Engine) else eng.close()
+            eng.close(timeout) if timeout is not None or isinstance(eng, _C.Engine) else eng.close()
 
     def forget(self):
         """A forked child's copy: drop the parent's engine without touching it
@@ -78,7 +86,8 @@ class NativeBackend(_Backend):
                 pass  # set_pinned's allocations then fail: pin_error, and the loader warns once
         self.dataset._native.set_pinned(pin_device)
         if self.num_workers and not self._engine_ready():
-            self.engine = _C.NativeEngine(self.num_workers, self.dataset._native)
+            ds = self.dataset
+            self.engine = _C.NativeEngine(self.num_workers, ds._native, post=ds._post, post_always=ds._post_always)
         return None
 
     def submit(self, seq, next_indices):
@@ -95,7 +104,13 @@ class NativeBackend(_Backend):
         return self.dataset.load_batch(indices, self.epoch, self.seed, seq=seq)
 
     def finish(self, seq, wid, result):
-        return self.dataset._finish(result, self.epoch, self.seed, seq)
+        if isinstance(result, tuple):  # no Python ran on the worker: a raw (images, labels, events, failed)
+            return self.dataset._finish(result, self.epoch, self.seed, seq)
+        if isinstance(result, BaseException):  # what the worker's _post raised, raised at this batch's turn
+            raise result
+        if result is None:  # pragma: no cover - the engine always hands something back
+            raise RuntimeError(f"fastloader: batch {seq} came back empty from worker {wid} (this is a bug)")
+        return self.dataset._take(result)
 
     @staticmethod
     def count(batch):
@@ -109,6 +124,9 @@ class NativeBackend(_Backend):
 
     def add_stats(self, out, workers, eng):
         out["stages_s"] = {k: sum(w.get(k, 0.0) for w in workers) for k in ("read_s", "decode_s", "transform_s")}
+        if any(w.get("python_batches", 0) for w in workers):
+            # the dataset's Python part on the workers (datasets.py _post), GIL held
+            out["stages_s"]["python_s"] = sum(w["python_s"] for w in workers)
         out["bytes_read"] = sum(w.get("bytes_read", 0) for w in workers)
         out["pool_bytes"] = self.dataset._native.pool_bytes
         out["skipped"] = list(self.dataset.skipped)

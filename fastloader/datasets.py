@@ -1,11 +1,19 @@
 """Native image datasets: ImageFolder and ImageList.
 
-With `fastloader.DataLoader` and the default collate_fn, these never run
-Python per sample: worker threads read, decode (libjpeg-turbo), transform and
-write each sample straight into its slot of the batch (csrc/native.c).  A
-batch is `(images, labels)`: images [B, C, H, W] (or [B, H, W, C]) in the
-transform's dtype, labels int64 [B] -- what torchvision's ImageFolder + the
-same transforms + default_collate give.
+With `fastloader.DataLoader` and the default collate_fn, worker threads
+read, decode (libjpeg-turbo), transform and write each sample straight into
+its slot of the batch (csrc/native.c), without Python.  A batch is
+`(images, labels)`: images [B, C, H, W] (or [B, H, W, C]) in the transform's
+dtype, labels int64 [B] -- what torchvision's ImageFolder + the same
+transforms + default_collate give.
+
+What does need Python -- the part of a transform that does not compile to C,
+target_transform, Pillow for files that are not JPEG -- runs in the worker
+thread that built the batch, right after the C work (`_post`), never on the
+training loop's thread: that thread only takes the finished batch and files
+the records (`_take`).  A transform tail or target_transform runs for one
+batch at a time, in batch order (csrc/native_engine.h), so draws from
+torch's generator there come out as with num_workers=0.
 
 Indexing one sample (`ds[i]`) also works, so the datasets can be used with
 torch's own DataLoader too (then each sample goes through Python).
@@ -13,11 +21,15 @@ torch's own DataLoader too (then each sample goes through Python).
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 import warnings
 
 import numpy as np
 
 from . import _C
+from ._worker import _annotate
 from .transforms import compile_transform
 
 try:
@@ -34,15 +46,46 @@ def _to_output(buf):
     return torch.from_dlpack(buf) if torch is not None else np.from_dlpack(buf)
 
 
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel():
+    """warnings.warn's stacklevel, called from the function that warns, for
+    the first frame outside this package (the user's loop or call)."""
+    f, level = sys._getframe(2), 2
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _PKG_DIR:
+        f, level = f.f_back, level + 1
+    return level
+
+
+class _Finished:
+    """A batch finished by NativeImageDataset._post (on a worker thread, or
+    on the calling thread with num_workers=0): the batch, what the consumer
+    still files at the batch's turn (skipped / replaced records, the Pillow
+    warning), and what the Python part cost."""
+
+    __slots__ = ("batch", "notes", "samples", "native_s", "tail_s")
+
+    def __init__(self, batch, notes, samples, native_s, tail_s):
+        self.batch = batch
+        self.notes = notes        # [(kind, index, entry)]: "skipped", "replaced", or ("pillow", index, path)
+        self.samples = samples
+        self.native_s = native_s  # wall time of the batch's C work
+        self.tail_s = tail_s      # wall time of the transform's Python tail (None: no tail)
+
+
 class NativeImageDataset(_Dataset):
     """Base of ImageFolder and ImageList: files + labels + a compiled transform.
 
     Args:
         transform: fastloader.transforms or torchvision transforms (a Compose
             of the supported ones runs natively; an unsupported tail runs in
-            Python on each output tensor, and a warning says which part runs
-            where).  It must give a fixed output size (RandomResizedCrop,
-            Resize((h, w)) or Resize + CenterCrop) for batching.
+            Python on each output tensor, in the worker threads, and a
+            warning says what it costs once that is measured).  It must give
+            a fixed output size (RandomResizedCrop, Resize((h, w)) or
+            Resize + CenterCrop) for batching.
+        target_transform: called on each int label, in the worker threads;
+            the batch's labels are then collated.
         layout: "CHW" (default, as torchvision) or "HWC".
         on_error: "raise" (default), "skip" (drop bad samples: that batch is
             smaller) or "replace" (substitute another sample chosen
@@ -67,8 +110,9 @@ class NativeImageDataset(_Dataset):
         self._spec = spec
         self._rest = rest
         self.pipeline_description = description
-        if rest is not None:
-            warnings.warn(f"fastloader: {description}", UserWarning, stacklevel=3)
+        # every batch goes through _post on its worker (in batch order), not
+        # only those with non-JPEG files
+        self._post_always = rest is not None or target_transform is not None
         self._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, spec, on_error=on_error,
                                         dct_scaling=bool(dct_scaling), max_pixels=int(max_pixels))
         # Each bad file once (the first reason seen), however many epochs
@@ -76,6 +120,13 @@ class NativeImageDataset(_Dataset):
         self.skipped = []    # (path, reason) of samples left out by on_error="skip"
         self.replaced = []   # (path, replacement path, reason) for on_error="replace"
         self._bad_seen = set()   # ("skipped" | "replaced", index) already listed
+        # guards the records above and the warnings' state: batches are
+        # filed by each loader's consumer, and __getitem__ under a Python
+        # loader runs on several worker threads at once
+        self._lock = threading.Lock()
+        self._pil_warned = False
+        self._tail_seen = [0, 0, 0.0, 0.0]  # batches, samples, tail_s, native_s (from the 2nd batch on)
+        self._tail_warned = False
 
     def __len__(self):
         return len(self.samples)
@@ -106,14 +157,11 @@ class NativeImageDataset(_Dataset):
         if index < 0:
             index += n
         epoch, seed = self._item_seed()
-        batch = self.load_batch([index], epoch=epoch, seed=seed)
-        if batch is None or len(batch[1]) == 0:
+        images, labels = self._load([index], epoch, seed, None, collate_targets=False)
+        if len(labels) == 0:
             raise IndexError(f"sample {index} was skipped (on_error='skip')")
-        images, labels = batch
-        label = int(labels[0])
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return images[0], label
+        # target_transform ran already (on the raw int label)
+        return images[0], labels[0] if self.target_transform is not None else int(labels[0])
 
     @staticmethod
     def _item_seed():
@@ -133,14 +181,25 @@ class NativeImageDataset(_Dataset):
         return 0, int(np.random.randint(0, 2**62, dtype=np.int64))
 
     def load_batch(self, indices, epoch, seed, *, seq=None):
-        """Load a batch on the calling thread (the GIL is released while it runs)."""
-        return self._finish(self._native.load_batch(list(indices), int(epoch), int(seed)), epoch, seed, seq)
+        """Load a batch on the calling thread (the GIL is released while the
+        C part runs; the Python part, if any, runs here too)."""
+        return self._load(indices, epoch, seed, seq)
+
+    def _load(self, indices, epoch, seed, seq, collate_targets=True):
+        t0 = time.perf_counter()
+        raw = self._native.load_batch(list(indices), int(epoch), int(seed))
+        native_s = time.perf_counter() - t0
+        return self._take(self._build(raw, epoch, seed, seq, -1, native_s, collate_targets))
 
     def plan(self, index, width, height, epoch=0, seed=0):
         """The random decisions for one sample: crop box, resized size, window, flip."""
         return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
 
-    # -- batch post-processing on the consumer thread ---------------------------
+    # -- batch post-processing ---------------------------------------------------
+    # _post runs on the worker thread that built the batch (csrc/native_engine.h
+    # says when), or on the calling thread with num_workers=0; _take runs on
+    # the consumer at the batch's turn.  A batch that needed no Python reaches
+    # the consumer raw and goes through both there (_finish).
     def _error(self, code, errnum, msg, index, where):
         """The exception for a core error record of sample `index` (the one
         translator, _C._error: OSError subclasses for I/O, MemoryError,
@@ -149,12 +208,23 @@ class NativeImageDataset(_Dataset):
         text = msg if path is None else f"{path}: {msg}"
         return _C._error(code, errnum, text, path, f" [sample index {index}{where}]")
 
-    def _note_bad(self, kind, index, entry):
-        if (kind, index) not in self._bad_seen:
-            self._bad_seen.add((kind, index))
-            (self.skipped if kind == "skipped" else self.replaced).append(entry)
-
     def _finish(self, result, epoch, seed, seq):
+        """A raw batch (images, labels, events, failed) that needed no Python
+        on its worker, on the consumer: its events, then _take."""
+        return self._take(self._build(result, epoch, seed, seq, -1, 0.0))
+
+    def _post(self, result, epoch, seed, seq, worker, native_s):
+        """The engine's post hook (csrc/native_engine.h): runs on worker
+        `worker`, GIL held, right after the batch's C work (native_s
+        seconds).  Returns a _Finished for the consumer's _take; what it
+        raises, the consumer raises at this batch's turn."""
+        return self._build(result, epoch, seed, seq, worker, native_s)
+
+    def _build(self, result, epoch, seed, seq, worker, native_s, collate_targets=True):
+        """Turn a raw batch into (images, labels): events into an exception
+        or notes, Pillow for non-JPEG files, the transform's Python tail and
+        target_transform.  Returns a _Finished; raises what the consumer
+        must raise at this batch's turn."""
         images_buf, labels_buf, events, failed = result
         where = f" (batch {seq})" if seq is not None else ""
         if failed:
@@ -164,34 +234,98 @@ class NativeImageDataset(_Dataset):
             raise self._error(code, errnum, msg, index, where)
         images = _to_output(images_buf)
         labels = _to_output(labels_buf)
+        notes = []
         keep = None
         for kind, index, by, msg, _code, _errnum in events:
             if kind == "skipped":
                 path = self.samples[index][0]
-                self._note_bad("skipped", index, (path, f"{path}: {msg}"))
+                notes.append(("skipped", index, (path, f"{path}: {msg}")))
             elif kind == "replaced":
                 path = self.samples[index][0]
-                self._note_bad("replaced", index, (path, self.samples[by][0], f"{path}: {msg}"))
+                notes.append(("replaced", index, (path, self.samples[by][0], f"{path}: {msg}")))
             elif kind == "fixup":
-                ok = self._fixup(images, labels, by, index, epoch, seed, where)
-                if not ok:
+                if not self._fixup(images, labels, by, index, epoch, seed, where, notes):
                     keep = keep if keep is not None else np.ones(len(labels), dtype=bool)
                     keep[by] = False
         if keep is not None:
             idx = np.flatnonzero(keep).tolist()
             images, labels = images[idx], labels[idx]
+        n = len(labels)
+        tail_s = None
         if self._rest is not None:
-            outs = [self._rest(img) for img in images]
+            t0 = time.perf_counter()
+            try:
+                outs = [self._rest(img) for img in images]
+            except Exception as e:
+                raise _annotate(e, f"{self._batch_name(seq, worker)} in the transform's Python part "
+                                   f"({self._rest!r})")
             images = torch.stack(outs) if torch is not None else np.stack(outs)
+            tail_s = time.perf_counter() - t0
         if self.target_transform is not None:
-            labels = [self.target_transform(int(t)) for t in labels]
-            if torch is not None:
+            try:
+                labels = [self.target_transform(int(t)) for t in labels]
+            except Exception as e:
+                raise _annotate(e, f"{self._batch_name(seq, worker)} in target_transform")
+            if torch is not None and collate_targets:
                 from .collate import fast_default_collate
 
                 labels = fast_default_collate(labels)
-        return images, labels
+        return _Finished((images, labels), notes, n, native_s, tail_s)
 
-    def _fixup(self, images, labels, slot, index, epoch, seed, where):
+    @staticmethod
+    def _batch_name(seq, worker):
+        batch = f"batch {seq}" if seq is not None else "a batch"
+        return f"{batch} on worker {worker}" if worker >= 0 else f"{batch} on the calling thread"
+
+    def _take(self, fin):
+        """File a finished batch's notes (consumer thread, at its turn) and
+        return the batch."""
+        pillow = None
+        with self._lock:
+            for kind, index, entry in fin.notes:
+                if kind == "pillow":
+                    if not self._pil_warned:
+                        self._pil_warned = True
+                        pillow = entry
+                elif (kind, index) not in self._bad_seen:
+                    self._bad_seen.add((kind, index))
+                    (self.skipped if kind == "skipped" else self.replaced).append(entry)
+            tail = self._tail_measure(fin)
+        if pillow is not None:
+            warnings.warn(f"fastloader: {pillow} is not a JPEG; decoding it (and any other non-JPEG files) "
+                          "through Pillow, which is slower than the native path", UserWarning,
+                          stacklevel=_user_stacklevel())
+        if tail is not None:
+            warnings.warn(tail, UserWarning, stacklevel=_user_stacklevel())
+        return fin.batch
+
+    def _tail_measure(self, fin):
+        """The one warning about a Python tail, with what it costs: None until
+        two batches after the first (which pays one-time costs) are measured.
+        Caller holds self._lock."""
+        if self._tail_warned or fin.tail_s is None or not fin.samples:
+            return None
+        seen = self._tail_seen
+        seen[0] += 1
+        if seen[0] == 1:
+            return None
+        seen[1] += fin.samples
+        seen[2] += fin.tail_s
+        seen[3] += fin.native_s
+        if seen[0] < 3:
+            return None
+        self._tail_warned = True
+        py_ms, c_ms = 1e3 * seen[2] / seen[1], 1e3 * seen[3] / seen[1]
+        ratio = f" ({py_ms / c_ms:.2g}x)" if c_ms > 0 else ""
+        cap = f"about {1e3 / py_ms:,.0f} samples/s" if py_ms > 0 else "its speed"
+        return (f"fastloader: part of the transform runs in Python, per sample: {self._rest!r}. Measured: "
+                f"{py_ms:.3f} ms per sample in Python against {c_ms:.3f} ms for the native part{ratio}. It runs "
+                "after the native part in the worker threads (on the calling thread with num_workers=0), one "
+                f"batch at a time in batch order and with the GIL, so it caps loading at {cap} whatever "
+                "num_workers is; what compiles to C is listed in fastloader.transforms. "
+                f"[{self.pipeline_description}]")
+
+    def _fixup(self, images, labels, slot, index, epoch, seed, where, notes):
         """Decode a non-JPEG file with Pillow into batch slot `slot`.  Returns
         False when the sample must be dropped (on_error='skip')."""
         path = self.samples[index][0]
@@ -200,29 +334,26 @@ class NativeImageDataset(_Dataset):
         except ImportError:
             err = _C.DecodeError(f"{path}: not a JPEG file, and Pillow is not installed to decode it"
                                  f" [sample index {index}{where}]")
-            return self._fixup_failed(err, images, labels, slot, index, epoch, seed)
-        if not getattr(self, "_pil_warned", False):
-            self._pil_warned = True
-            warnings.warn(f"fastloader: {path} is not a JPEG; decoding it (and any other non-JPEG files) "
-                          "through Pillow, which is slower than the native path", UserWarning, stacklevel=4)
+            return self._fixup_failed(err, images, labels, slot, index, epoch, seed, notes)
+        notes.append(("pillow", index, path))
         try:
             with Image.open(path) as im:
                 arr = np.asarray(im.convert("L" if self._spec.get("out_channels", 3) == 1 else "RGB"))
         except Exception as e:
             err = _C.DecodeError(f"{path}: {e} [sample index {index}{where}]")
-            return self._fixup_failed(err, images, labels, slot, index, epoch, seed)
+            return self._fixup_failed(err, images, labels, slot, index, epoch, seed, notes)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         sample = _to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
         images[slot] = sample
         return True
 
-    def _fixup_failed(self, err, images, labels, slot, index, epoch, seed):
+    def _fixup_failed(self, err, images, labels, slot, index, epoch, seed, notes):
         if self.on_error == "raise":
             raise err
         path = self.samples[index][0]
         if self.on_error == "skip":
-            self._note_bad("skipped", index, (path, str(err)))
+            notes.append(("skipped", index, (path, str(err))))
             return False
         # replace: the same substitutes, in the same order, as the native path
         for alt in self._native.replacement_candidates(index, int(epoch), int(seed)):
@@ -230,7 +361,7 @@ class NativeImageDataset(_Dataset):
             if not res[3] and not res[2]:
                 images[slot] = _to_output(res[0])[0]
                 labels[slot] = self.targets[alt]  # the replacement's label, as the native path does
-                self._note_bad("replaced", index, (path, self.samples[alt][0], str(err)))
+                notes.append(("replaced", index, (path, self.samples[alt][0], str(err))))
                 return True
         raise err
 
