@@ -578,7 +578,9 @@ class DataLoader(_Base):
         waiting in next()), batches_per_s, samples_per_s, queue_depth,
         workers (per-worker counters), worker_busy_fraction; for native
         datasets stages_s (read/decode/transform seconds summed over
-        workers), bytes_read, pool_bytes, skipped, replaced; for Python
+        workers; python_s too when a Python tail, target_transform or a
+        Pillow fix-up ran on the workers), bytes_read, pool_bytes, skipped,
+        replaced; for Python
         datasets stages_s (dataset/collate/pin seconds), pool_bytes (the
         buffers default collation stacks into) and, with workers,
         gil (see README, "The GIL trade-off"); with device=, device,
