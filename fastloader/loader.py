@@ -217,7 +217,16 @@ class _Iter:
             self._backend.start_epoch(self._ep, self._ep.native_seed, dev if pin else -1)
         else:
             self._ep.pin = pin  # what collation did not stack into the pool is pinned in the worker
-            self._ep.pool = loader._fl_batch_pool(dev if pin else -1)
+            # Pooled collation only when pinning, where it saves pin_memory's
+            # second copy.  Without pinning, keeping batch buffers idle in a
+            # pool stops glibc from raising its mmap threshold (it does when
+            # a large mmapped block is freed), so every large temporary a
+            # NumPy __getitem__ allocates is mmapped and faulted in afresh:
+            # benchmarks/bench_python.py's numpy dataset ran 2.6x slower at
+            # num_workers=0 (1553 -> 598 samples/s) with an unpinned pool.
+            # (_fl_pool_unpinned forces the pool on, for tests of the pool itself.)
+            self._ep.pool = loader._fl_batch_pool(dev if pin else -1) if (
+                pin or loader._fl_pool_unpinned) else None
             stats0 = self._backend.start_epoch(self._ep, self._base_seed)
             if self._num_workers:
                 self._gil = GilMonitor(self._t_start, stats0)
@@ -546,6 +555,8 @@ class DataLoader(_Base):
                     "memory won't be used.", UserWarning, stacklevel=4)
             return False
         return want
+
+    _fl_pool_unpinned = False   # pooled collation without pinning too (see _Iter._reset)
 
     def _fl_batch_pool(self, pin_device):
         """The buffers Python datasets' default collation stacks into

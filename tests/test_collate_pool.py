@@ -58,6 +58,14 @@ class Nested(torch.utils.data.Dataset):
         }
 
 
+@pytest.fixture(autouse=True)
+def _pool_without_pinning(monkeypatch):
+    """The loader pools collation only when pinning (an unpinned pool keeps
+    glibc's mmap threshold low; see loader.py); these tests exercise the pool
+    itself on a machine without CUDA, so they turn it on."""
+    monkeypatch.setattr(fastloader.DataLoader, "_fl_pool_unpinned", True)
+
+
 def _loader(ds, **kw):
     return fastloader.DataLoader(ds, batch_size=4, **kw)
 
