@@ -6,11 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="$(cd "${FASTLOADER_VENV:-.venv}" && pwd)"
 tree=build/asan
-rm -rf "$tree"; mkdir -p "$tree"
-cp -r setup.py pyproject.toml README.md csrc fastloader tests scripts docs "$tree"/
-[ -d benchmarks ] && cp -r benchmarks "$tree"/
-rm -f "$tree"/fastloader/*.so
-(cd "$tree" && FASTLOADER_SANITIZE=1 "$VENV/bin/python" setup.py -q build_ext --inplace >/dev/null)
+bash scripts/sanitized-build.sh "$tree" 1
 libasan=$(gcc -print-file-name=libasan.so)
 libubsan=$(gcc -print-file-name=libubsan.so)
 # libstdc++ too: torch/triton abort under ASan without it preloaded

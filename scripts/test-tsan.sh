@@ -16,11 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="$(cd "${FASTLOADER_VENV:-.venv}" && pwd)"
 tree=build/tsan
-rm -rf "$tree"; mkdir -p "$tree"
-cp -r setup.py pyproject.toml README.md csrc fastloader tests scripts docs "$tree"/
-[ -d benchmarks ] && cp -r benchmarks "$tree"/
-rm -f "$tree"/fastloader/*.so
-(cd "$tree" && FASTLOADER_SANITIZE=thread "$VENV/bin/python" setup.py -q build_ext --inplace >/dev/null)
+bash scripts/sanitized-build.sh "$tree" thread
 libtsan=$(gcc -print-file-name=libtsan.so)
 reports="$PWD/$tree/reports"
 mkdir -p "$reports"
