@@ -47,11 +47,23 @@ def _jpeg_dirs():
     return inc, lib
 
 
+def _check_header(header, package, search):
+    """Exit with one clear line when a library's development header is missing."""
+    if not any(os.path.exists(os.path.join(d, header)) for d in search):
+        sys.exit(f"fastloader: {header} not found; install it with: apt-get install -y {package}")
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         import numpy
 
         inc, lib = _jpeg_dirs()
+        search = inc + ["/usr/include", "/usr/local/include"]
+        multiarch = sysconfig.get_config_var("MULTIARCH")
+        if multiarch:
+            search.append(os.path.join("/usr/include", multiarch))
+        _check_header("lmdb.h", "liblmdb-dev", search)              # LMDBDataset
+        _check_header("curl/curl.h", "libcurl4-openssl-dev", search)  # WebDataset over http(s)
         for ext in self.extensions:
             ext.include_dirs += inc + [numpy.get_include()]
             ext.library_dirs += lib
@@ -83,7 +95,7 @@ setup(
             "fastloader._C",
             sources=sources,
             include_dirs=["csrc"],
-            libraries=["jpeg", "dl", "m"],
+            libraries=["jpeg", "lmdb", "curl", "dl", "m"],
             extra_compile_args=cflags,
             extra_link_args=ldflags,
             depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),

@@ -9,6 +9,11 @@ VENV="${FASTLOADER_VENV:-.venv}"
 
 need_apt=()
 [ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg62-turbo-dev)
+# liblmdb: LMDBDataset; libcurl: WebDataset shards over http(s); nginx: the real
+# HTTP server the shard tests and benchmarks start on loopback
+[ -f /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
+[ -f /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -f /usr/include/curl/curl.h ] || need_apt+=(libcurl4-openssl-dev)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 command -v gcc >/dev/null || need_apt+=(gcc)
 # cjpeg/jpegtran make the restart-marker and arithmetic-coding test images
 command -v jpegtran >/dev/null || need_apt+=(libjpeg-turbo-progs)
@@ -28,7 +33,8 @@ fi
 # (see DEVELOPERS.md); pip does nothing when they are already installed.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" \
-    "setuptools>=61" wheel
+    "setuptools>=61" wheel \
+    "lmdb>=1.4" "webdataset>=0.2"
 echo "setup: building fastloader._C"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 "$VENV/bin/python" -c "import fastloader, json; print('setup: ok', json.dumps(fastloader.build_info()))"
