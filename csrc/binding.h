@@ -35,6 +35,7 @@ typedef struct {
     PyTypeObject *NativeEngineType;   /* fastloader._C.NativeEngine */
     PyTypeObject *DeviceCopierType;   /* fastloader._C.DeviceCopier */
     PyTypeObject *DeviceTensorType;   /* fastloader._C.DeviceTensor */
+    PyTypeObject *SourceType;         /* fastloader._C.Source */
 } fl_module_state;
 
 /* Return the module state of the fastloader._C module object `m`. */
@@ -73,6 +74,15 @@ int fl_py_engine_stop(fl_engine **pe, int timeout_ms);
 int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
+int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
+
+/* py_source.c.  fl_py_source_wrap: a new Source owning the reference `src`
+ * (consumed, also on failure; NULL src -> MemoryError), or NULL with an
+ * exception.  fl_py_source_get: the core source of a Source object
+ * (borrowed), or NULL (no exception set) when obj is not a Source.  GIL. */
+struct fl_source;
+PyObject *fl_py_source_wrap(PyObject *module, struct fl_source *src);
+struct fl_source *fl_py_source_get(PyObject *module, PyObject *obj);
 int fl_register_errors(PyObject *m);   /* py_errors.c: _error and the ERR_* codes */
 
 /* The one translator from a core error record (code FL_ERR_*, errno, message)

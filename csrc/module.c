@@ -52,7 +52,7 @@ fl_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
         return -1;
     if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_native(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0 ||
-        fl_register_cuda(m) < 0 || fl_register_devcopy(m) < 0 || fl_register_errors(m) < 0)
+        fl_register_cuda(m) < 0 || fl_register_devcopy(m) < 0 || fl_register_errors(m) < 0 || fl_register_source(m) < 0)
         return -1;
     return 0;
 }
@@ -69,6 +69,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->NativeEngineType);
     Py_VISIT(st->DeviceCopierType);
     Py_VISIT(st->DeviceTensorType);
+    Py_VISIT(st->SourceType);
     return 0;
 }
 
@@ -84,6 +85,7 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->NativeEngineType);
     Py_CLEAR(st->DeviceCopierType);
     Py_CLEAR(st->DeviceTensorType);
+    Py_CLEAR(st->SourceType);
     return 0;
 }
 

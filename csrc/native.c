@@ -26,13 +26,9 @@
 void
 fl_native_ds_clear(fl_native_ds *ds)
 {
-    if (ds->paths) {
-        for (int64_t i = 0; i < ds->n; i++)
-            free(ds->paths[i]);
-        free(ds->paths);
-    }
+    fl_source_unref(ds->src);
     free(ds->labels);
-    ds->paths = NULL;
+    ds->src = NULL;
     ds->labels = NULL;
 }
 
@@ -76,6 +72,7 @@ fl_native_worker_new(const fl_native_ds *ds)
     }
     if (ds->max_pixels)
         fl_jpeg_set_limits(w->jpeg, ds->max_pixels, FL_JPEG_DEFAULT_MAX_SCANS);
+    w->src = fl_source_ref(ds->src);
     return w;
 }
 
@@ -85,6 +82,9 @@ fl_native_worker_free(fl_native_worker *w)
     if (!w)
         return;
     fl_jpeg_free(w->jpeg);
+    if (w->src_open && w->src->ops->thread_close)
+        w->src->ops->thread_close(w->src, w->src_tls);
+    fl_source_unref(w->src);
     fl_bytes_free(&w->file);
     fl_bytes_free(&w->pix);
     fl_scratch_free(&w->scratch);
@@ -134,22 +134,73 @@ release_outsized(fl_native_worker *w)
     fl_bytes_trim(&w->pix, FL_KEEP_BYTES);
 }
 
+/* Render already-decoded HWC uint8 pixels (a source that stores images
+ * decoded, such as an array of images): plan on their size and render the
+ * plan's window; no decode.  0, or -1 with err filled.  No GIL. */
+static int
+render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch,
+              const fl_sample_bytes *sb, void *out, fl_err *err, uint64_t t1)
+{
+    int want = ds->spec.out_channels == 1 ? 1 : 3;
+    if (sb->width <= 0 || sb->height <= 0 || (sb->channels != 1 && sb->channels != 3) ||
+        sb->len < (size_t)sb->width * (size_t)sb->height * (size_t)sb->channels) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "pixels of %dx%dx%d do not fit %zu bytes (or channels not 1 or 3)",
+                 sb->width, sb->height, sb->channels, sb->len);
+        return -1;
+    }
+    if (sb->channels != want) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "an image of %d channels where the transform makes %d", sb->channels,
+                 want);
+        return -1;
+    }
+    fl_plan plan;
+    char msg[256];
+    if (fl_plan_sample(&ds->spec, sb->width, sb->height, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+        return -1;
+    }
+    size_t stride = (size_t)sb->width * (size_t)sb->channels;
+    fl_view view = {sb->data, sb->width, sb->height, stride, sb->channels, 0.0, 0.0, 1.0, 1.0};
+    int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
+    if (rrc < 0) {
+        err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+        return -1;
+    }
+    if (ds->timing)
+        w->render_ns += fl_now_ns() - t1;
+    w->samples++;
+    return 0;
+}
+
 /* fl_native_load_one without the buffer trim. */
 static int
 load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch, void *out,
          fl_err *err)
 {
-    const char *path = ds->paths[index];
     const int timing = ds->timing;
     uint64_t t0 = timing ? fl_now_ns() : 0;
-    long long len = fl_source_read_file(path, &w->file, FL_SOURCE_MAX_FILE_BYTES, err);
-    if (len > 0)
-        w->bytes_read += (uint64_t)len;
+    fl_source *src = ds->src;
+    if (!w->src_open) {
+        if (src->ops->thread_open && src->ops->thread_open(src, &w->src_tls, err) < 0)
+            return -1;
+        w->src_open = 1;
+    }
+    fl_sample_bytes sb;
+    int grc = src->ops->get(src, w->src_tls, index, &w->file, FL_SOURCE_MAX_FILE_BYTES, &sb, err);
+    if (grc == 0)
+        w->bytes_read += (uint64_t)sb.len;
     uint64_t t1 = timing ? fl_now_ns() : 0;
     w->read_ns += t1 - t0;
-    if (len < 0)
+    if (grc < 0)
         return -1;
-    const uint8_t *data = w->file.data;
+    if (sb.pixels)
+        return render_pixels(w, ds, index, seed, epoch, &sb, out, err, t1);
+    const uint8_t *data = sb.data;
+    long long len = (long long)sb.len;
     if (len == 0) {
         err->code = FL_ERR_DECODE;
         snprintf(err->msg, sizeof err->msg, "empty file (0 bytes)");

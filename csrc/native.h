@@ -1,7 +1,8 @@
 /* native.h: the native image pipeline for one batch (no Python).
  *
  * A worker thread turns a list of sample indices into a finished batch:
- * read each file (pread into the worker's buffer), decode the JPEG region
+ * get each sample's bytes from the dataset's source (source.h: a file read
+ * into the worker's buffer, or a view of an LMDB value), decode the JPEG region
  * the sample needs (jpeg.c), render crop/resize/flip/normalize straight into
  * the sample's slot of the batch buffer (imgops.h: render.c), write its label.  Bad
  * files are handled by the dataset's on_error policy.  Files that are not
@@ -23,9 +24,9 @@
 enum { FL_ON_ERROR_RAISE = 0, FL_ON_ERROR_SKIP = 1, FL_ON_ERROR_REPLACE = 2 };
 
 typedef struct {
-    char **paths;         /* n NUL-terminated paths (owned) */
+    fl_source *src;       /* where the samples' bytes live (one reference owned) */
     int64_t *labels;      /* n labels (owned) */
-    int64_t n;
+    int64_t n;            /* == src->n */
     fl_tspec spec;
     int on_error;         /* FL_ON_ERROR_* */
     int dct_scaling;      /* may decode at a reduced libjpeg scale (M/8) */
@@ -34,9 +35,8 @@ typedef struct {
     int timing;           /* keep per-stage clocks for stats() (on unless FASTLOADER_STATS=0) */
 } fl_native_ds;
 
-/* Free ds->paths (each entry and the array) and ds->labels, and set them to
- * NULL; the rest of *ds is left as it is.  Entries of a partly filled paths
- * array must be NULL (calloc).  No GIL. */
+/* Drop ds->src's reference and free ds->labels, and set them to NULL; the
+ * rest of *ds is left as it is.  No GIL. */
 void fl_native_ds_clear(fl_native_ds *ds);
 
 /* The shape of one output sample: (C, H, W) or (H, W, C) as the spec's
@@ -47,9 +47,13 @@ void fl_native_sample_shape(const fl_tspec *t, int64_t shape[3]);
  * float32).  Pure. */
 DLDataType fl_native_sample_dltype(const fl_tspec *t);
 
-/* Per-worker state: decoder, file and decode buffers, render scratch. */
+/* Per-worker state: decoder, source state, byte and decode buffers, render
+ * scratch.  Tied to one dataset (its source) and used by one thread at a time. */
 typedef struct {
     fl_jpeg *jpeg;
+    fl_source *src;  /* a reference to the dataset's source */
+    void *src_tls;   /* its per-thread state, opened at the first sample */
+    int src_open;    /* 1 once thread_open succeeded */
     fl_bytes file;   /* the sample's encoded bytes (source.h) */
     fl_bytes pix;    /* the decoded region */
     fl_scratch scratch;
@@ -57,7 +61,8 @@ typedef struct {
     uint64_t read_ns, decode_ns, render_ns, bytes_read, samples;
 } fl_native_worker;
 
-/* Create / destroy worker state.  NULL on out-of-memory.  No GIL. */
+/* Create / destroy worker state (free closes the source state on the
+ * calling thread).  NULL on out-of-memory.  No GIL. */
 fl_native_worker *fl_native_worker_new(const fl_native_ds *ds);
 void fl_native_worker_free(fl_native_worker *w);
 

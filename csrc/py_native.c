@@ -1,7 +1,8 @@
 /* py_native.c: the native image pipeline as Python objects.
  *
- *   NativeDataset(paths, labels, spec, on_error="raise", dct_scaling=False, max_pixels=0)
- *       an immutable list of files + labels + a compiled transform; can load
+ *   NativeDataset(source, labels, spec, on_error="raise", dct_scaling=False, max_pixels=0)
+ *       an immutable source of samples (a _C.Source, or a list of file
+ *       paths) + labels + a compiled transform; can load
  *       a batch on the calling thread (GIL released) for num_workers=0.
  *   NativeEngine(num_workers, dataset, post=None, post_always=False)
  *       worker threads that load whole batches without the GIL; with `post`,
@@ -43,7 +44,7 @@
 
 typedef struct {
     PyObject_HEAD
-    fl_native_ds ds;          /* paths/labels owned (malloc) */
+    fl_native_ds ds;          /* source reference and labels owned */
     fl_pool *pool;            /* batch buffers for the current batch capacity; owned ref */
     int pool_batch;           /* samples per pool buffer */
     int pin_device;           /* >= 0: batch buffers page-locked for this CUDA device; -1: not */
@@ -208,7 +209,7 @@ ds_pool_for(NativeDatasetObject *self, int count)
 static PyObject *
 nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"paths", "labels", "spec", "on_error", "dct_scaling", "max_pixels", NULL};
+    static char *kwlist[] = {"source", "labels", "spec", "on_error", "dct_scaling", "max_pixels", NULL};
     PyObject *paths, *labels, *spec;
     const char *on_error = "raise";
     int dct = 0;
@@ -246,40 +247,32 @@ nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     const char *env = getenv("FASTLOADER_STATS");
     ds->timing = !(env && strcmp(env, "0") == 0);
     ds->sample_bytes = fl_tspec_sample_bytes(&ds->spec);
-    PyObject *pseq = PySequence_Fast(paths, "paths must be a sequence of str");
-    if (!pseq)
-        goto error;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(pseq);
-    ds->paths = calloc((size_t)(n ? n : 1), sizeof(char *));
+    /* the source: a _C.Source, or a list of paths (a files source) */
+    PyObject *module = PyType_GetModule(type);
+    fl_source *src = fl_py_source_get(module, paths);
+    if (src) {
+        ds->src = fl_source_ref(src);
+    } else {
+        PyObject *made = PyObject_CallMethod(module, "file_source", "O", paths);
+        if (!made)
+            goto error;
+        ds->src = fl_source_ref(fl_py_source_get(module, made));
+        Py_DECREF(made);
+    }
+    Py_ssize_t n = (Py_ssize_t)ds->src->n;
+    ds->n = n;
     ds->labels = calloc((size_t)(n ? n : 1), sizeof(int64_t));
-    if (!ds->paths || !ds->labels) {
-        Py_DECREF(pseq);
+    if (!ds->labels) {
         PyErr_NoMemory();
         goto error;
     }
-    ds->n = n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *fs = NULL;
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(pseq, i), &fs)) {
-            Py_DECREF(pseq);
-            goto error;
-        }
-        ds->paths[i] = strdup(PyBytes_AS_STRING(fs));
-        Py_DECREF(fs);
-        if (!ds->paths[i]) {
-            Py_DECREF(pseq);
-            PyErr_NoMemory();
-            goto error;
-        }
-    }
-    Py_DECREF(pseq);
     if (labels != Py_None) {
         PyObject *lseq = PySequence_Fast(labels, "labels must be a sequence of ints");
         if (!lseq)
             goto error;
         if (PySequence_Fast_GET_SIZE(lseq) != n) {
             Py_DECREF(lseq);
-            PyErr_Format(PyExc_ValueError, "got %zd labels for %zd paths", PySequence_Fast_GET_SIZE(lseq), n);
+            PyErr_Format(PyExc_ValueError, "got %zd labels for %zd samples", PySequence_Fast_GET_SIZE(lseq), n);
             goto error;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -523,7 +516,8 @@ static PyType_Slot nds_slots[] = {
     {Py_tp_dealloc, nds_dealloc},
     {Py_tp_methods, nds_methods},
     {Py_tp_getset, nds_getset},
-    {Py_tp_doc, "NativeDataset(paths, labels, spec, on_error='raise', dct_scaling=False, max_pixels=0)"},
+    {Py_tp_doc, "NativeDataset(source, labels, spec, on_error='raise', dct_scaling=False, max_pixels=0): "
+                "source is a _C.Source or a list of file paths"},
     {0, NULL},
 };
 

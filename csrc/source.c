@@ -2,6 +2,7 @@
 #include "source.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,4 +120,84 @@ fl_source_read_file(const char *path, fl_bytes *buf, size_t max_bytes, fl_err *e
     }
     close(fd);
     return (long long)got;
+}
+
+/* ---- sources ----------------------------------------------------------------- */
+
+void
+fl_source_init(fl_source *s, const fl_source_ops *ops, int64_t n)
+{
+    s->ops = ops;
+    s->n = n;
+    atomic_init(&s->refs, 1);
+}
+
+fl_source *
+fl_source_ref(fl_source *s)
+{
+    if (s)
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    return s;
+}
+
+void
+fl_source_unref(fl_source *s)
+{
+    if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1)
+        s->ops->destroy(s);
+}
+
+typedef struct {
+    fl_source head;
+    char **paths;   /* n entries, owned */
+} files_source;
+
+static int
+files_get(fl_source *s, void *tls, int64_t index, fl_bytes *buf, size_t max_bytes, fl_sample_bytes *out,
+          fl_err *err)
+{
+    (void)tls;
+    files_source *f = (files_source *)s;
+    long long len = fl_source_read_file(f->paths[index], buf, max_bytes, err);
+    if (len < 0)
+        return -1;
+    memset(out, 0, sizeof *out);
+    out->data = buf->data;
+    out->len = (size_t)len;
+    return 0;
+}
+
+static void
+files_destroy(fl_source *s)
+{
+    files_source *f = (files_source *)s;
+    for (int64_t i = 0; i < s->n; i++)
+        free(f->paths[i]);
+    free(f->paths);
+    free(f);
+}
+
+static const fl_source_ops files_ops = {"files", NULL, NULL, files_get, files_destroy};
+
+fl_source *
+fl_source_files_new(char **paths, int64_t n)
+{
+    files_source *f = calloc(1, sizeof *f);
+    if (!f) {
+        for (int64_t i = 0; i < n; i++)
+            free(paths[i]);
+        free(paths);
+        return NULL;
+    }
+    fl_source_init(&f->head, &files_ops, n);
+    f->paths = paths;
+    return &f->head;
+}
+
+const char *
+fl_source_files_path(const fl_source *s, int64_t i)
+{
+    if (!s || s->ops != &files_ops || i < 0 || i >= s->n)
+        return NULL;
+    return ((const files_source *)s)->paths[i];
 }

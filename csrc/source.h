@@ -2,8 +2,10 @@
  *
  * The one place where the core reads a sample's encoded bytes, with one set
  * of error rules for every caller (the native pipeline's workers and
- * decode_jpeg).  Today the bytes live in files; LMDB values, tar members and
- * HTTP ranges are meant to plug in here, returning the same error records.
+ * decode_jpeg).  A map-style dataset's bytes come from an fl_source (below):
+ * files on disk (fl_source_files_new), LMDB values (lmdb_source.h), rows of
+ * memory-mapped arrays; every kind returns the same error records, so the
+ * pipeline (native.c) has one path whatever the storage.
  *
  * Error rules (fl_err, see jpeg.h):
  *   FL_ERR_IO with errnum  open/stat/read failed (ENOENT, EACCES, ELOOP...),
@@ -54,5 +56,65 @@ void fl_bytes_free(fl_bytes *b);
  * is read.  A file that grows while read is read up to its size at open.
  * buf->data has one spare byte after len. */
 long long fl_source_read_file(const char *path, fl_bytes *buf, size_t max_bytes, fl_err *err);
+
+/* ---- sources: sample index -> bytes ------------------------------------------ */
+
+typedef struct fl_source fl_source;
+
+/* What fl_source_get hands back for one sample.  `data` points either into
+ * the caller's fl_bytes (a copy) or into memory the source owns (a view,
+ * e.g. an LMDB page or a memory map), valid until the next get on the same
+ * thread state or until that state is closed.  With pixels = 1 the bytes
+ * are already-decoded HWC uint8 pixels of width x height x channels (1 or
+ * 3), rows packed, and the pipeline renders them without a decode. */
+typedef struct {
+    const uint8_t *data;
+    size_t len;
+    int pixels;
+    int width, height, channels;
+} fl_sample_bytes;
+
+typedef struct {
+    const char *kind;   /* "files", "lmdb", "array": for messages and stats */
+    /* Per-thread state (a read transaction, a cursor); *tls may be left
+     * NULL when the kind needs none, and the op itself may be NULL (as may
+     * thread_close).  0, or -1 with err filled.  Each state
+     * is used by one thread at a time.  No GIL. */
+    int (*thread_open)(fl_source *s, void **tls, fl_err *err);
+    void (*thread_close)(fl_source *s, void *tls);   /* NULL-safe tls; no GIL */
+    /* The bytes of sample `index` (0 <= index < s->n, checked by the
+     * caller), copied into `buf` (grown as needed, at most max_bytes) or
+     * viewed in place; `out` filled.  0, or -1 with err filled by the
+     * rules at the top of this file (the message holds the reason only).
+     * No GIL; any thread, with that thread's state. */
+    int (*get)(fl_source *s, void *tls, int64_t index, fl_bytes *buf, size_t max_bytes, fl_sample_bytes *out,
+               fl_err *err);
+    /* Free everything the source owns (called by the last fl_source_unref). */
+    void (*destroy)(fl_source *s);
+} fl_source_ops;
+
+/* The common head of every source kind (a kind embeds it first). */
+struct fl_source {
+    const fl_source_ops *ops;
+    int64_t n;            /* samples */
+    _Atomic long refs;    /* fl_source_ref / fl_source_unref */
+};
+
+/* Initialise the head of a new source with one reference.  Pure. */
+void fl_source_init(fl_source *s, const fl_source_ops *ops, int64_t n);
+
+/* Take / drop a reference (any thread, no GIL); the last unref destroys
+ * the source.  NULL-safe.  fl_source_ref returns s. */
+fl_source *fl_source_ref(fl_source *s);
+void fl_source_unref(fl_source *s);
+
+/* A source over n files on disk: takes ownership of `paths` (n malloc'd
+ * NUL-terminated strings in a malloc'd array; freed by the source, also
+ * when this fails).  Each get is fl_source_read_file.  NULL when out of
+ * memory.  No GIL. */
+fl_source *fl_source_files_new(char **paths, int64_t n);
+
+/* The path of sample i of a files source, or NULL for another kind.  Pure. */
+const char *fl_source_files_path(const fl_source *s, int64_t i);
 
 #endif

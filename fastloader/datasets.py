@@ -98,7 +98,10 @@ class NativeImageDataset(_Dataset):
     """
 
     def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
-                 dct_scaling=False, max_pixels=0):
+                 dct_scaling=False, max_pixels=0, source=None):
+        # samples: (name, label) pairs; the name is a file path, or for
+        # another source (LMDB, shards) what messages call the sample.
+        # source: where the bytes live (a _C.Source); default: the files.
         self.samples = list(samples)
         self.targets = [s[1] for s in self.samples]
         self.transform = transform
@@ -113,7 +116,10 @@ class NativeImageDataset(_Dataset):
         # every batch goes through _post on its worker (in batch order), not
         # only those with non-JPEG files
         self._post_always = rest is not None or target_transform is not None
-        self._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, spec, on_error=on_error,
+        self._source = source if source is not None else _C.file_source([s[0] for s in self.samples])
+        if len(self._source) != len(self.samples):
+            raise ValueError(f"the source holds {len(self._source)} samples, the dataset lists {len(self.samples)}")
+        self._native = _C.NativeDataset(self._source, self.targets, spec, on_error=on_error,
                                         dct_scaling=bool(dct_scaling), max_pixels=int(max_pixels))
         # Each bad file once (the first reason seen), however many epochs
         # meet it, so a long run does not grow them without bound:
@@ -145,7 +151,7 @@ class NativeImageDataset(_Dataset):
         v = object.__new__(type(self))
         v.__dict__.update(self.__dict__)  # shares samples and the skipped/replaced lists
         v._spec = wire
-        v._native = _C.NativeDataset([s[0] for s in self.samples], self.targets, wire, on_error=self.on_error,
+        v._native = _C.NativeDataset(self._source, self.targets, wire, on_error=self.on_error,
                                      dct_scaling=bool(self.dct_scaling), max_pixels=int(self._max_pixels))
         return v, DeviceConvert(spec)
 
@@ -337,7 +343,7 @@ class NativeImageDataset(_Dataset):
             return self._fixup_failed(err, images, labels, slot, index, epoch, seed, notes)
         notes.append(("pillow", index, path))
         try:
-            with Image.open(path) as im:
+            with Image.open(self._open_for_pillow(index)) as im:
                 arr = np.asarray(im.convert("L" if self._spec.get("out_channels", 3) == 1 else "RGB"))
         except Exception as e:
             err = _C.DecodeError(f"{path}: {e} [sample index {index}{where}]")
@@ -347,6 +353,15 @@ class NativeImageDataset(_Dataset):
         sample = _to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
         images[slot] = sample
         return True
+
+    def _open_for_pillow(self, index):
+        """What Image.open reads sample `index` from: its path for files, its
+        bytes otherwise (an LMDB value, a tar member)."""
+        if self._source.kind == "files":
+            return self.samples[index][0]
+        import io
+
+        return io.BytesIO(self._source.read(index))
 
     def _fixup_failed(self, err, images, labels, slot, index, epoch, seed, notes):
         if self.on_error == "raise":

@@ -56,7 +56,6 @@
 static fl_native_worker *worker;   /* a native worker, fresh per input (see below) */
 static fl_native_ds ds;
 static char path[64];
-static char *paths[1] = {path};
 static int64_t labels[1] = {7};
 static int memfd = -1;
 static fl_scratch scratch;          /* render scratch, reused across inputs as a worker's is */
@@ -240,7 +239,12 @@ setup(void)
         if (memfd < 0)
             abort();
         snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
-        ds.paths = paths;
+        char **owned = calloc(1, sizeof(char *));
+        if (!owned || !(owned[0] = strdup(path)))
+            abort();
+        ds.src = fl_source_files_new(owned, 1);   /* kept for the process's life */
+        if (!ds.src)
+            abort();
         ds.labels = labels;
         ds.n = 1;
         ds.max_pixels = FZ_MAX_PIXELS;
