@@ -190,9 +190,14 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
         w->src_open = 1;
     }
     fl_sample_bytes sb;
-    int grc = src->ops->get(src, w->src_tls, index, &w->file, FL_SOURCE_MAX_FILE_BYTES, &sb, err);
-    if (grc == 0)
+    memset(&sb, 0, sizeof sb);
+    w->has_label = 0;
+    int grc = src->ops->get(src, w->src_tls, index, epoch, &w->file, FL_SOURCE_MAX_FILE_BYTES, &sb, err);
+    if (grc == 0) {
         w->bytes_read += (uint64_t)sb.len;
+        w->has_label = sb.has_label;
+        w->label = sb.label;
+    }
     uint64_t t1 = timing ? fl_now_ns() : 0;
     w->read_ns += t1 - t0;
     if (grc < 0)
@@ -336,6 +341,28 @@ nomem:
     return -1;
 }
 
+/* The label of the sample the worker just loaded: its own (a stream's
+ * record) or the dataset's table entry.  No GIL. */
+static int64_t
+sample_label(const fl_native_worker *w, const fl_native_ds *ds, int64_t idx)
+{
+    return w->has_label ? w->label : ds->labels[idx];
+}
+
+/* Prefix err's message with the source's name for the sample just loaded,
+ * when the source names its samples (a stream: shard and key); files are
+ * named by the binding from the index.  No GIL. */
+static void
+name_sample(fl_native_worker *w, const fl_native_ds *ds, int64_t idx, fl_err *err)
+{
+    char name[256];
+    if (!ds->src->ops->describe || !ds->src->ops->describe(ds->src, w->src_tls, idx, name, sizeof name))
+        return;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s: %.*s", name, (int)(sizeof msg - 1 - strlen(name) - 2), err->msg);
+    memcpy(err->msg, msg, sizeof msg);
+}
+
 fl_native_batch *
 fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool, const int64_t *indices, int count,
                      uint64_t seed, uint64_t epoch, const atomic_int *cancelled)
@@ -375,13 +402,14 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         if (rc == 1) { /* another format: the binding decodes it with Pillow */
             memset(slot, 0, sb);
             add_event(b, FL_EV_FIXUP, idx, k, NULL);
-            b->labels[k++] = ds->labels[idx];
+            b->labels[k++] = sample_label(w, ds, idx);
             continue;
         }
         if (rc == 0) {
-            b->labels[k++] = ds->labels[idx];
+            b->labels[k++] = sample_label(w, ds, idx);
             continue;
         }
+        name_sample(w, ds, idx, &err);
         /* an index outside the dataset is the sampler's bug, never a bad
          * file to skip; anything else (out of memory for one outsized
          * image too) follows on_error */
@@ -408,7 +436,7 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
                     memset(slot, 0, sb);
                     add_event(b, FL_EV_FIXUP, alt, k, NULL);
                 }
-                b->labels[k++] = ds->labels[alt];
+                b->labels[k++] = sample_label(w, ds, alt);
                 done = 1;
             }
         }

@@ -54,6 +54,8 @@ typedef struct {
     fl_source *src;  /* a reference to the dataset's source */
     void *src_tls;   /* its per-thread state, opened at the first sample */
     int src_open;    /* 1 once thread_open succeeded */
+    int has_label;   /* the last sample came with its own label (a stream's record) */
+    int64_t label;
     fl_bytes file;   /* the sample's encoded bytes (source.h) */
     fl_bytes pix;    /* the decoded region */
     fl_scratch scratch;

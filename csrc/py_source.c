@@ -85,7 +85,7 @@ source_read(SourceObject *self, PyObject *arg)
     rc = s->ops->thread_open ? s->ops->thread_open(s, &tls, &err) : 0;
     opened = rc == 0;
     if (rc == 0)
-        rc = s->ops->get(s, tls, index, &buf, FL_SOURCE_MAX_FILE_BYTES, &out, &err);
+        rc = s->ops->get(s, tls, index, 0, &buf, FL_SOURCE_MAX_FILE_BYTES, &out, &err);
     Py_END_ALLOW_THREADS
     if (rc == 0)
         res = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len);

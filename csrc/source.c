@@ -153,10 +153,11 @@ typedef struct {
 } files_source;
 
 static int
-files_get(fl_source *s, void *tls, int64_t index, fl_bytes *buf, size_t max_bytes, fl_sample_bytes *out,
-          fl_err *err)
+files_get(fl_source *s, void *tls, int64_t index, uint64_t epoch, fl_bytes *buf, size_t max_bytes,
+          fl_sample_bytes *out, fl_err *err)
 {
     (void)tls;
+    (void)epoch;
     files_source *f = (files_source *)s;
     long long len = fl_source_read_file(f->paths[index], buf, max_bytes, err);
     if (len < 0)
@@ -177,7 +178,7 @@ files_destroy(fl_source *s)
     free(f);
 }
 
-static const fl_source_ops files_ops = {"files", NULL, NULL, files_get, files_destroy};
+static const fl_source_ops files_ops = {.kind = "files", .get = files_get, .destroy = files_destroy};
 
 fl_source *
 fl_source_files_new(char **paths, int64_t n)

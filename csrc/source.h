@@ -66,12 +66,16 @@ typedef struct fl_source fl_source;
  * e.g. an LMDB page or a memory map), valid until the next get on the same
  * thread state or until that state is closed.  With pixels = 1 the bytes
  * are already-decoded HWC uint8 pixels of width x height x channels (1 or
- * 3), rows packed, and the pipeline renders them without a decode. */
+ * 3), rows packed, and the pipeline renders them without a decode.  With
+ * has_label = 1 the sample carries its own label (a stream's records),
+ * which the pipeline uses instead of the dataset's label table. */
 typedef struct {
     const uint8_t *data;
     size_t len;
     int pixels;
     int width, height, channels;
+    int has_label;
+    int64_t label;
 } fl_sample_bytes;
 
 typedef struct {
@@ -83,12 +87,21 @@ typedef struct {
     int (*thread_open)(fl_source *s, void **tls, fl_err *err);
     void (*thread_close)(fl_source *s, void *tls);   /* NULL-safe tls; no GIL */
     /* The bytes of sample `index` (0 <= index < s->n, checked by the
-     * caller), copied into `buf` (grown as needed, at most max_bytes) or
-     * viewed in place; `out` filled.  0, or -1 with err filled by the
-     * rules at the top of this file (the message holds the reason only).
-     * No GIL; any thread, with that thread's state. */
-    int (*get)(fl_source *s, void *tls, int64_t index, fl_bytes *buf, size_t max_bytes, fl_sample_bytes *out,
-               fl_err *err);
+     * caller) for the loader's epoch `epoch` (a stream refuses a stale
+     * epoch's request rather than hand it the next epoch's sample; other
+     * kinds ignore it), copied into `buf` (grown as needed, at most
+     * max_bytes) or viewed in place; `out` filled (zero what you do not
+     * set).  0, or -1 with err filled by the rules at the top of this file
+     * (the message holds the reason only).  No GIL; any thread, with that
+     * thread's state. */
+    int (*get)(fl_source *s, void *tls, int64_t index, uint64_t epoch, fl_bytes *buf, size_t max_bytes,
+               fl_sample_bytes *out, fl_err *err);
+    /* Optional (may be NULL): what messages call the sample the last get on
+     * this thread state returned (for a stream: "SHARD_URL: KEY"), written
+     * to buf (NUL-terminated, cut to n).  Returns 1 when written, 0 when
+     * the caller names the sample itself (files: the binding knows the
+     * path).  No GIL. */
+    int (*describe)(fl_source *s, void *tls, int64_t index, char *buf, size_t n);
     /* Free everything the source owns (called by the last fl_source_unref). */
     void (*destroy)(fl_source *s);
 } fl_source_ops;
