@@ -91,9 +91,8 @@ fl_native_worker_free(fl_native_worker *w)
     free(w);
 }
 
-/* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM)? */
-static int
-maybe_other_image(const uint8_t *d, size_t n)
+int
+fl_native_maybe_other_image(const uint8_t *d, size_t n)
 {
     if (n >= 8 && memcmp(d, "\x89PNG\r\n\x1a\n", 8) == 0)
         return 1;
@@ -212,7 +211,7 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
         return -1;
     }
     if (len < 2 || data[0] != 0xFF || data[1] != 0xD8) {
-        if (maybe_other_image(data, (size_t)len))
+        if (fl_native_maybe_other_image(data, (size_t)len))
             return 1;
         err->code = FL_ERR_DECODE;
         snprintf(err->msg, sizeof err->msg, "not a JPEG file (starts with 0x%02x 0x%02x)", data[0],
@@ -363,6 +362,19 @@ name_sample(fl_native_worker *w, const fl_native_ds *ds, int64_t idx, fl_err *er
     memcpy(err->msg, msg, sizeof msg);
 }
 
+/* Tell a stream source that indices[from, count) will not be asked for
+ * (the batch stopped early), so it drops them rather than hold them.  No
+ * GIL. */
+static void
+discard_rest(const fl_native_ds *ds, const int64_t *indices, int from, int count, uint64_t epoch)
+{
+    if (!ds->src->ops->discard)
+        return;
+    for (int j = from; j < count; j++)
+        if (indices[j] >= 0 && indices[j] < ds->n)
+            ds->src->ops->discard(ds->src, indices[j], epoch);
+}
+
 fl_native_batch *
 fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool, const int64_t *indices, int count,
                      uint64_t seed, uint64_t epoch, const atomic_int *cancelled)
@@ -378,16 +390,19 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         fl_err e = {FL_ERR_NOMEM, "out of memory allocating a batch"};
         b->failed = 1;
         add_event(b, FL_EV_ERROR, count > 0 ? indices[0] : -1, -1, &e);
+        discard_rest(ds, indices, 0, count, epoch);
         return b;
     }
     size_t sb = ds->sample_bytes;
     int k = 0;
+    int attempted = 0;   /* indices[0, attempted) were asked of the source */
     for (int i = 0; i < count && !b->failed; i++) {
         if (cancelled && atomic_load_explicit(cancelled, memory_order_relaxed)) {
             b->cancelled = 1;
             break;
         }
         int64_t idx = indices[i];
+        attempted = i + 1;
         void *slot = (char *)b->images + sb * (size_t)k;
         fl_err err = {0, ""};
         if (idx < 0 || idx >= ds->n) {
@@ -449,6 +464,7 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         }
     }
     b->n = k;
+    discard_rest(ds, indices, attempted, count, epoch);
     return b;
 }
 

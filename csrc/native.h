@@ -110,6 +110,10 @@ void fl_native_batch_free(fl_native_batch *b);
 int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
                        uint64_t epoch, void *out, fl_err *err);
 
+/* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM),
+ * judged by its first bytes?  Pure. */
+int fl_native_maybe_other_image(const uint8_t *d, size_t n);
+
 /* How many other samples on_error="replace" tries before giving up. */
 #define FL_NATIVE_REPLACE_TRIES 16
 

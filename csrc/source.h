@@ -102,6 +102,10 @@ typedef struct {
      * the caller names the sample itself (files: the binding knows the
      * path).  No GIL. */
     int (*describe)(fl_source *s, void *tls, int64_t index, char *buf, size_t n);
+    /* Optional: the pipeline will never get `index` for `epoch` (its batch
+     * stopped at an earlier sample's failure), so a stream can drop it
+     * instead of holding it for ever.  No GIL; any thread. */
+    void (*discard)(fl_source *s, int64_t index, uint64_t epoch);
     /* Free everything the source owns (called by the last fl_source_unref). */
     void (*destroy)(fl_source *s);
 } fl_source_ops;
