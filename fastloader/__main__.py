@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_arguments(d)
     d.set_defaults(func=doctor.run)
 
-    k = sub.add_parser("pack", help="convert an ImageFolder into tar shards (WebDataset layout)",
+    k = sub.add_parser("pack", help=f"convert an ImageFolder into another layout ({', '.join(pack.FORMATS)})",
                        description=pack.DESCRIPTION)
     pack.add_arguments(k)
     k.set_defaults(func=pack.run)

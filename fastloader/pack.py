@@ -396,8 +396,8 @@ FORMATS = {
                      _shards_arguments, _shards_run, _shards_summary),
 }
 
-DESCRIPTION = ("Convert an ImageFolder (SRC_DIR/<class>/<images>, read as fastloader.ImageFolder and "
-               "torchvision read it) into a layout fastloader streams from.  Image bytes are copied unchanged.")
+DESCRIPTION = ("Convert an ImageFolder (SRC_DIR/<class>/<images>, scanned exactly as fastloader.ImageFolder and "
+               "torchvision scan it) into a layout fastloader streams from.  Image bytes are copied unchanged.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
