@@ -5,6 +5,9 @@ Commands:
   bench [DIR]       fastloader vs torch DataLoader for num_workers 0,1,2,4: time, images/s,
                     time to first batch, peak memory, consumer wait %; writes a PNG plot
   doctor            what limits data loading on this machine, and recommended settings
+  pack FORMAT SRC OUT
+                    convert an ImageFolder: `pack shards SRC_DIR OUT_DIR --shard-size 256MB`
+                    writes tar shards in the WebDataset layout (fastloader/pack.py)
   version           fastloader.build_info() as JSON
 """
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _cmd_version(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import cli_bench, doctor
+    from . import cli_bench, doctor, pack
 
     p = argparse.ArgumentParser(prog="fastloader", description=__doc__.split("\n\n")[0],
                                 epilog="Run 'fastloader <command> --help' for a command's options.")
@@ -75,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description=doctor.__doc__.split("\n\n")[0])
     doctor.add_arguments(d)
     d.set_defaults(func=doctor.run)
+
+    k = sub.add_parser("pack", help=f"convert an ImageFolder into another layout ({', '.join(pack.FORMATS)})",
+                       description=pack.DESCRIPTION)
+    pack.add_arguments(k)
+    k.set_defaults(func=pack.run)
 
     v = sub.add_parser("version", help="print fastloader.build_info() as JSON")
     v.set_defaults(func=_cmd_version)

@@ -27,6 +27,8 @@ import shutil
 import sys
 import time
 
+from .progress import Progress
+
 __all__ = ["make_sample", "ensure_sample", "default_sample_dir", "MARKER"]
 
 MARKER = ".fastloader-sample.json"
@@ -249,14 +251,16 @@ def _params(n, seed, classes):
     return {"format": _FORMAT_VERSION, "n": int(n), "seed": int(seed), "classes": int(classes)}
 
 
-def make_sample(root, n: int = 5000, *, seed: int = 0, classes: int = 10, progress: bool = True,
+def make_sample(root, n: int = 5000, *, seed: int = 0, classes: int = 10, progress: bool | str = True,
                 processes: int | None = None) -> dict:
     """Write ``n`` JPEG files into ``root/<class>/`` and return statistics.
 
     ``root`` must be missing, empty, or a folder previously written by this
     function (which is then replaced).  ``processes`` defaults to the number
-    of CPUs (at most 8); 1 disables multiprocessing.  Raises RuntimeError if
-    scikit-image is not installed.
+    of CPUs (at most 8); 1 disables multiprocessing.  ``progress``: a
+    progress line on stderr when it is a terminal ("always": even when it is
+    not; fastloader.progress) and a summary line at the end.  Raises
+    RuntimeError if scikit-image is not installed.
     """
     if n < 1 or classes < 1:
         raise ValueError("n and classes must be positive")
@@ -282,21 +286,16 @@ def make_sample(root, n: int = 5000, *, seed: int = 0, classes: int = 10, progre
     processes = max(1, min(processes, (n + 99) // 100))
     t0 = time.perf_counter()
     results = []
-    last = 0.0
+    bar = Progress(n, f"fastloader.sample -> {root}", unit="images", show=progress)
 
-    def report(done):
-        nonlocal last
-        now = time.perf_counter()
-        if progress and (now - last > 1.0 or done == n):
-            last = now
-            print(f"\rfastloader.sample: {done}/{n} images -> {root}", end="" if done < n else "\n",
-                  file=sys.stderr, flush=True)
+    def report(r):
+        results.append(r)
+        bar.update(1, nbytes=r[3])
 
     if processes == 1:
         _init_worker(color, gray)
         for j in jobs:
-            results.append(_make_one(j))
-            report(len(results))
+            report(_make_one(j))
     else:
         import multiprocessing as mp
 
@@ -307,8 +306,8 @@ def make_sample(root, n: int = 5000, *, seed: int = 0, classes: int = 10, progre
         ctx = mp.get_context("fork" if "fork" in methods else "spawn")
         with ctx.Pool(processes, initializer=_init_worker, initargs=(color, gray)) as pool:
             for r in pool.imap(_make_one, jobs, chunksize=32):
-                results.append(r)
-                report(len(results))
+                report(r)
+    bar.close()
     elapsed = time.perf_counter() - t0
 
     ws = [r[1] for r in results]

@@ -1,4 +1,5 @@
-"""The command line: python -m fastloader {make-sample, bench, doctor, version, --help}."""
+"""The command line: python -m fastloader {make-sample, bench, doctor, version, --help}
+(pack: tests/test_pack.py)."""
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def test_help_exits_0_and_lists_commands():
     r = subprocess.run([sys.executable, "-m", "fastloader", "--help"], capture_output=True, text=True,
                        timeout=60, env=_env())
     assert r.returncode == 0, r.stderr
-    for cmd in ("make-sample", "bench", "doctor", "version"):
+    for cmd in ("make-sample", "bench", "doctor", "pack", "version"):
         assert cmd in r.stdout
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--help"])
