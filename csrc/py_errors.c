@@ -8,7 +8,9 @@
  *
  *   FL_ERR_IO with an errno  OSError(errno, strerror + where, filename): CPython
  *                            picks the subclass (FileNotFoundError,
- *                            PermissionError, IsADirectoryError, ...)
+ *                            PermissionError, IsADirectoryError, ...); with
+ *                            no filename (a stream), the message + where
+ *                            in place of strerror
  *   FL_ERR_IO without one    OSError("<msg><where>")
  *   FL_ERR_NOMEM             MemoryError
  *   FL_ERR_INDEX             IndexError
@@ -41,7 +43,11 @@ error_from_text(PyObject *module, int code, int errnum, PyObject *text, PyObject
         if (errnum > 0) {
             /* OSError.__new__ maps errno to its subclass; with a filename
              * str(e) reads "[Errno 2] No such file or directory ...: 'path'" */
-            PyObject *why = PyUnicode_FromFormat("%s%s", strerror(errnum), where);
+            /* without a filename (a shard URL, a stream) the message is
+             * the only place that names what failed: keep it whole */
+            PyObject *why = filename != NULL || PyUnicode_GetLength(text) == 0
+                                ? PyUnicode_FromFormat("%s%s", strerror(errnum), where)
+                                : PyUnicode_FromFormat("%U%s", text, where);
             if (why == NULL)
                 return NULL;
             PyObject *e = PyObject_CallFunction(PyExc_OSError, "iOO", errnum, why,
