@@ -45,7 +45,7 @@ error_from_text(PyObject *module, int code, int errnum, PyObject *text, PyObject
              * str(e) reads "[Errno 2] No such file or directory ...: 'path'" */
             /* without a filename (a shard URL, a stream) the message is
              * the only place that names what failed: keep it whole */
-            PyObject *why = filename != NULL || PyUnicode_GetLength(text) == 0
+            PyObject *why = (filename != NULL && filename != Py_None) || PyUnicode_GetLength(text) == 0
                                 ? PyUnicode_FromFormat("%s%s", strerror(errnum), where)
                                 : PyUnicode_FromFormat("%U%s", text, where);
             if (why == NULL)

@@ -11,6 +11,7 @@ from . import _C
 from ._C import DecodeError
 from . import transforms
 from .datasets import ImageFolder, ImageList
+from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 
 __version__ = "0.1.0"
@@ -40,4 +41,5 @@ __all__ = [
     "get_worker_info",
     "sample_rng",
     "transforms",
+    "WebDataset",
 ]

@@ -70,6 +70,12 @@ class NativeBackend(_Backend):
         self.dataset = dataset      # a NativeImageDataset (maybe the uint8 "wire" variant)
         self.epoch = 0
         self.seed = 0
+        self.stream = getattr(dataset, "_fl_stream", False)   # a WebDataset: a reader thread to stop
+
+    def close(self, timeout=None):
+        super().close(timeout)
+        if self.stream:
+            self.dataset._end_stream()
 
     def start_epoch(self, ep, seed, pin_device):
         """Epoch `ep` with the native seed `seed`; batch buffers page-locked
@@ -85,6 +91,9 @@ class NativeBackend(_Backend):
             except RuntimeError:
                 pass  # set_pinned's allocations then fail: pin_error, and the loader warns once
         self.dataset._native.set_pinned(pin_device)
+        if self.stream:
+            # the rank's shard stream for this epoch (the jobs carry the same epoch)
+            self.dataset._begin_epoch(self.epoch)
         if self.num_workers and not self._engine_ready():
             ds = self.dataset
             self.engine = _C.NativeEngine(self.num_workers, ds._native, post=ds._post, post_always=ds._post_always)
@@ -131,6 +140,13 @@ class NativeBackend(_Backend):
         out["pool_bytes"] = self.dataset._native.pool_bytes
         out["skipped"] = list(self.dataset.skipped)
         out["replaced"] = list(self.dataset.replaced)
+        if self.stream:
+            st = self.dataset.stream_stats()
+            wall = out.get("elapsed_s") or 0.0
+            st["bytes_per_s"] = st["bytes"] / wall if wall > 0 else 0.0
+            st["network_wait_s"] = st.pop("wait_s")
+            st["skipped_shards"] = list(self.dataset.skipped_shards)
+            out["stream"] = st
 
 
 class PythonBackend(_Backend):

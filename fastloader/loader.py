@@ -135,8 +135,13 @@ class _Iter:
         dataset's Python in the worker threads."""
         self._convert = None
         collate_fn = loader.collate_fn
-        if (isinstance(loader.dataset, NativeImageDataset) and collate_fn in DEFAULT_COLLATES + (fast_default_collate,)
-                and loader._auto_collation and not loader._dataset_kind_iterable):
+        stream = getattr(loader.dataset, "_fl_stream", False)   # fastloader.WebDataset
+        default = collate_fn in DEFAULT_COLLATES + (fast_default_collate,)
+        if stream and not (default and loader._auto_collation):
+            raise ValueError("fastloader.WebDataset builds whole batches natively: use the default collate_fn and a "
+                             "batch_size (per-sample Python belongs in transform / target_transform)")
+        if (isinstance(loader.dataset, NativeImageDataset) and default
+                and loader._auto_collation and (stream or not loader._dataset_kind_iterable)):
             ds = loader.dataset
             if loader._fl_device is not None and loader._fl_convert_on_device:
                 wire, conv = getattr(loader, "_fl_wire", (None, None))
@@ -162,6 +167,11 @@ class _Iter:
         if self._ep is not None:
             self._ep.cancelled = True
         self._index_sampler = loader._index_sampler
+        if getattr(loader.dataset, "_fl_stream", False):
+            # batch k of a stream is positions [k*B, (k+1)*B) of the rank's stream
+            from torch.utils.data import BatchSampler
+
+            self._index_sampler = BatchSampler(range(len(loader.dataset)), loader.batch_size, loader.drop_last)
         self._sampler_iter = iter(self._index_sampler)
         # Same draw, in the same order, as torch's _BaseDataLoaderIter (once per
         # iterator: a persistent iterator keeps its seed across epochs), so a
