@@ -75,6 +75,7 @@ int fl_py_timeout(PyObject *obj, double *out);
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
 int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
+int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
 
 /* py_source.c.  fl_py_source_wrap: a new Source owning the reference `src`
  * (consumed, also on failure; NULL src -> MemoryError), or NULL with an

@@ -140,18 +140,13 @@ static int
 render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch,
               const fl_sample_bytes *sb, void *out, fl_err *err, uint64_t t1)
 {
-    int want = ds->spec.out_channels == 1 ? 1 : 3;
+    /* 1 or 3 channels, whatever the transform makes: fl_render converts as
+     * Pillow's convert("L") / convert("RGB") would (as for render_array) */
     if (sb->width <= 0 || sb->height <= 0 || (sb->channels != 1 && sb->channels != 3) ||
         sb->len < (size_t)sb->width * (size_t)sb->height * (size_t)sb->channels) {
         err->code = FL_ERR_INVALID;
         snprintf(err->msg, sizeof err->msg, "pixels of %dx%dx%d do not fit %zu bytes (or channels not 1 or 3)",
                  sb->width, sb->height, sb->channels, sb->len);
-        return -1;
-    }
-    if (sb->channels != want) {
-        err->code = FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "an image of %d channels where the transform makes %d", sb->channels,
-                 want);
         return -1;
     }
     fl_plan plan;

@@ -314,6 +314,30 @@ batchpool_class_for(fl_batchpool *bp, size_t nbytes, fl_pool **out)
     return 0;
 }
 
+int
+fl_py_batchpool_for(PyObject *module, PyObject *pool, size_t nbytes, fl_pool **out)
+{
+    *out = NULL;
+    if (!PyObject_TypeCheck(pool, fl_get_state(module)->BatchPoolType)) {
+        PyErr_Format(PyExc_TypeError, "pool must be a BatchPool or None, not %.100s", Py_TYPE(pool)->tp_name);
+        return -1;
+    }
+    fl_batchpool *bp = (fl_batchpool *)pool;
+    if (batchpool_class_for(bp, nbytes, out) < 0)
+        return -1;
+    if (*out)
+        bp->pooled++;
+    else
+        bp->fresh++;
+    return 0;
+}
+
+void
+fl_buffer_set_pinned(PyObject *buffer, int pinned)
+{
+    ((fl_buffer *)buffer)->pinned = pinned;
+}
+
 static PyObject *
 batchpool_get_pin_device(fl_batchpool *self, void *Py_UNUSED(c))
 {

@@ -24,6 +24,18 @@ PyObject *fl_buffer_new(PyObject *module, void *data, size_t nbytes, int ndim, c
  * synchronises the device (pool.h). */
 void fl_py_pool_put(void *pool, void *data);
 
+/* The pool of BatchPool `pool` for buffers of `nbytes` (a new size class
+ * while its table has room), counted in its stats as _C.stack's calls are.
+ * 0 with *out borrowed (valid while the caller holds `pool`; NULL: the
+ * table is full, allocate outside the pool), or -1 with TypeError (not a
+ * BatchPool) or MemoryError. */
+struct fl_pool;
+int fl_py_batchpool_for(PyObject *module, PyObject *pool, size_t nbytes, struct fl_pool **out);
+
+/* Mark a Buffer made by fl_buffer_new as page-locked memory (its `pinned`
+ * attribute), as _C.stack does for pinned pool buffers. */
+void fl_buffer_set_pinned(PyObject *buffer, int pinned);
+
 /* ---- DLPack export (py_dlpack.c) ----------------------------------------- */
 
 /* What a __dlpack__ call asked for.  `stream` is borrowed from the call. */

@@ -3,13 +3,15 @@
     from fastloader import DataLoader
 
 Workers are C threads in this process; image datasets (ImageFolder,
-ImageList) decode and transform JPEGs in C with no Python per sample.
+ImageList) decode and transform JPEGs in C with no Python per sample, and
+ArrayDataset gathers rows of memory-mapped .npy files in C.
 """
 from __future__ import annotations
 
 from . import _C
 from ._C import DecodeError
 from . import transforms
+from .arrays import ArrayDataset
 from .datasets import ImageFolder, ImageList
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
@@ -30,6 +32,7 @@ def build_info() -> dict:
 
 
 __all__ = [
+    "ArrayDataset",
     "DataLoader",
     "DecodeError",
     "ImageFolder",

@@ -1,8 +1,9 @@
 """The worker side of Python datasets: what one worker thread runs for a
 batch (`_fetch`: __getitem__ / __getitems__ / next(iterator), then
 collate_fn, stacking into the loader's pooled buffers, then pinning what is
-not page-locked yet), and the engine's view of Python (`_WorkerHost`:
-init / fetch / finish on each worker thread).  Nothing here raises: results
+not page-locked yet; or, for a dataset with a batch hook and default
+collation, one `_fl_load_batch(indices, pool)` call), and the engine's view
+of Python (`_WorkerHost`: init / fetch / finish on each worker thread).  Nothing here raises: results
 are (status, value) pairs, and an exception travels as the value with a note
 naming the sample, batch and worker.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .collate import collate_into
+from .collate import collate_into, fast_default_collate
 from .worker_info import WorkerInfo, _tls
 
 def _annotate(exc, where):
@@ -57,6 +58,11 @@ class _Epoch:
         self.stage_s = [[0.0, 0.0, 0.0] for _ in range(num_workers + 1)]
         getitems = getattr(dataset, "__getitems__", None) if not iterable else None
         self.getitems = getitems if getitems else None
+        # a dataset that makes whole batches itself (ArrayDataset: rows
+        # gathered in C), called once per batch instead of __getitem__ per
+        # sample + collate_fn; only with default collation, which it matches
+        hook = getattr(dataset, "_fl_load_batch", None) if not iterable and auto_collation else None
+        self.batch_hook = hook if hook is not None and collate_fn is fast_default_collate else None
 
 
 def _fetch(ep: _Epoch, wid, seq, indices):
@@ -103,6 +109,20 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
                 except StopIteration:
                     ep.ended.add(wid)
                     return (_EXHAUSTED, None)
+        elif ep.batch_hook is not None:
+            try:
+                batch, pinned = ep.batch_hook(indices, ep.pool)
+            except Exception as e:
+                return (_ERR, _annotate(e, f"batch {seq} (indices {_short(indices)}) in {where_worker}"))
+            t1 = time.perf_counter()
+            if ep.pin:
+                from .cuda_delivery import pin_batch
+
+                batch = pin_batch(batch, pinned)
+            slot = ep.stage_s[wid]
+            slot[0] += t1 - t0
+            slot[2] += time.perf_counter() - t1
+            return (_OK, batch)
         elif ep.auto_collation:
             if ep.getitems is not None:
                 try:

@@ -20,6 +20,7 @@ torch's own DataLoader too (then each sample goes through Python).
 """
 from __future__ import annotations
 
+import collections.abc
 import os
 import sys
 import threading
@@ -98,12 +99,15 @@ class NativeImageDataset(_Dataset):
     """
 
     def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
-                 dct_scaling=False, max_pixels=0, source=None):
+                 dct_scaling=False, max_pixels=0, source=None, targets=None):
         # samples: (name, label) pairs; the name is a file path, or for
-        # another source (LMDB, shards) what messages call the sample.
+        # another source (LMDB, shards) what messages call the sample.  A
+        # sequence is kept as given (an array source names its rows on
+        # demand), anything else is listed.
         # source: where the bytes live (a _C.Source); default: the files.
-        self.samples = list(samples)
-        self.targets = [s[1] for s in self.samples]
+        # targets: the labels as a list, when the caller has them already.
+        self.samples = samples if isinstance(samples, collections.abc.Sequence) else list(samples)
+        self.targets = targets if targets is not None else [s[1] for s in self.samples]
         self.transform = transform
         self.target_transform = target_transform
         self.on_error = on_error

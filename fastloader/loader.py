@@ -597,7 +597,10 @@ class DataLoader(_Base):
         Keys: epoch, num_workers, batches, samples, elapsed_s, consumer_wait_s,
         data_starved_fraction (share of wall time the training loop spent
         waiting in next()), batches_per_s, samples_per_s, queue_depth,
-        workers (per-worker counters), worker_busy_fraction; for native
+        workers (per-worker counters), worker_busy_fraction, path ("native":
+        C workers; "batch": the dataset's batch hook, one call per batch,
+        as ArrayDataset's gather in C; "python": __getitem__ + collate_fn),
+        pipeline (the dataset's pipeline_description, if any); for native
         datasets stages_s (read/decode/transform seconds summed over
         workers; python_s too when a Python tail, target_transform or a
         Pillow fix-up ran on the workers), bytes_read, pool_bytes, skipped,

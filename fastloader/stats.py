@@ -50,7 +50,14 @@ def iterator_stats(it):
         "batch_bytes": it._batch_bytes,
         "max_memory": it._max_memory,
         "native": it._backend.native,
+        # how batches are made: "native" (C workers, no Python per sample),
+        # "batch" (one call per batch of the dataset's batch hook, e.g.
+        # ArrayDataset's gather in C) or "python" (__getitem__ + collate_fn)
+        "path": "native" if it._backend.native else ("batch" if it._ep.batch_hook is not None else "python"),
     }
+    pipeline = getattr(it._ep.dataset, "pipeline_description", None)
+    if pipeline is not None:
+        out["pipeline"] = pipeline
     copier = it._copier
     if copier is not None:
         out["device"] = str(copier.device)
