@@ -151,6 +151,8 @@ fl_gather_rows(const uint8_t *base, int64_t nrows, size_t row_bytes, const int64
     }
     /* fixed sizes let the compiler turn the copy into a load and a store */
     switch (row_bytes) {
+    case 0: /* empty rows (a 0 in the row shape): base may be NULL, nothing to copy */
+        return 0;
     case 4:
         for (int64_t k = 0; k < count; k++)
             memcpy(out + 4 * (size_t)k, base + 4 * (size_t)indices[k], 4);

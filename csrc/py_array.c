@@ -173,12 +173,22 @@ array_source(PyObject *module, PyObject *args, PyObject *kwargs)
         Py_END_ALLOW_THREADS
         if (!region) {
             PyObject *fname = PyUnicode_DecodeFSDefault(path);
-            if (err.code != FL_ERR_IO || err.errnum == 0) {
-                /* no errno: name the file in the message itself */
-                fl_err named = err;
-                snprintf(named.msg, sizeof named.msg, "%s: %s", path, err.msg);
-                fl_py_raise(module, &named, NULL, NULL);
-            } else {
+            if (fname && (err.code != FL_ERR_IO || err.errnum == 0)) {
+                /* no errno: the message names the file itself */
+                PyObject *text = PyUnicode_FromFormat("%U: %s", fname, err.msg);
+                const char *utf8 = text ? PyUnicode_AsUTF8(text) : NULL;
+                if (utf8) {
+                    PyObject *exc = fl_py_error_new(module, err.code, 0, utf8, NULL, NULL);
+                    if (exc) {
+                        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+                        Py_DECREF(exc);
+                    }
+                } else { /* a name that is not UTF-8: the reason alone */
+                    PyErr_Clear();
+                    fl_py_raise(module, &err, NULL, NULL);
+                }
+                Py_XDECREF(text);
+            } else if (fname) {
                 fl_py_raise(module, &err, fname, NULL);
             }
             Py_XDECREF(fname);
@@ -192,10 +202,11 @@ array_source(PyObject *module, PyObject *args, PyObject *kwargs)
         region = region_from_buffer(data);
         if (!region)
             return NULL;
-        if (fl_region_size(region) != total) {
+        size_t have = fl_region_size(region);
+        if (have != total) {
             fl_region_unref(region);
             return PyErr_Format(PyExc_ValueError, "the buffer holds %zu bytes, the shape and dtype need %llu",
-                                fl_region_size(region), (unsigned long long)total);
+                                have, (unsigned long long)total);
         }
     }
     info.base = fl_region_data(region);
