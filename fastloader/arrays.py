@@ -209,10 +209,17 @@ class ArrayDataset(_Dataset):
     def __len__(self):
         return self._arrays[0].shape[0]
 
-    def __reduce__(self):
-        # a copy in another process maps the files again (arrays in memory are pickled)
-        arrays, kwargs = self._init_args
-        return _rebuild, (ArrayDataset, arrays, kwargs)
+    # A copy in another process (pickled for spawned workers) maps the files
+    # again; arrays in memory are pickled with it.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_arrays"], state["_sources"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._arrays = _open_all(self._init_args[0])
+        self._sources = tuple(a.source for a in self._arrays)
 
     # -- rows ------------------------------------------------------------------------
     def __getitem__(self, index):
@@ -225,12 +232,20 @@ class ArrayDataset(_Dataset):
             rows = _as_index_list(index)
         return tuple(_to_output(b) for b in _C.gather(self._sources, rows))
 
-    def _fl_load_batch(self, indices, pool):
-        """The loader's batch hook (fastloader/_worker.py), one call per batch
-        on a worker thread, for default collation: the rows of every array
-        gathered in C into `pool`'s buffers (a _C.BatchPool, page-locked when
-        pinning; None: fresh ones).  Returns (batch, addresses of the
-        page-locked buffers), the batch a list as default_collate makes."""
+    @property
+    def _fl_load_batch(self):
+        """The loader's batch hook (fastloader/_worker.py), or None for a
+        subclass with its own __getitem__: the loader must call that."""
+        if type(self).__getitem__ is not ArrayDataset.__getitem__:
+            return None
+        return self._gather_batch
+
+    def _gather_batch(self, indices, pool):
+        """One call per batch on a worker thread, for default collation: the
+        rows of every array gathered in C into `pool`'s buffers (a
+        _C.BatchPool, page-locked when pinning; None: fresh ones).  Returns
+        (batch, addresses of the page-locked buffers), the batch a list as
+        default_collate makes of TensorDataset's tuples."""
         bufs = _C.gather(self._sources, indices, pool)
         return [_to_output(b) for b in bufs], frozenset(b.ptr for b in bufs if b.pinned)
 
@@ -279,6 +294,11 @@ class _ArrayImageDataset(NativeImageDataset, ArrayDataset):
     pipeline, as ImageFolder renders decoded files."""
 
     _fl_load_batch = None  # batches come from the native engine, never the gather hook
+
+    def __reduce__(self):
+        # rebuilt from the arguments: the native dataset, its pool and lock are this process's
+        arrays, kwargs = self._init_args
+        return _rebuild, (type(self), arrays, kwargs)
 
     def __init__(self, *arrays, transform=None, target_transform=None, image=0, target=None, **native_options):
         self._init_args = (arrays, dict(transform=transform, target_transform=target_transform, image=image,

@@ -165,12 +165,38 @@ def test_custom_collate_and_unbatched_fall_back_to_getitem(arrays):
     _assert_same(got, ref)
 
 
-def test_pickle_maps_the_files_again(arrays):
+def test_a_subclass_with_its_own_getitem_is_called(arrays):
+    paths, arrs = arrays
+
+    class Shifted(fastloader.ArrayDataset):
+        def __getitem__(self, i):
+            tok, lab = super().__getitem__(i)
+            return tok + 1, lab
+
+    dl = fastloader.DataLoader(Shifted(paths["tokens"], paths["labels"]), batch_size=100, num_workers=2)
+    got = list(dl)
+    assert dl.stats()["path"] == "python"
+    assert torch.equal(got[1][0], torch.from_numpy(arrs["tokens"][100:200]) + 1)
+
+
+class Tagged(fastloader.ArrayDataset):
+    def __init__(self, path, tag):
+        super().__init__(path)
+        self.tag = tag
+
+
+def test_pickle_maps_the_files_again(arrays, images):
     paths, arrs = arrays
     ds = fastloader.ArrayDataset(paths["tokens"], arrs["labels"])
     ds2 = pickle.loads(pickle.dumps(ds))
     assert type(ds2) is fastloader.ArrayDataset and len(ds2) == N
     assert all(torch.equal(u, v) for u, v in zip(ds[7], ds2[7]))
+    t = pickle.loads(pickle.dumps(Tagged(paths["labels"], "x")))  # a subclass keeps its type and attributes
+    assert type(t) is Tagged and t.tag == "x" and int(t[3][0]) == arrs["labels"][3]
+    im = fastloader.ArrayDataset(images["images"], images["labels"], transform=_train())
+    im2 = pickle.loads(pickle.dumps(im))
+    assert isinstance(im2, fastloader.ArrayDataset) and im2.samples[2] == im.samples[2]
+    assert torch.equal(im2.load_batch([1, 2], 0, 5)[0], im.load_batch([1, 2], 0, 5)[0])
 
 
 def test_in_memory_array_is_held_not_copied_and_released():
