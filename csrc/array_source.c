@@ -70,7 +70,9 @@ fl_source_array_new(fl_region *region, const fl_array_info *info, int image, fl_
     if (row != info->row_bytes)
         return invalid(err, "array source: row_bytes does not match the row shape and element type");
     const uint8_t *start = fl_region_data(region), *end = start + fl_region_size(region);
-    if (info->n > 0 && (info->base < start || info->base > end || (row && (uint64_t)info->n > (size_t)(end - info->base) / row)))
+    int fits = info->base >= start && info->base <= end &&
+               (row == 0 || (uint64_t)info->n <= (uint64_t)((size_t)(end - info->base) / row));
+    if (info->n > 0 && !fits)
         return invalid(err, "array source: the rows do not fit in the region");
     int w = 0, h = 0, c = 0;
     if (image) {

@@ -305,8 +305,14 @@ gather(PyObject *module, PyObject *args, PyObject *kwargs)
     if (!idx)
         goto done;
     for (Py_ssize_t j = 0; j < m; j++) {
+        if (outs[j].info.row_bytes && (size_t)count > SIZE_MAX / outs[j].info.row_bytes) {
+            PyErr_NoMemory();
+            goto done;
+        }
         outs[j].nbytes = outs[j].info.row_bytes * (size_t)count;
-        if (pool != Py_None && outs[j].nbytes > 0 && fl_py_batchpool_for(module, pool, outs[j].nbytes, &outs[j].pool) < 0)
+        if (pool == Py_None || outs[j].nbytes == 0)
+            continue; /* an empty batch allocates nothing worth pooling */
+        if (fl_py_batchpool_for(module, pool, outs[j].nbytes, &outs[j].pool) < 0)
             goto done;
     }
     /* The Sources in `seq` keep the arrays mapped, and the caller's `pool`
