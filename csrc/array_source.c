@@ -15,10 +15,11 @@ typedef struct {
 } array_source;
 
 static int
-array_get(fl_source *s, void *tls, int64_t index, fl_bytes *buf, size_t max_bytes, fl_sample_bytes *out,
-          fl_err *err)
+array_get(fl_source *s, void *tls, int64_t index, uint64_t epoch, fl_bytes *buf, size_t max_bytes,
+          fl_sample_bytes *out, fl_err *err)
 {
     (void)tls;
+    (void)epoch;
     (void)buf;
     (void)max_bytes; /* a view: nothing is read into memory of ours */
     (void)err;
@@ -43,7 +44,7 @@ array_destroy(fl_source *s)
     free(a);
 }
 
-static const fl_source_ops array_ops = {"array", NULL, NULL, array_get, array_destroy};
+static const fl_source_ops array_ops = {.kind = "array", .get = array_get, .destroy = array_destroy};
 
 static fl_source *
 invalid(fl_err *err, const char *msg)
