@@ -28,6 +28,7 @@
 /* Per-module state: heap types and exception objects (no C globals). */
 typedef struct {
     PyObject *DecodeError;     /* fastloader.DecodeError, a ValueError subclass */
+    PyTypeObject *EngineBaseType; /* fastloader._C._EngineBase, what the two engines share */
     PyTypeObject *EngineType;  /* fastloader._C.Engine */
     PyTypeObject *BufferType;  /* fastloader._C.Buffer */
     PyTypeObject *BatchPoolType; /* fastloader._C.BatchPool */
@@ -42,38 +43,12 @@ typedef struct {
 fl_module_state *fl_get_state(PyObject *m);
 
 /* Registration hooks, called once from module.c's exec slot. */
-int fl_register_engine(PyObject *m);     /* py_engine.c: Engine */
+int fl_register_engine(PyObject *m);     /* py_engine_common.c: _EngineBase, Engine, NativeEngine */
 int fl_register_buffer(PyObject *m);     /* py_buffer.c: Buffer, BatchPool, stack */
 int fl_register_image(PyObject *m);      /* py_image.c: decode_jpeg, DecodeError helpers */
 int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for tests/inspection */
 
-/* Wait for job `seq` of *engine (see fl_engine_wait) with the GIL released,
- * in slices of at most 50 ms, running PyErr_CheckSignals after each so that
- * Ctrl-C works.  timeout <= 0 waits forever.  Returns 1 when the job is done
- * (result and its seq/worker filled), 0 on timeout, -1 with an exception set
- * (a signal handler raised, the pool was closed, no such job).  Reads
- * *engine after every slice because a signal handler may close it.  When
- * `gil` is not NULL, adds the time taken to re-acquire the GIL after each
- * slice (a direct measure of how much other threads hold it). */
-typedef struct {
-    uint64_t wait_ns; /* total time spent re-taking the GIL */
-    uint64_t waits;   /* number of times */
-} fl_gil_probe;
-int fl_py_wait(fl_engine *const *engine, long long seq, double timeout, void **result,
-               int64_t *seq_out, int *worker_out, fl_gil_probe *gil);
-
-/* Start an engine with the GIL released; NULL with RuntimeError set. */
-fl_engine *fl_py_engine_start(int nworkers, const fl_engine_ops *ops, void *ctx);
-
-/* Stop *pe (GIL released while joining, at most timeout_ms, < 0: no limit)
- * and set it to NULL; NULL is ignored.  Returns 1 when workers were left
- * running detached (their ctx must then be leaked), else 0. */
-int fl_py_engine_stop(fl_engine **pe, int timeout_ms);
-
-/* Parse an optional timeout (None -> -1.0).  0, or -1 with an exception. */
-int fl_py_timeout(PyObject *obj, double *out);
-
-int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset, NativeEngine */
+int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset */
 int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
 

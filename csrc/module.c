@@ -63,6 +63,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
 {
     fl_module_state *st = fl_get_state(m);
     Py_VISIT(st->DecodeError);
+    Py_VISIT(st->EngineBaseType);
     Py_VISIT(st->EngineType);
     Py_VISIT(st->BufferType);
     Py_VISIT(st->BatchPoolType);
@@ -79,6 +80,7 @@ fl_clear(PyObject *m)
 {
     fl_module_state *st = fl_get_state(m);
     Py_CLEAR(st->DecodeError);
+    Py_CLEAR(st->EngineBaseType);
     Py_CLEAR(st->EngineType);
     Py_CLEAR(st->BufferType);
     Py_CLEAR(st->BatchPoolType);

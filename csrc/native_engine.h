@@ -1,7 +1,7 @@
 /* native_engine.h: the engine ops that run native batches on worker threads
  * (no Python in here).
  *
- * The binding (py_native.c) owns the fl_engine: it starts it with
+ * The binding (py_native_engine.c) owns the fl_engine: it starts it with
  * fl_native_ops and a context made here, and queues batches with
  * fl_native_submit.  Each job is one batch of sample indices; each result
  * an fl_native_result.  The C work of a batch (native.c) never takes the

@@ -1,35 +1,23 @@
-/* py_native.c: the native image pipeline as Python objects.
+/* py_native.c: the native image pipeline's dataset as a Python object.
  *
  *   NativeDataset(source, labels, spec, on_error="raise", dct_scaling=False, max_pixels=0)
  *       an immutable source of samples (a _C.Source, or a list of file
  *       paths) + labels + a compiled transform; can load
  *       a batch on the calling thread (GIL released) for num_workers=0.
- *   NativeEngine(num_workers, dataset, post=None, post_always=False)
- *       worker threads that load whole batches without the GIL; with `post`,
- *       the worker that built a batch that needs Python afterwards (every
- *       batch with post_always, else those with fix-ups) calls
- *       post(batch, epoch, seed, seq, worker, native_s) itself, with the GIL
- *       (native_engine.h says when and in which order).
+ *
+ * NativeEngine, the worker threads that load its batches, is in
+ * py_native_engine.c; this file lends it what py_native.h declares.
  *
  * A finished batch comes back as (images, labels, events, failed): images
  * and labels are Buffers (DLPack) over the batch memory the workers wrote;
  * events lists skipped / replaced / failed samples and the slots that need a
  * Pillow fix-up (non-JPEG files), as (kind, index, by, message, code, errno)
- * tuples; code and errno feed _C._error, the one translator.  wait() hands
- * out that tuple, or what post returned, or the exception post raised (an
- * exception instance: the consumer raises it at that batch's turn).
- *
- * Shutting down with a post hook: the workers call Python, so they are
- * joined in tp_finalize (as py_engine.c does, for the same reason), with
- * the GIL released; a worker inside post finishes that call first.  Workers
- * never take the GIL once the interpreter is finalizing: the batch then
- * stays raw, and results are leaked rather than released.
+ * tuples; code and errno feed _C._error, the one translator.
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
-#include "engine.h"
 #include "native.h"
-#include "native_engine.h"
+#include "py_native.h"
 #include "py_transform.h"
 #include "pybuffer.h"
 
@@ -50,24 +38,6 @@ typedef struct {
     int pin_device;           /* >= 0: batch buffers page-locked for this CUDA device; -1: not */
     fl_native_worker *inline_worker; /* for loads on the calling thread; guarded by the GIL */
 } NativeDatasetObject;
-
-/* What the post hook needs on a worker thread.  Heap-allocated, not part of
- * the engine object, so that it can be leaked with detached workers. */
-typedef struct {
-    PyObject *post;           /* the callable (strong ref) */
-    PyObject *module;         /* fastloader._C, for Buffers (strong ref) */
-    const fl_native_ds *ds;   /* borrowed from the engine's dataset */
-} post_ctx;
-
-typedef struct {
-    PyObject_HEAD
-    fl_engine *engine;        /* NULL once closed */
-    fl_native_ctx *ctx;       /* owned (native_engine.h); leaked with detached workers */
-    post_ctx *pc;             /* owned, NULL without a hook; leaked with detached workers */
-    PyObject *dataset;        /* strong ref: keeps ds alive */
-    int nworkers;
-} NativeEngineObject;
-
 
 /* Drop a pool reference with the GIL released: the last one frees up to
  * FL_POOL_IDLE idle buffers, and cudaFreeHost of a pinned one synchronises
@@ -100,8 +70,8 @@ batch_free_gil(fl_native_batch *b)
 static const char *event_names[] = {"error", "skipped", "replaced", "fixup"};
 
 /* Turn a finished batch into (images, labels, events, failed); consumes b. */
-static PyObject *
-batch_to_python(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
+PyObject *
+fl_py_native_batch(PyObject *module, const fl_native_ds *ds, fl_native_batch *b)
 {
     PyObject *images = NULL, *labels = NULL, *events = NULL, *out = NULL;
     if (b == NULL)
@@ -154,8 +124,8 @@ done:
 }
 
 /* Parse a sequence of ints into a malloc'd int64 array. */
-static int64_t *
-parse_indices(PyObject *obj, int *count)
+int64_t *
+fl_py_parse_indices(PyObject *obj, int *count)
 {
     PyObject *seq = PySequence_Fast(obj, "indices must be a sequence of ints");
     if (!seq)
@@ -202,6 +172,20 @@ ds_pool_for(NativeDatasetObject *self, int count)
         pool_unref_nogil(old);
     }
     return self->pool; /* borrowed: callers that keep it take fl_pool_ref */
+}
+
+/* The dataset's C description, borrowed (py_native.h). */
+const fl_native_ds *
+fl_py_native_ds(PyObject *dataset)
+{
+    return &((NativeDatasetObject *)dataset)->ds;
+}
+
+/* ds_pool_for for NativeEngine.submit (py_native.h). */
+fl_pool *
+fl_py_native_pool_for(PyObject *dataset, int count)
+{
+    return ds_pool_for((NativeDatasetObject *)dataset, count);
 }
 
 /* ---- NativeDataset ----------------------------------------------------------- */
@@ -314,7 +298,7 @@ nds_load_batch(NativeDatasetObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OKK:load_batch", &ind, &epoch, &seed))
         return NULL;
     int count;
-    int64_t *idx = parse_indices(ind, &count);
+    int64_t *idx = fl_py_parse_indices(ind, &count);
     if (!idx)
         return NULL;
     if (!self->inline_worker && !(self->inline_worker = fl_native_worker_new(&self->ds))) {
@@ -339,7 +323,7 @@ nds_load_batch(NativeDatasetObject *self, PyObject *args)
     else
         fl_native_worker_free(w);
     free(idx);
-    return batch_to_python(PyType_GetModule(Py_TYPE(self)), &self->ds, b);
+    return fl_py_native_batch(PyType_GetModule(Py_TYPE(self)), &self->ds, b);
 }
 
 /* render_array(image[H,W,C] uint8, index, epoch, seed) -> Buffer of one sample:
@@ -528,412 +512,12 @@ static PyType_Spec nds_spec = {
     .slots = nds_slots,
 };
 
-/* ---- the post hook (worker threads; takes the GIL itself) ------------------ */
-
-/* The pending exception as an instance with its traceback; clears it.
- * Never NULL (None when even that fails).  GIL held. */
-static PyObject *
-take_exception(void)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb && value)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    return value ? value : Py_NewRef(Py_None);
-}
-
-/* fl_native_post.run: the batch as Python objects, then post(...).  Returns
- * a new reference (post's result, or the exception it raised), or NULL
- * without touching b when the interpreter is finalizing.  GIL not held on
- * entry; taken here, with a thread state that lives for this call only. */
-static void *
-post_run(void *arg, int worker_id, fl_native_batch *b, const fl_native_job_info *job, uint64_t *gil_wait_ns)
-{
-    post_ctx *pc = arg;
-    if (FL_IS_FINALIZING())
-        return NULL; /* never take the GIL of a dying interpreter */
-    uint64_t t0 = fl_now_ns();
-    PyGILState_STATE g = PyGILState_Ensure();
-    *gil_wait_ns += fl_now_ns() - t0;
-    PyObject *res = NULL;
-    PyObject *batch = batch_to_python(pc->module, pc->ds, b); /* consumes b */
-    if (batch) {
-        res = PyObject_CallFunction(pc->post, "OKKLid", batch, (unsigned long long)job->epoch,
-                                    (unsigned long long)job->seed, (long long)job->seq, worker_id,
-                                    job->native_ns * 1e-9);
-        Py_DECREF(batch);
-    }
-    if (!res)
-        res = take_exception();
-    PyGILState_Release(g);
-    return res;
-}
-
-/* fl_native_post.free_result: drop a result nobody took (any thread). */
-static void
-post_free(void *arg, void *obj)
-{
-    (void)arg;
-    if (FL_IS_FINALIZING())
-        return; /* never touch a dying interpreter; the OS reclaims it */
-    PyGILState_STATE g = PyGILState_Ensure();
-    Py_DECREF((PyObject *)obj);
-    PyGILState_Release(g);
-}
-
-/* An engine result as what wait() hands out: (images, labels, events,
- * failed), or post's result; consumes r.  NULL with an exception.  GIL held. */
-static PyObject *
-result_to_python(PyObject *module, const fl_native_ds *ds, fl_native_result *r)
-{
-    if (r == NULL)
-        return PyErr_NoMemory();
-    PyObject *out;
-    if (r->post)
-        out = r->post; /* the reference passes to the caller */
-    else
-        out = batch_to_python(module, ds, r->batch); /* consumes the batch */
-    free(r);
-    return out;
-}
-
-/* ---- NativeEngine ------------------------------------------------------------ */
-
-/* Stop and join the workers, waiting at most timeout_ms (< 0: no limit) for
- * a worker stuck in a read (a hung network file system); those are left to
- * finish detached.  Returns 1 when every thread was joined.  Idempotent. */
-static int
-neng_close(NativeEngineObject *self, int timeout_ms)
-{
-    if (fl_py_engine_stop(&self->engine, timeout_ms)) {
-        /* leaked on purpose: detached threads still use them */
-        self->ctx = NULL;
-        self->pc = NULL;
-        self->dataset = NULL;
-        return 0;
-    }
-    return 1;
-}
-
-static void
-post_ctx_free(post_ctx *pc)
-{
-    if (!pc)
-        return;
-    Py_XDECREF(pc->post);
-    Py_XDECREF(pc->module);
-    free(pc);
-}
-
-static PyObject *
-neng_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"num_workers", "dataset", "post", "post_always", NULL};
-    int n, always = 0;
-    PyObject *dataset, *post = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|Op:NativeEngine", kwlist, &n, &dataset, &post, &always))
-        return NULL;
-    if (n < 1 || n > 1024)
-        return PyErr_Format(PyExc_ValueError, "num_workers must be in 1..1024, got %d", n);
-    PyObject *module = PyType_GetModule(type);
-    fl_module_state *st = fl_get_state(module);
-    if (!st || !PyObject_TypeCheck(dataset, st->NativeDatasetType))
-        return PyErr_Format(PyExc_TypeError, "dataset must be a NativeDataset");
-    if (post != Py_None && !PyCallable_Check(post))
-        return PyErr_Format(PyExc_TypeError, "post must be callable or None");
-    NativeEngineObject *self = (NativeEngineObject *)type->tp_alloc(type, 0);
-    if (!self)
-        return NULL;
-    const fl_native_ds *ds = &((NativeDatasetObject *)dataset)->ds;
-    fl_native_post hook = {0};
-    if (post != Py_None) {
-        /* malloc, not PyMem: worker threads read it without the GIL */
-        self->pc = calloc(1, sizeof *self->pc);
-        if (!self->pc) {
-            Py_DECREF(self);
-            return PyErr_NoMemory();
-        }
-        self->pc->post = Py_NewRef(post);
-        self->pc->module = Py_NewRef(module);
-        self->pc->ds = ds;
-        hook = (fl_native_post){post_run, post_free, self->pc, always};
-    }
-    self->ctx = fl_native_ctx_new(ds, n, post != Py_None ? &hook : NULL);
-    if (!self->ctx) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    self->dataset = Py_NewRef(dataset);
-    self->nworkers = n;
-    self->engine = fl_py_engine_start(n, &fl_native_ops, self->ctx);
-    if (!self->engine) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    return (PyObject *)self;
-}
-
-static int
-neng_traverse(NativeEngineObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->dataset);
-    if (self->pc) {
-        Py_VISIT(self->pc->post);
-        Py_VISIT(self->pc->module);
-    }
-    return 0;
-}
-
-/* tp_finalize: stop and join the workers while everything post may call is
- * intact (see the top of this file).  GIL held; released while joining. */
-static void
-neng_finalize(NativeEngineObject *self)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    neng_close(self, 10000);
-    PyErr_Restore(type, value, tb);
-}
-
-static int
-neng_clear(NativeEngineObject *self)
-{
-    /* closed by neng_finalize already, which the GC and dealloc run first;
-     * kept so that no path drops the references under running workers */
-    neng_close(self, 10000);
-    fl_native_ctx_free(self->ctx); /* before pc: the context's hook points to it */
-    self->ctx = NULL;
-    post_ctx_free(self->pc);
-    self->pc = NULL;
-    Py_CLEAR(self->dataset);
-    return 0;
-}
-
-static void
-neng_dealloc(NativeEngineObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
-        return; /* resurrected while the workers were joined */
-    PyObject_GC_UnTrack(self);
-    neng_clear(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-}
-
-static int
-neng_check(NativeEngineObject *self)
-{
-    if (!self->engine) {
-        PyErr_SetString(PyExc_RuntimeError, "the worker pool is closed");
-        return -1;
-    }
-    return 0;
-}
-
-/* submit(seq, indices, epoch, seed) */
-static PyObject *
-neng_submit(NativeEngineObject *self, PyObject *args)
-{
-    long long seq;
-    PyObject *ind;
-    unsigned long long epoch, seed;
-    if (!PyArg_ParseTuple(args, "LOKK:submit", &seq, &ind, &epoch, &seed))
-        return NULL;
-    int count;
-    int64_t *idx = parse_indices(ind, &count);
-    if (!idx)
-        return NULL;
-    /* checked after parsing: an index's __index__ may have closed us */
-    if (neng_check(self) < 0) {
-        free(idx);
-        return NULL;
-    }
-    fl_pool *pool = ds_pool_for((NativeDatasetObject *)self->dataset, count);
-    if (!pool) {
-        free(idx);
-        return NULL;
-    }
-    void *job = fl_native_job_new(pool, idx, count, epoch, seed); /* takes its own pool ref */
-    free(idx);
-    if (!job)
-        return PyErr_NoMemory();
-    /* the engine owns the job from here, and destroys it if it cannot queue it */
-    if (fl_native_submit(self->ctx, self->engine, seq, job) < 0)
-        return PyErr_Format(PyExc_RuntimeError, "could not queue batch %lld", seq);
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-neng_wait(NativeEngineObject *self, PyObject *args)
-{
-    long long seq;
-    PyObject *timeout_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "L|O:wait", &seq, &timeout_obj))
-        return NULL;
-    double timeout;
-    if (fl_py_timeout(timeout_obj, &timeout) < 0 || neng_check(self) < 0)
-        return NULL;
-    /* Our own reference: a close() on another thread while we wait without
-     * the GIL may leave workers behind and drop self->ctx and self->dataset
-     * before we use them for the batch we got. */
-    PyObject *dataset = Py_NewRef(self->dataset);
-    void *res = NULL;
-    int64_t got = -1;
-    int worker = -1;
-    int rc = fl_py_wait(&self->engine, seq, timeout, &res, &got, &worker, NULL);
-    if (rc <= 0) {
-        Py_DECREF(dataset);
-        if (rc < 0)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *batch = result_to_python(PyType_GetModule(Py_TYPE(self)), &((NativeDatasetObject *)dataset)->ds, res);
-    Py_DECREF(dataset);
-    if (!batch)
-        return NULL;
-    PyObject *out = Py_BuildValue("(LiO)", (long long)got, worker, batch);
-    Py_DECREF(batch);
-    return out;
-}
-
-static PyObject *
-neng_reset(NativeEngineObject *self, PyObject *Py_UNUSED(x))
-{
-    if (neng_check(self) < 0)
-        return NULL;
-    uint64_t g;
-    fl_engine *e = self->engine;
-    fl_native_reset(self->ctx); /* first: batches queued after this wait for none before */
-    fl_engine_hold(e); /* close() from another thread waits for us */
-    Py_BEGIN_ALLOW_THREADS
-    g = fl_engine_reset(e); /* dropped post results take the GIL to be released */
-    Py_END_ALLOW_THREADS
-    fl_engine_release(e);
-    return PyLong_FromUnsignedLongLong(g);
-}
-
-/* close(timeout=10.0): stop and join the workers; workers still inside a
- * read after `timeout` seconds (None: no limit) finish on their own,
- * detached.  Returns True when every thread was joined. */
-static PyObject *
-neng_close_meth(NativeEngineObject *self, PyObject *args)
-{
-    PyObject *timeout_obj = NULL;
-    if (!PyArg_ParseTuple(args, "|O:close", &timeout_obj))
-        return NULL;
-    int ms = 10000;
-    if (timeout_obj == Py_None) {
-        ms = -1;
-    } else if (timeout_obj) {
-        double t = PyFloat_AsDouble(timeout_obj);
-        if (t == -1.0 && PyErr_Occurred())
-            return NULL;
-        ms = t < 0 ? 0 : (int)(t * 1000.0);
-    }
-    return PyBool_FromLong(neng_close(self, ms));
-}
-
-static PyObject *
-neng_worker_stats(NativeEngineObject *self, PyObject *Py_UNUSED(x))
-{
-    int n = self->nworkers;
-    uint64_t busy[1024] = {0}, jobs[1024] = {0};
-    if (self->engine)
-        fl_engine_worker_stats(self->engine, busy, jobs, n);
-    PyObject *list = PyList_New(n);
-    if (!list)
-        return NULL;
-    for (int i = 0; i < n; i++) {
-        fl_native_stats s;
-        fl_native_ctx_stats(self->ctx, i, &s); /* zeros once the ctx is gone */
-        PyObject *d = Py_BuildValue(
-            "{s:d,s:K,s:d,s:d,s:d,s:K,s:K,s:d,s:d,s:d,s:K}", "busy_s", busy[i] * 1e-9, "jobs",
-            (unsigned long long)jobs[i], "read_s", s.read_ns * 1e-9, "decode_s", s.decode_ns * 1e-9, "transform_s",
-            s.render_ns * 1e-9, "bytes_read", (unsigned long long)s.bytes_read, "samples",
-            (unsigned long long)s.samples, "python_s", s.post_ns * 1e-9, "gil_wait_s", s.post_gil_ns * 1e-9,
-            "turn_wait_s", s.post_turn_ns * 1e-9, "python_batches", (unsigned long long)s.post_batches);
-        if (!d) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, d);
-    }
-    return list;
-}
-
-static PyObject *
-neng_get_closed(NativeEngineObject *self, void *Py_UNUSED(c))
-{
-    return PyBool_FromLong(self->engine == NULL);
-}
-
-/* set_active(n) -> int: let only workers 0..n-1 take jobs (autotune). */
-static PyObject *
-neng_set_active(NativeEngineObject *self, PyObject *arg)
-{
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (neng_check(self) < 0)
-        return NULL;
-    return PyLong_FromLong(fl_engine_set_active(self->engine, (int)n));
-}
-
-static PyMethodDef neng_methods[] = {
-    {"set_active", (PyCFunction)neng_set_active, METH_O, "set_active(n) -> int: workers 0..n-1 take jobs"},
-    {"submit", (PyCFunction)neng_submit, METH_VARARGS, "submit(seq, indices, epoch, seed)"},
-    {"wait", (PyCFunction)neng_wait, METH_VARARGS,
-     "wait(seq, timeout=None) -> (seq, worker, result) or None on timeout; result is (images, labels,\n"
-     "events, failed), or what post returned, or the exception it raised"},
-    {"reset", (PyCFunction)neng_reset, METH_NOARGS, "Start a new generation, dropping queued batches."},
-    {"close", (PyCFunction)neng_close_meth, METH_VARARGS,
-     "close(timeout=10.0) -> bool: stop the workers and join them (True when all were joined)."},
-    {"worker_stats", (PyCFunction)neng_worker_stats, METH_NOARGS,
-     "Per-worker counters: busy_s, jobs, read_s, decode_s, transform_s, bytes_read, samples, and for the post\n"
-     "hook python_s (GIL held), gil_wait_s, turn_wait_s (earlier batches' hooks) and python_batches."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef neng_getset[] = {
-    {"closed", (getter)neng_get_closed, NULL, "True once closed", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot neng_slots[] = {
-    {Py_tp_new, neng_new},
-    {Py_tp_dealloc, neng_dealloc},
-    {Py_tp_finalize, neng_finalize},
-    {Py_tp_traverse, neng_traverse},
-    {Py_tp_clear, neng_clear},
-    {Py_tp_methods, neng_methods},
-    {Py_tp_getset, neng_getset},
-    {Py_tp_doc, "NativeEngine(num_workers, dataset, post=None, post_always=False): threads that load native "
-                "batches without the GIL, and finish them with post(batch, epoch, seed, seq, worker, native_s) "
-                "when they need Python."},
-    {0, NULL},
-};
-
-static PyType_Spec neng_spec = {
-    .name = "fastloader._C.NativeEngine",
-    .basicsize = sizeof(NativeEngineObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = neng_slots,
-};
-
 int
 fl_register_native(PyObject *m)
 {
     fl_module_state *st = fl_get_state(m);
     st->NativeDatasetType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &nds_spec, NULL);
     if (!st->NativeDatasetType || PyModule_AddType(m, st->NativeDatasetType) < 0)
-        return -1;
-    st->NativeEngineType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &neng_spec, NULL);
-    if (!st->NativeEngineType || PyModule_AddType(m, st->NativeEngineType) < 0)
         return -1;
     return 0;
 }

@@ -34,6 +34,11 @@ END = object()     # next_indices(): the sampler is exhausted
 
 class _Backend:
     native = False
+    # close()'s wait for the workers when the caller gives no timeout
+    # (None: for ever): a Python dataset's worker is in user code, which is
+    # waited for; a native worker runs C, where the one call that may never
+    # return is a read of a hung network file system
+    close_timeout = None
 
     def __init__(self, num_workers):
         self.num_workers = num_workers
@@ -49,12 +54,10 @@ class _Backend:
     def close(self, timeout=None):
         """Stop and join the workers.  A worker still busy after `timeout`
         seconds (user code that does not return, a hung read) finishes on
-        its own, detached.  timeout=None: Python engines wait for ever,
-        native ones 10 s (their workers are in C unless in a dataset's
-        Python part)."""
+        its own, detached.  timeout=None: the backend's close_timeout."""
         eng, self.engine = self.engine, None
         if eng is not None:
-            eng.close(timeout) if timeout is not None or isinstance(eng, _C.Engine) else eng.close()
+            eng.close(self.close_timeout if timeout is None else timeout)
 
     def forget(self):
         """A forked child's copy: drop the parent's engine without touching it
@@ -64,6 +67,7 @@ class _Backend:
 
 class NativeBackend(_Backend):
     native = True
+    close_timeout = 10.0
 
     def __init__(self, num_workers, dataset):
         super().__init__(num_workers)

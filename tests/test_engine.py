@@ -396,3 +396,73 @@ def test_native_submit_checks_the_engine_after_reading_the_indices(tmp_path):
     with pytest.raises(RuntimeError, match="closed"):
         eng.submit(0, [ClosesTheEngine()], 0, 0)
     assert eng.closed
+
+
+def _engine_of_kind(kind, tmp_path, post=None):
+    """(engine, submit(seq)) for one engine of each kind over a one-image
+    native dataset or a Python fetch."""
+    if kind == "python":
+        eng = _C.Engine(2, lambda wid, payload: payload * 2)
+        return eng, lambda seq: eng.submit(seq, seq)
+    from PIL import Image
+    from fastloader import transforms as FT
+    from fastloader.datasets import NativeImageDataset
+
+    p = str(tmp_path / "x.jpg")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(p)
+    ds = NativeImageDataset([(p, 0)], transform=FT.Compose([FT.Resize((4, 4)), FT.ToTensor()]))
+    eng = _C.NativeEngine(2, ds._native, post=post, post_always=post is not None)
+    return eng, lambda seq: eng.submit(seq, [0], 0, 0)
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_both_engine_kinds_share_one_binding(kind, tmp_path):
+    # Engine and NativeEngine used to be two copies that drifted: close()
+    # took a timeout in one only, reset kept the GIL in one only, and only
+    # Engine had weakrefs, num_workers, outstanding and consumer_gil_wait.
+    # Both are now the one _EngineBase with a thin kind on top.
+    import weakref
+
+    eng, submit = _engine_of_kind(kind, tmp_path)
+    assert isinstance(eng, _C._EngineBase)
+    assert gc.is_tracked(eng)
+    ref = weakref.ref(eng)
+    assert eng.num_workers == 2 and not eng.closed
+    submit(0)
+    seq, wid, result = eng.wait(0, timeout=10)
+    assert seq == 0 and 0 <= wid < 2 and result is not None
+    assert eng.outstanding() == 0
+    stats = eng.worker_stats()
+    assert len(stats) == 2 and sum(w["jobs"] for w in stats) == 1 and all("busy_s" in w for w in stats)
+    assert eng.consumer_gil_wait()[1] >= 1  # wait() measured taking the GIL back
+    assert isinstance(eng.reset(), int)
+    assert eng.set_active(1) == 1
+    assert eng.close(timeout=None) is True  # every worker joined, no time limit
+    assert eng.closed and eng.close(1.0) is True  # closing again changes nothing
+    assert len(eng.worker_stats()) == 2  # still answers, with what it can
+    for call in (lambda: eng.wait(0), eng.reset, eng.outstanding, lambda: eng.set_active(1), lambda: submit(1)):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+    del eng, submit, call  # the lambdas hold it too
+    assert ref() is None
+
+
+def test_native_engine_in_a_reference_cycle_is_collected_and_joined(tmp_path):
+    # post -> holder -> engine -> post: only the garbage collector frees it,
+    # and it must join the workers (the autouse fixture checks none outlives
+    # the test) and let go of the engine (the weak reference dies).
+    import weakref
+
+    holder = {}
+
+    def post(batch, epoch, seed, seq, worker, native_s):
+        return ("post", seq, holder["engine"].num_workers)
+
+    eng, submit = _engine_of_kind("native", tmp_path, post=post)
+    holder["engine"] = eng
+    submit(0)
+    assert eng.wait(0, timeout=10)[2] == ("post", 0, 2)
+    ref = weakref.ref(eng)
+    del eng, submit, holder, post
+    gc.collect()
+    assert ref() is None

@@ -262,3 +262,23 @@ def test_process_exits_with_live_iterator(num_workers, persistent):
     exit_time = done - float(end_lines[-1].split()[1])
     assert exit_time < 5.0, f"process took {exit_time:.1f}s to exit after the end of the script"
     assert "Fatal Python error" not in proc.stderr, proc.stderr
+
+
+def test_backend_close_without_a_timeout_uses_the_kinds_policy():
+    # Both engines take close(timeout=None) (None: no limit); which limit a
+    # plain close() gets is the backend's choice: a native worker runs C,
+    # where only a read of a hung network file system may never return.
+    from fastloader.backends import NativeBackend, PythonBackend
+
+    class Engine:
+        closed = False
+
+        def close(self, timeout=None):
+            self.timeout = timeout
+            return True
+
+    for backend, default in ((NativeBackend(2, None), 10.0), (PythonBackend(2, None, None), None)):
+        for given, expected in ((None, default), (0.5, 0.5)):
+            backend.engine = eng = Engine()
+            backend.close(given)
+            assert eng.timeout == expected and backend.engine is None
