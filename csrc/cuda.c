@@ -1,5 +1,12 @@
 /* cuda.c: the CUDA runtime loaded with dlopen (see cuda.h for contracts).
  *
+ * Why one file of ~800 lines: loading the library, finding it (the nvidia-*
+ * wheel directories) and the ~20 thin wrappers all use the process-wide
+ * state below (handle, entry points, load outcome), which is written only
+ * here, under one lock, and read elsewhere only through fl_cuda_get_api.
+ * The wrappers are short and alike on purpose (device entered and
+ * restored, errors formatted one way).
+ *
  * Process-wide state.  The dlopen handle, the table of entry points and the
  * load outcome are C statics: a shared library is loaded once per process
  * whatever the number of interpreters or module objects, so this is the one

@@ -1,6 +1,13 @@
 /* jpeg.c: JPEG header parsing and region / scaled decoding with libjpeg-turbo
  * (libjpeg API; no TurboJPEG).  Pure C: no Python, callable without the GIL.
  *
+ * Why one file of ~1,000 lines: every way into libjpeg here (header, region
+ * and scaled decode, the check of the rest of a single-scan file) shares
+ * one handle, its error manager and the setjmp rules below, all file-static
+ * so that no other unit can break them.  If it grows, the seams are the
+ * byte-level marker walk (fl_markers_to_eoi and its helpers, which need no
+ * libjpeg state) and the EXIF/XMP orientation reader.
+ *
  * Design
  * - One fl_jpeg per thread holds a jpeg_decompress_struct, its error
  *   manager, a progress monitor that enforces the scan limit, and scratch

@@ -3,6 +3,11 @@
  * when pinning) and _C.stack (default collation of arrays and tensors,
  * copied without the GIL, into a pooled buffer when given a BatchPool).
  *
+ * Why the three share one file (~750 lines): stack fills a BatchPool's
+ * buffers and marks Buffers pinned, through both types' private structs;
+ * split, those structs would become a header every binding file could
+ * reach into.
+ *
  * Ownership: a Buffer owns its memory and frees it (through its free
  * function) in tp_dealloc.  Every DLPack capsule it exports holds a strong
  * reference to the Buffer in manager_ctx, so the memory lives until the
