@@ -69,9 +69,18 @@ env_open_ro(const char *path, const fl_lmdb_options *opt, MDB_env **out, fl_err 
     if (S_ISDIR(st.st_mode)) {
         /* an environment directory: without data.mdb, LMDB's own error
          * would be a bare ENOENT that names no file */
-        char data[4096];
-        snprintf(data, sizeof data, "%s/data.mdb", path);
-        if (access(data, F_OK) != 0)
+        size_t len = strlen(path) + sizeof "/data.mdb";
+        char *data = malloc(len);
+        if (data == NULL) {
+            err->code = FL_ERR_NOMEM;
+            err->errnum = 0;
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return -1;
+        }
+        snprintf(data, len, "%s/data.mdb", path);
+        int missing = access(data, F_OK) != 0;
+        free(data);
+        if (missing)
             return plain_error(err, 0, "a directory without data.mdb, not an LMDB environment");
     } else if (S_ISREG(st.st_mode)) {
         if (st.st_size == 0)  /* LMDB says ENOENT for it */

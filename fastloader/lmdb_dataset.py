@@ -116,6 +116,13 @@ class LMDBDataset(NativeImageDataset):
     `classes`, `class_to_idx` and `targets` are ImageFolder's; `samples`
     holds ("PATH[i] (original/name.jpg)", label) pairs, so every error names
     the LMDB, the index and, when the LMDB lists them, the original file.
+
+    Errors: a path that is missing or not an LMDB raises OSError (its errno
+    subclass for an OS failure) when the dataset is built, an LMDB not in
+    this layout ValueError.  Per sample, as for files: a value that is not
+    a valid image is a DecodeError; a missing sample key or a failing LMDB
+    read an OSError (the storage failed, not the image); both follow
+    on_error.
     """
 
     def __init__(self, path, transform=None, target_transform=None, *, lock=False, readahead=True,
