@@ -37,6 +37,7 @@ typedef struct {
     PyTypeObject *DeviceCopierType;   /* fastloader._C.DeviceCopier */
     PyTypeObject *DeviceTensorType;   /* fastloader._C.DeviceTensor */
     PyTypeObject *SourceType;         /* fastloader._C.Source */
+    PyTypeObject *LMDBWriterType;     /* fastloader._C.LMDBWriter */
 } fl_module_state;
 
 /* Return the module state of the fastloader._C module object `m`. */
@@ -51,6 +52,7 @@ int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset */
 int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
+int fl_register_lmdb(PyObject *m);     /* py_lmdb.c: lmdb_source, lmdb_get, LMDBWriter */
 
 /* py_source.c.  fl_py_source_wrap: a new Source owning the reference `src`
  * (consumed, also on failure; NULL src -> MemoryError), or NULL with an

@@ -53,7 +53,7 @@ fl_exec(PyObject *m)
         return -1;
     if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_native(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0 ||
         fl_register_cuda(m) < 0 || fl_register_devcopy(m) < 0 || fl_register_errors(m) < 0 || fl_register_source(m) < 0 ||
-        fl_register_array(m) < 0)
+        fl_register_array(m) < 0 || fl_register_lmdb(m) < 0)
         return -1;
     return 0;
 }
@@ -72,6 +72,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->DeviceCopierType);
     Py_VISIT(st->DeviceTensorType);
     Py_VISIT(st->SourceType);
+    Py_VISIT(st->LMDBWriterType);
     return 0;
 }
 
@@ -89,6 +90,7 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->DeviceCopierType);
     Py_CLEAR(st->DeviceTensorType);
     Py_CLEAR(st->SourceType);
+    Py_CLEAR(st->LMDBWriterType);
     return 0;
 }
 

@@ -3,8 +3,8 @@
     from fastloader import DataLoader
 
 Workers are C threads in this process; image datasets (ImageFolder,
-ImageList) decode and transform JPEGs in C with no Python per sample, and
-ArrayDataset gathers rows of memory-mapped .npy files in C.
+ImageList, LMDBDataset) decode and transform JPEGs in C with no Python per
+sample, and ArrayDataset gathers rows of memory-mapped .npy files in C.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ._C import DecodeError
 from . import transforms
 from .arrays import ArrayDataset
 from .datasets import ImageFolder, ImageList
+from .lmdb_dataset import LMDBDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 
@@ -37,6 +38,7 @@ __all__ = [
     "DecodeError",
     "ImageFolder",
     "ImageList",
+    "LMDBDataset",
     "PerformanceWarning",
     "WorkerInfo",
     "build_info",

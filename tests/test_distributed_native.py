@@ -1,4 +1,5 @@
-"""Native datasets under torchrun (2 processes, gloo on CPU) with DistributedSampler."""
+"""Native datasets (ImageFolder, LMDBDataset) under torchrun (2 processes,
+gloo on CPU) with DistributedSampler."""
 import os
 import socket
 import subprocess
@@ -23,17 +24,17 @@ SCRIPT = textwrap.dedent("""
     from fastloader import transforms as FT
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    root, out = sys.argv[1], sys.argv[2]
+    root, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
     tf = FT.Compose([FT.RandomResizedCrop(64), FT.RandomHorizontalFlip(), FT.ToTensor()])
-    ds = fastloader.ImageFolder(root, transform=tf)
+    ds = (fastloader.LMDBDataset if kind == "lmdb" else fastloader.ImageFolder)(root, transform=tf)
     sampler = torch.utils.data.DistributedSampler(ds, shuffle=True, seed=3)
     dl = fastloader.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, seed=7)
     result = {}
     for epoch in range(2):
         sampler.set_epoch(epoch)
         idx = list(sampler)
-        imgs = torch.cat([x for x, _ in dl])
-        result[epoch] = (idx, imgs)
+        batches = [x for x, _ in dl]
+        result[epoch] = (idx, torch.cat(batches), len(batches))
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
@@ -46,27 +47,36 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_ranks_shard_and_augment_like_one_process(tmp_path):
+@pytest.mark.parametrize("kind", ["folder", "lmdb"])
+def test_two_ranks_shard_and_augment_like_one_process(tmp_path, kind):
     root = tmp_path / "data"
     make_sample(str(root), n=30, classes=3, seed=5, progress=False, processes=1)
+    data = root
+    if kind == "lmdb":  # the same images packed: each rank reads the one LMDB file
+        from fastloader.pack_lmdb import pack_lmdb
+
+        data = tmp_path / "data.lmdb"
+        pack_lmdb(root, data)
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([pkg_parent, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", str(script), str(root), str(tmp_path)]
+           f"--master_port={_free_port()}", str(script), str(data), str(tmp_path), kind]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     tf = FT.Compose([FT.RandomResizedCrop(64), FT.RandomHorizontalFlip(), FT.ToTensor()])
     ds = fastloader.ImageFolder(str(root), transform=tf)
     for epoch in range(2):
-        i0, x0 = ranks[0][epoch]
-        i1, x1 = ranks[1][epoch]
+        i0, x0, n0 = ranks[0][epoch]
+        i1, x1, n1 = ranks[1][epoch]
         assert not set(i0) & set(i1) or len(ds) % 2  # DistributedSampler pads only odd sizes
         assert set(i0) | set(i1) == set(range(len(ds)))
-        # each sample's augmentation equals a single-process load with the same seed and epoch
+        assert n0 == n1 == 4  # 15 samples per rank in batches of 4: equal batch counts
+        # each sample's augmentation equals a single-process ImageFolder load
+        # with the same seed and epoch (for the LMDB too)
         for idx, x in ((i0, x0), (i1, x1)):
             ref, _ = ds.load_batch(idx, epoch=epoch, seed=7)
             assert torch.equal(x, ref)
