@@ -626,17 +626,34 @@ fl_wds_sample_field(const fl_wds_sample *s, const char *ext)
     return NULL;
 }
 
+static char
+ascii_lower(char c)
+{
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+/* 1 if a[0..n) lower-cased (ASCII) equals b[0..n) (already lower-case). */
+static int
+lower_eq(const char *a, const char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ascii_lower(a[i]) != b[i])
+            return 0;
+    return 1;
+}
+
 /* Read the pending member into a new field of smp with extension
  * ext[0..extlen).  0, or -1 with err filled. */
 static int
 add_field(fl_tar *t, fl_wds_sample *smp, int *cap, const char *ext, size_t extlen, fl_err *err)
 {
+    /* extensions compare lower-cased (ext is not yet; the stored ones are) */
     for (int i = 0; i < smp->nfields; i++)
-        if (strlen(smp->fields[i].ext) == extlen && strncmp(smp->fields[i].ext, ext, extlen) == 0)
+        if (strlen(smp->fields[i].ext) == extlen && lower_eq(ext, smp->fields[i].ext, extlen))
             return tar_fail(t, err, FL_ERR_DECODE, t->name,
                             "duplicate extension '%.40s' in sample '%.80s' (webdataset refuses it too)",
                             smp->fields[i].ext, smp->key);
-    if ((extlen == 7 && (strncmp(ext, "__key__", 7) == 0 || strncmp(ext, "__url__", 7) == 0)))
+    if (extlen == 7 && (lower_eq(ext, "__key__", 7) || lower_eq(ext, "__url__", 7)))
         return tar_fail(t, err, FL_ERR_DECODE, t->name,
                         "the extension '%.7s' is reserved by webdataset for the sample's key and URL", ext);
     if (smp->nfields >= t->o.max_fields)
@@ -684,7 +701,7 @@ add_field(fl_tar *t, fl_wds_sample *smp, int *cap, const char *ext, size_t extle
     blk[size] = 0;
     memcpy(nm, t->name, nlen + 1);
     for (size_t i = 0; i < extlen; i++)
-        ex[i] = (char)(ext[i] >= 'A' && ext[i] <= 'Z' ? ext[i] - 'A' + 'a' : ext[i]);
+        ex[i] = ascii_lower(ext[i]);
     ex[extlen] = '\0';
     fl_wds_field *f = &smp->fields[smp->nfields++];
     f->ext = ex;
