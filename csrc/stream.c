@@ -838,8 +838,8 @@ attempt_finished(fl_stream *s, CURLcode rc, int stalled)
     if (s->cause_fatal && !retry)
         fail_msg(s, &s->final, s->cause_code, 0, "%s at byte %" PRIu64, s->cause, s->pos);
     else
-        fail_msg(s, &s->final, FL_ERR_IO, 0, "gave up at byte %" PRIu64 " after %d attempts in a row: %s",
-                 s->pos, s->fails, s->cause);
+        fail_msg(s, &s->final, FL_ERR_IO, 0, "gave up at byte %" PRIu64 " after %d failed attempt%s in a row: %s",
+                 s->pos, s->fails, s->fails == 1 ? "" : "s", s->cause);
     return -1;
 }
 
@@ -893,6 +893,14 @@ http_read(fl_stream *s, void *out, size_t n, fl_err *err)
             add(&s->wait_ns, now_ns() - t0);
             stop_attempt(s);
             return cancel_error(s, err);
+        }
+        if (s->paused) {
+            /* cannot happen (reads un-pause before the buffer empties), but
+             * an empty buffer must never wait on a paused transfer */
+            s->paused = 0;
+            s->last_activity_ns = now_ns();
+            curl_easy_pause(s->easy, CURLPAUSE_CONT);
+            continue;
         }
         uint64_t now = now_ns();
         if (!s->active) {
