@@ -3,7 +3,7 @@
  * Module-level functions, registered by fl_register_stream:
  *   _stream_read(url, *, retries=5, backoff_ms=200, stall_timeout_ms=30000,
  *                chunk=65536, cancel_after_ms=-1, buffer_bytes=0,
- *                connect_timeout_ms=30000) -> (bytes, stats)
+ *                connect_timeout_ms=30000, ca_file=None) -> (bytes, stats)
  *   _tar_samples(url, *, the same stream options, max_member_bytes=1 GiB,
  *                max_fields=1024, with_stats=False)
  *       -> [(key, {ext: bytes})]   (or (that list, stats) with with_stats)
@@ -131,15 +131,15 @@ static PyObject *
 fl_stream_read_py(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"url", "retries", "backoff_ms", "stall_timeout_ms", "chunk", "cancel_after_ms",
-                             "buffer_bytes", "connect_timeout_ms", NULL};
+                             "buffer_bytes", "connect_timeout_ms", "ca_file", NULL};
     PyObject *urlobj;
     fl_stream_opts o;
     fl_stream_opts_init(&o);
     Py_ssize_t chunk = 65536, bufbytes = 0;
     int cancel_after = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|$iiinini:_stream_read", kwlist, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|$iiininiz:_stream_read", kwlist, PyUnicode_FSConverter,
                                      &urlobj, &o.retries, &o.backoff_ms, &o.stall_timeout_ms, &chunk,
-                                     &cancel_after, &bufbytes, &o.connect_timeout_ms))
+                                     &cancel_after, &bufbytes, &o.connect_timeout_ms, &o.ca_file))
         return NULL;
     if (chunk <= 0 || bufbytes < 0) {
         Py_DECREF(urlobj);
@@ -368,7 +368,7 @@ fl_wds_skip_py(PyObject *m, PyObject *arg)
 static PyMethodDef fl_stream_methods[] = {
     {"_stream_read", (PyCFunction)(void (*)(void))fl_stream_read_py, METH_VARARGS | METH_KEYWORDS,
      "_stream_read(url, *, retries=5, backoff_ms=200, stall_timeout_ms=30000, chunk=65536, cancel_after_ms=-1, "
-     "buffer_bytes=0, connect_timeout_ms=30000) -> (bytes, stats): the whole stream (tests)"},
+     "buffer_bytes=0, connect_timeout_ms=30000, ca_file=None) -> (bytes, stats): the whole stream (tests)"},
     {"_tar_samples", (PyCFunction)(void (*)(void))fl_tar_samples_py, METH_VARARGS | METH_KEYWORDS,
      "_tar_samples(url, *, stream options, max_member_bytes=2**30, max_fields=1024, with_stats=False) -> "
      "[(key, {ext: bytes})]: every WebDataset sample of one shard (tests)"},

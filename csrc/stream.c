@@ -49,7 +49,8 @@ struct fl_stream {
     int kind;                    /* FL_STREAM_* */
     char *url;                   /* as given (owned) */
     char urlmsg[168];            /* shortened, redacted: for messages */
-    fl_stream_opts o;            /* a copy; o.cancel is borrowed */
+    fl_stream_opts o;            /* a copy; o.cancel is borrowed, o.ca_file points to ca_file */
+    char *ca_file;               /* owned copy of the option, or NULL */
     int state;                   /* ST_*: once not ST_OPEN, reads repeat the outcome... */
     fl_err final;                /* ...this error, for ST_FAILED */
 
@@ -690,6 +691,8 @@ http_open(fl_stream *s, fl_err *err)
     SETOPT(CURLOPT_BUFFERSIZE, (long)CURL_CHUNK);
     SETOPT(CURLOPT_USERAGENT, "fastloader");
     SETOPT(CURLOPT_ERRORBUFFER, s->errbuf);
+    if (s->ca_file != NULL)
+        SETOPT(CURLOPT_CAINFO, s->ca_file);
     SETOPT(CURLOPT_HEADERFUNCTION, on_header);
     SETOPT(CURLOPT_HEADERDATA, s);
     SETOPT(CURLOPT_WRITEFUNCTION, on_body);
@@ -1023,6 +1026,15 @@ fl_stream_open(const char *url, const fl_stream_opts *o, fl_err *err)
         s->o = *o;
     else
         fl_stream_opts_init(&s->o);
+    if (s->o.ca_file != NULL && (s->ca_file = strdup(s->o.ca_file)) == NULL) {
+        free(s->url);
+        free(s);
+        err->code = FL_ERR_NOMEM;
+        err->errnum = 0;
+        snprintf(err->msg, sizeof err->msg, "out of memory opening a stream");
+        return NULL;
+    }
+    s->o.ca_file = s->ca_file;
     fl_stream_url_for_message(url, s->urlmsg, sizeof s->urlmsg);
     int rc;
     char scheme[16];
@@ -1115,6 +1127,7 @@ fl_stream_close(fl_stream *s)
         close(s->fd);
     if (s->kind == FL_STREAM_HTTP)
         http_close(s);
+    free(s->ca_file);
     free(s->url);
     free(s);
 }

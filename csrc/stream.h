@@ -79,7 +79,9 @@ typedef struct {
     int stall_timeout_ms;     /* http and pipe: no byte for this long is a stall (default 30000; 0: never).
                                  http retries a stall; a pipe cannot resume, so it fails */
     int connect_timeout_ms;   /* http: connect + TLS handshake (default 30000) */
-    size_t buffer_bytes;      /* http: the bounded body buffer (default 1 MiB, at least 64 KiB) */
+    size_t buffer_bytes;      /* http: the bounded body buffer (default 1 MiB, at least 128 KiB) */
+    const char *ca_file;      /* https: a PEM bundle of CAs to trust instead of the system's (a private
+                                 object store's own CA); NULL: the system's.  Copied by open. */
     const atomic_int *cancel; /* polled (relaxed) at least every 100 ms while waiting; non-zero
                                  stops the read with FL_ERR_IO/ECANCELED.  May be NULL.
                                  Must outlive the stream. */

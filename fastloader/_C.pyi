@@ -126,7 +126,8 @@ def _render(spec: dict[str, Any], image: np.ndarray, plan: dict[str, Any] | None
 # test-only bindings of csrc/stream.c and csrc/tar.c (py_stream.c)
 def _stream_read(url: str | os.PathLike[str], *, retries: int = ..., backoff_ms: int = ...,
                  stall_timeout_ms: int = ..., chunk: int = ..., cancel_after_ms: int = ...,
-                 buffer_bytes: int = ..., connect_timeout_ms: int = ...) -> tuple[bytes, dict[str, int]]: ...
+                 buffer_bytes: int = ..., connect_timeout_ms: int = ...,
+                 ca_file: str | None = ...) -> tuple[bytes, dict[str, int]]: ...
 def _tar_samples(url: str | os.PathLike[str], *, retries: int = ..., backoff_ms: int = ...,
                  stall_timeout_ms: int = ..., cancel_after_ms: int = ..., buffer_bytes: int = ...,
                  connect_timeout_ms: int = ..., max_member_bytes: int = ..., max_fields: int = ...,

@@ -11,6 +11,9 @@ and access logs and temp paths, listening on a free 127.0.0.1 port and serving
     /fault/500/<any>     500        /fault/503/<any>  503
     /fault/404/<any>     404        /fault/403/<any>  403
 
+The same locations are served over https on ``tls_port`` with a self-signed
+certificate for 127.0.0.1 (``ca_file``) when openssl is there to make one.
+
 The access log has one line per request: method, URI, status, the Range header
 ("-" when none) and the body bytes sent, tab-separated (``requests()`` parses it).
 ``stop()`` sends SIGTERM, waits for the master, and checks that its workers are
@@ -85,16 +88,38 @@ http {{
     keepalive_timeout 10s;
     server {{
         listen 127.0.0.1:{port};
+{locations}
+    }}
+{tls}}}
+"""
+_LOCATIONS = """\
         root {root};
         location /norange/ {{ alias {root}/; max_ranges 0; }}
         location /slow/ {{ alias {root}/; limit_rate {rate}; }}
         location /fault/500/ {{ return 500; }}
         location /fault/503/ {{ return 503; }}
         location /fault/404/ {{ return 404; }}
-        location /fault/403/ {{ return 403; }}
+        location /fault/403/ {{ return 403; }}"""
+_TLS = """\
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {work}/cert.pem;
+        ssl_certificate_key {work}/key.pem;
+{locations}
     }}
-}}
 """
+
+
+def _make_cert(work):
+    """A self-signed certificate for 127.0.0.1 (its own CA); False without openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return False
+    r = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-days", "2",
+                        "-keyout", os.path.join(work, "key.pem"), "-out", os.path.join(work, "cert.pem")],
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    return r.returncode == 0
 
 
 class NginxServer:
@@ -103,6 +128,8 @@ class NginxServer:
         self.work = os.path.abspath(workdir)
         self.proc = None
         self.port = None
+        self.tls_port = None   # https on this port when openssl could make a certificate
+        self.ca_file = None    # the certificate to trust for it (self-signed)
         self.workers = []
 
     # -- life cycle -------------------------------------------------------
@@ -112,11 +139,17 @@ class NginxServer:
         if os.geteuid() == 0:  # root: workers would switch to "nobody" and not read the temp dirs
             user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
         last = ""
+        tls = _make_cert(self.work)
+        self.ca_file = os.path.join(self.work, "cert.pem") if tls else None
         for _ in range(attempts):  # a port found free may be taken before nginx binds it
             self.port = _free_port()
+            self.tls_port = _free_port() if tls else None
+            locations = _LOCATIONS.format(root=self.root, rate=SLOW_RATE)
             conf = os.path.join(self.work, "nginx.conf")
             with open(conf, "w") as f:
-                f.write(_CONF.format(user=user, work=self.work, port=self.port, root=self.root, rate=SLOW_RATE))
+                f.write(_CONF.format(user=user, work=self.work, port=self.port, locations=locations,
+                                     tls=_TLS.format(port=self.tls_port, work=self.work, locations=locations)
+                                     if tls else ""))
             self.proc = subprocess.Popen(
                 [NGINX, "-p", self.work, "-c", conf, "-e", os.path.join(self.work, "error.log")],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -176,6 +209,12 @@ class NginxServer:
     # -- helpers for tests -----------------------------------------------
     def url(self, path, port=None):
         return f"http://127.0.0.1:{port or self.port}/{path.lstrip('/')}"
+
+    def tls_url(self, path):
+        """The https URL of path (skips the test when there is no https server)."""
+        if self.tls_port is None:
+            pytest.skip("no https server: openssl could not make a certificate")
+        return f"https://127.0.0.1:{self.tls_port}/{path.lstrip('/')}"
 
     def put(self, name, data):
         """Write data to root/name and return its URL."""

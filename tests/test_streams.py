@@ -293,6 +293,19 @@ def test_http_cancel_stops_a_blocked_read_and_a_back_off(nginx, fault_proxy, blo
     assert e.value.errno == errno.ECANCELED and time.monotonic() - t0 < 2
 
 
+def test_https_with_the_servers_ca_and_without(nginx, blob):
+    """https through libcurl's TLS: the bytes with the server's certificate
+    trusted (ca_file); without it, verification fails at once (not retried),
+    naming the URL and the certificate problem."""
+    url = nginx.tls_url("blob.bin")
+    assert _read(url, ca_file=nginx.ca_file)[0] == blob
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as e:
+        _read(url, retries=5, backoff_ms=2000)
+    assert time.monotonic() - t0 < 1.5
+    assert url in str(e.value) and "certificate" in str(e.value)
+
+
 def test_http_messages_hide_query_and_credentials(nginx):
     port = nginx.port
     for url in (f"http://127.0.0.1:{port}/fault/404/x.tar?X-Amz-Signature=SECRET123&X-Amz-Expires=60",
