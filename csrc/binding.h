@@ -62,6 +62,7 @@ struct fl_source;
 PyObject *fl_py_source_wrap(PyObject *module, struct fl_source *src);
 struct fl_source *fl_py_source_get(PyObject *module, PyObject *obj);
 int fl_register_errors(PyObject *m);   /* py_errors.c: _error and the ERR_* codes */
+int fl_register_stream(PyObject *m);   /* py_stream.c: _stream_read, _tar_samples (tests of stream.c, tar.c) */
 
 /* The one translator from a core error record (code FL_ERR_*, errno, message)
  * to a Python exception (py_errors.c; the table of types is at its top).

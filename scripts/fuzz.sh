@@ -5,12 +5,13 @@
 #
 #   SECONDS  total fuzzing time, split evenly over the targets (default 600:
 #            the 10-minute run recorded in HARDENING.md; 60 is the CI smoke pass)
-#   TARGET   decode | region | render | render-noavx2 (default: decode region render)
+#   TARGET   decode | region | render | render-noavx2 | tar (default: decode region render;
+#            tar is fuzz/fuzz_tar.c, the shard reader, run on request)
 #            render-noavx2 is the render binary with FASTLOADER_NO_AVX2=1 (the
 #            portable resample kernels); it shares the render corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/*.c but
-# module.c and py_*.c; -ljpeg -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# module.c and py_*.c; -ljpeg -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -30,7 +31,7 @@ secs=${1:-600}
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(decode region render)
 for t in "${targets[@]}"; do
-    case $t in decode|region|render|render-noavx2) ;; *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
+    case $t in decode|region|render|render-noavx2|tar) ;; *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
 done
 
 # --- toolchain: clang with libFuzzer (Debian: clang pulls libclang-rt-*-dev)
@@ -84,7 +85,7 @@ for t in "${targets[@]}"; do
     case " ${bins[*]:-} " in *" $b "*) continue ;; esac
     bins+=("$b")
     clang "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -Icsrc "fuzz/fuzz_$b.c" "${objs[@]}" \
-        -ljpeg -lm -lpthread -ldl -o "$B/fuzz_$b"
+        -ljpeg -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
 done
 
 # --- seed corpus
@@ -127,7 +128,8 @@ for t in "${targets[@]}"; do
     # -max_len: the seeds are under 1.5 KB; 16 KB leaves room for grown
     # headers (many markers, EXIF, tables) without slowing the mutator.
     env "${env[@]}" "$B/fuzz_$b" -max_total_time="$per" -max_len=16384 -timeout=20 -rss_limit_mb=2048 \
-        -print_final_stats=1 -dict=fuzz/jpeg.dict -artifact_prefix="$B/crashes/$t-" \
+        -print_final_stats=1 -dict="fuzz/$([ "$b" = tar ] && echo tar || echo jpeg).dict" \
+        -artifact_prefix="$B/crashes/$t-" \
         ${FUZZ_ARGS:-} \
         "$B/corpus/$b" "$B/seeds/$b" >"$log" 2>&1 || rc=$?
     dur=$(( $(date +%s) - start ))

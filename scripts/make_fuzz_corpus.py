@@ -225,6 +225,41 @@ def render_params(mode: int, spec: bytes, rest: bytes) -> bytes:
     return (bytes([mode]) + spec + rest).ljust(RENDER_PARAMS, b"\0")
 
 
+def make_tars() -> dict[str, bytes]:
+    """Small shards in each tar dialect tar.c reads (trailing zero blocks cut:
+    the reader accepts a clean end on a block boundary)."""
+    import io
+    import tarfile
+
+    def tar(fmt, members, **kw):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt, **kw) as tf:
+            for name, data, typ in members:
+                ti = tarfile.TarInfo(name)
+                ti.type = typ
+                ti.mtime = 0
+                if typ == tarfile.SYMTYPE:
+                    ti.linkname = "x"
+                if typ == tarfile.REGTYPE:
+                    ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data) if typ == tarfile.REGTYPE else None)
+        out = buf.getvalue().rstrip(b"\0")
+        return out + b"\0" * (-len(out) % 512)
+
+    reg, long = tarfile.REGTYPE, "d/" + "x" * 110 + ".seg.PNG"
+    base = [("a/k1.jpg", b"\xff\xd8jpeg", reg), ("a/k1.cls", b"3", reg), ("a/k2.jpg", b"", reg),
+            ("a/k2.json", b"{}", reg), ("__meta__", b"m", reg), (".x.txt", b"t", reg)]
+    return {
+        "gnu_long": tar(tarfile.GNU_FORMAT, base + [(long, b"L" * 600, reg)]),
+        "pax_long_utf8": tar(tarfile.PAX_FORMAT, base + [(long, b"p", reg), ("\u00fcn/\u00ef.txt", b"u", reg)]),
+        "ustar_prefix": tar(tarfile.USTAR_FORMAT, base + [("p" * 120 + "/n.jpg", b"u", reg)]),
+        "pax_global": tar(tarfile.PAX_FORMAT, base, pax_headers={"comment": "abc"}),
+        "types": tar(tarfile.GNU_FORMAT, [("dir", b"", tarfile.DIRTYPE), ("dir/l.jpg", b"", tarfile.SYMTYPE),
+                                          ("dir/f.jpg", b"f", reg), ("fifo", b"", tarfile.FIFOTYPE)]),
+        "duplicate": tar(tarfile.GNU_FORMAT, [("k.jpg", b"1", reg), ("k.JPG", b"2", reg)]),
+    }
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -294,10 +329,16 @@ def main() -> int:
                 rest += dim(9) + dim(6)
             put("render", f"{sname}_mode{mode}.bin", render_params(mode, spec, rest) + jpegs[img])
 
+    # tar (fuzz/fuzz_tar.c): mode byte (bit 0: the harness fixes checksums), then a shard
+    os.makedirs(os.path.join(tmp, "tar"))
+    for name, data in make_tars().items():
+        put("tar", name + ".bin", b"\x00" + data)
+        put("tar", name + "_fixsum.bin", b"\x01" + data)
+
     if os.path.isdir(outdir):
         shutil.rmtree(outdir)
     os.rename(tmp, outdir)
-    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render")}
+    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "tar")}
     print(f"make_fuzz_corpus: wrote {outdir}: {counts}")
     return 0
 

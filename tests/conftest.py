@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import helpers_datasets as H  # noqa: E402
+from nginx_server import fault_proxy, nginx  # noqa: E402,F401  (fixtures: the real nginx, a fault proxy)
 
 AGAINST_TORCH = H.AGAINST_TORCH
 

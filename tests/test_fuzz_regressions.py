@@ -3,7 +3,8 @@
 Each file in tests/data/fuzz-regressions/ is an input of one harness, named
 <target>-<finding>.<ext>: decode-* is a JPEG; region-* is 16 parameter bytes
 (fuzz/fuzz_region.c) and a JPEG; render-* is 64 parameter bytes
-(fuzz/fuzz_render.c) and a JPEG.  scripts/fuzz.sh replays them through the
+(fuzz/fuzz_render.c) and a JPEG; tar-* is a mode byte (fuzz/fuzz_tar.c) and a
+tar shard.  scripts/fuzz.sh replays them through the
 harnesses; here the JPEGs go through the Python API, which must return a
 result or raise DecodeError, and the finding behind each file is tested
 directly.  HARDENING.md ("Fuzzing") describes the findings and their fixes;
@@ -25,7 +26,8 @@ from fastloader import _C
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "fuzz-regressions")
 FILES = sorted(os.listdir(DATA))
-PARAMS = {"decode": 0, "region": 16, "render": 64}   # fuzz/fuzz_common.h
+PARAMS = {"decode": 0, "region": 16, "render": 64, "tar": 1}   # fuzz/fuzz_common.h, fuzz_tar.c
+JPEG_FILES = [f for f in FILES if not f.startswith("tar-")]
 
 
 def _read(name: str) -> bytes:
@@ -55,7 +57,27 @@ def test_every_file_names_a_target():
     assert all(f.split("-")[0] in PARAMS for f in FILES), FILES
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("tar-")])
+def test_tar_regression_input_reads_or_raises_decode_error(name, tmp_path):
+    """tar-duplicate-ext-case: "k.jpg" then "k.JPG" was returned as one sample
+    with "jpg" twice; webdataset refuses it (csrc/tar.c compares lower-cased)."""
+    data = bytearray(_read(name))
+    mode, shard = data[0], data[1:]
+    if mode & 1:  # the harness rewrites every block's checksum
+        for off in range(0, len(shard) - 511, 512):
+            shard[off + 148:off + 156] = b" " * 8
+            shard[off + 148:off + 156] = b"%06o\0 " % (sum(shard[off:off + 512]) & 0o777777)
+    p = tmp_path / "shard.tar"
+    p.write_bytes(bytes(shard))
+    try:
+        samples = _C._tar_samples(str(p))
+    except fastloader.DecodeError:
+        return
+    for key, fields in samples:
+        assert key and fields
+
+
+@pytest.mark.parametrize("name", JPEG_FILES)
 def test_regression_input_decodes_or_raises_decode_error(name):
     src = _jpeg(name)
     try:
