@@ -391,9 +391,42 @@ def _shards_summary(st):
             f"({st['image_bytes'] / 1e6 / max(st['seconds'], 1e-9):.1f} MB/s of images)"]
 
 
+def _lmdb_arguments(p):
+    pass   # nothing beyond SRC_DIR, OUT and the shared flags
+
+
+def _lmdb_run(a):
+    from .pack_lmdb import pack_lmdb
+
+    bar = None
+    last = [0, 0]   # done, bytes: pack_lmdb reports running totals, the bar counts increments
+
+    def progress(done, total, nbytes):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total, "fastloader pack lmdb", unit="images", show=a.progress)
+        bar.update(done - last[0], nbytes=nbytes - last[1])
+        last[:] = [done, nbytes]
+
+    try:
+        return pack_lmdb(a.src, a.out, progress=progress, overwrite=a.overwrite)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _lmdb_summary(st):
+    return [f"wrote {st['count']} images in {st['classes']} classes to {st['path']} "
+            f"({st['file_bytes'] / 2**20:.1f} MiB file, {st['bytes'] / 2**20:.1f} MiB of images) "
+            f"in {st['seconds']:.1f} s",
+            f"read it with fastloader.LMDBDataset({st['path']!r}, transform=...)"]
+
+
 FORMATS = {
     "shards": Format("tar shards in the WebDataset layout (the webdataset library reads them as they are)",
                      _shards_arguments, _shards_run, _shards_summary),
+    "lmdb": Format("one LMDB file in fastloader's layout (fastloader.LMDBDataset; the lmdb package reads it)",
+                   _lmdb_arguments, _lmdb_run, _lmdb_summary),
 }
 
 DESCRIPTION = ("Convert an ImageFolder (SRC_DIR/<class>/<images>, scanned exactly as fastloader.ImageFolder and "
