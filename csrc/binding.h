@@ -51,6 +51,7 @@ int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for 
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset */
 int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
+int fl_register_shards(PyObject *m);   /* py_shards.c: shard_source, shards_* (tar shards as a stream source) */
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
 int fl_register_lmdb(PyObject *m);     /* py_lmdb.c: lmdb_source, lmdb_get, LMDBWriter */
 

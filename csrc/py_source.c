@@ -11,6 +11,7 @@
  */
 #define NO_IMPORT_ARRAY
 #include "binding.h"
+#include "shards.h"
 #include "source.h"
 
 #include <stdlib.h>
@@ -81,6 +82,18 @@ source_read(SourceObject *self, PyObject *arg)
     int rc = 0;
     void *tls = NULL;
     int opened = 0;
+    if (fl_shards_is(s)) {   /* a stream keeps only the non-JPEG images its batches hand to Pillow */
+        long long len;
+        Py_BEGIN_ALLOW_THREADS
+        len = fl_shards_read_kept(s, index, &buf, &err);
+        Py_END_ALLOW_THREADS
+        if (len >= 0)
+            res = PyBytes_FromStringAndSize((const char *)buf.data, (Py_ssize_t)len);
+        else
+            fl_py_raise(PyType_GetModule(Py_TYPE(self)), &err, NULL, NULL);
+        fl_bytes_free(&buf);
+        return res;
+    }
     Py_BEGIN_ALLOW_THREADS
     rc = s->ops->thread_open ? s->ops->thread_open(s, &tls, &err) : 0;
     opened = rc == 0;

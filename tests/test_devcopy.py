@@ -23,7 +23,7 @@ SCENARIOS = ["roundtrip", "missing_wait_is_caught", "default_streams", "host_kep
              "per_thread_stream_released_elsewhere", "exception_survives_capsule_free", "close_while_copy_blocks",
              "loader_end_to_end", "no_error_left_behind", "no_stray_context", "close_inside_dlpack",
              "wait_interruptible", "synchronize_interruptible", "copier_freed_with_loader",
-             "pinned_free_without_gil"]
+             "pinned_free_without_gil", "webdataset_on_device"]
 
 
 @pytest.fixture(scope="module")

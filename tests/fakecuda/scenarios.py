@@ -956,13 +956,45 @@ def pinned_free_without_gil():
     assert frees == 10 and stalls == 0, f"{stalls} of {frees} cudaFreeHost calls ran holding the GIL"
 
 
+def webdataset_on_device():
+    """fastloader.WebDataset with device="cuda" (uint8 over the wire, the
+    float conversion on the device) equals the CPU path over two epochs."""
+    import tempfile
+
+    import torch
+
+    import fastloader
+    from fastloader import transforms as FT
+    from fastloader.pack import pack_shards
+    from fastloader.sample import make_sample
+    s = new_stream()
+    stub_torch_cuda(s)
+    root = tempfile.mkdtemp(prefix="fl-fake-wds-")
+    make_sample(root + "/img", n=24, classes=3, progress=False, processes=1)
+    pack_shards(root + "/img", root + "/sh", shard_size=100000, progress=False)
+    urls = sorted(f"{root}/sh/{f}" for f in __import__("os").listdir(root + "/sh") if f.endswith(".tar"))
+    tf = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(),
+                     FT.Normalize([0.5] * 3, [0.25] * 3)])
+    ds = fastloader.WebDataset(urls, transform=tf, shuffle=8)
+    dev = fastloader.DataLoader(ds, batch_size=5, num_workers=2, device="cuda", seed=3)
+    cpu = fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=3)
+    for epoch in range(2):
+        got, ref = list(dev), list(cpu)
+        assert len(got) == len(ref) == 5
+        for (xd, yd), (xc, yc) in zip(got, ref):
+            assert torch.allclose(xd, xc, atol=1e-6) and torch.equal(yd, yc), epoch
+        assert dev.stats()["h2d_bytes"] > 0
+    del dev, cpu
+
+
 SCENARIOS = [roundtrip, missing_wait_is_caught, default_streams, host_kept_until_copy_done,
              release_ordered_after_consumer, ready_buffer_preferred, pool_flat_any_order,
              outlives_copier, versioned_capsule, unconsumed_capsule_released, errors, threads, many_sizes,
              python_copier, other_device_default_stream, per_thread_stream_released_elsewhere,
              exception_survives_capsule_free, close_while_copy_blocks,
              loader_end_to_end, no_error_left_behind, no_stray_context, close_inside_dlpack,
-             wait_interruptible, synchronize_interruptible, copier_freed_with_loader, pinned_free_without_gil]
+             wait_interruptible, synchronize_interruptible, copier_freed_with_loader, pinned_free_without_gil,
+             webdataset_on_device]
 
 
 def main(names):

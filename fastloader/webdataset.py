@@ -1,0 +1,329 @@
+"""fastloader.WebDataset: tar shards in the WebDataset layout, read, decoded
+and transformed by the native pipeline (csrc/shards.h, csrc/tar.h,
+csrc/stream.h).
+
+One rank reads one ordered stream of samples per epoch: its share of the
+shards (the list shuffled by (seed, epoch), the same on every rank, then
+dealt out rank by rank), through a deterministic shuffle buffer.  Position p
+of that stream is batch p // batch_size, slot p % batch_size, whatever
+num_workers is, and no sample is read twice in an epoch.  Every rank yields
+the same nominal number of samples (`epoch_length // world_size`), so
+DistributedDataParallel never waits on a rank whose shards ran out: a rank
+with fewer samples goes round its shards again, one with more stops early.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+import urllib.parse
+import urllib.request
+import warnings
+
+import numpy as np
+
+from . import _C
+from .datasets import NativeImageDataset
+
+try:
+    from torch.utils.data import IterableDataset as _Iterable
+except ImportError:  # pragma: no cover
+    _Iterable = object
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_urls(urls):
+    """A list of shard URLs from a str (brace patterns as the webdataset
+    library: "train-{000000..000146}.tar", "{a,b}.tar"; several patterns
+    separated by "::") or a list of str."""
+    if isinstance(urls, (str, os.PathLike)):
+        out = []
+        for part in os.fspath(urls).split("::"):
+            out.extend(_expand_braces(part))
+        return out
+    out = [os.fspath(u) for u in urls]
+    if not out:
+        raise ValueError("WebDataset needs at least one shard")
+    return out
+
+
+def _expand_braces(s):
+    m = _BRACE.search(s)
+    if not m:
+        return [s]
+    head, body, tail = s[:m.start()], m.group(1), s[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = r.group(1), r.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        if int(hi) < int(lo):
+            raise ValueError(f"bad brace range {{{body}}} in {s!r}: the end is before the start")
+        items = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        items = body.split(",")
+    out = []
+    for it in items:
+        out.extend(_expand_braces(head + it + tail))
+    return out
+
+
+def _is_remote(url):
+    return url.startswith(("http://", "https://"))
+
+
+def _counts_from_index(urls, timeout=10.0):
+    """Samples per shard from an index.json next to the shards (what
+    `python -m fastloader pack shards` writes), or None."""
+    first = urls[0]
+    if first.startswith("pipe:"):
+        return None
+    if _is_remote(first):
+        base = first.rsplit("/", 1)[0] + "/index.json"
+        try:
+            with urllib.request.urlopen(base, timeout=timeout) as f:
+                index = json.load(f)
+        except Exception:
+            return None
+    else:
+        path = first[7:] if first.startswith("file://") else first
+        p = os.path.join(os.path.dirname(path), "index.json")
+        if not os.path.exists(p):
+            return None
+        with open(p) as f:
+            index = json.load(f)
+    table = dict(zip(index.get("shards", []), index.get("counts", [])))
+    counts = []
+    for u in urls:
+        name = urllib.parse.urlparse(u).path.rsplit("/", 1)[-1] if _is_remote(u) else os.path.basename(u)
+        if name not in table:
+            return None
+        counts.append(int(table[name]))
+    return counts
+
+
+def _count_local(url):
+    """Samples in a local shard, from its member names (headers only)."""
+    keys, last = 0, None
+    path = url[7:] if url.startswith("file://") else url
+    with tarfile.open(path, "r:") as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            key = _wds_key(m.name)
+            if key is not None and key != last:
+                keys += 1
+                last = key
+    return keys
+
+
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def _wds_key(name):
+    """The sample key of a member name by webdataset's rule (csrc/tar.h), or
+    None for a member it drops."""
+    base = name.rsplit("/", 1)[-1]
+    first = name.split("/", 1)[0]
+    if ("/" not in name and name.startswith("__") and name.endswith("__")) or (
+            "/" in name and first.startswith("__") and first.endswith("__")):
+        return None
+    m = _KEY.match(name)
+    return m.group(1) if m and base else None
+
+
+class _StreamNames:
+    """What messages call position i of the stream (the C side adds the
+    shard and the key)."""
+
+    def __init__(self, n):
+        self._n = n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return (f"shard stream position {i}", -1)
+
+    def __iter__(self):
+        return (self[i] for i in range(self._n))
+
+
+class WebDataset(NativeImageDataset, _Iterable):
+    """Tar shards in the WebDataset layout, through the native pipeline.
+
+    Args:
+        urls: shard paths or URLs: local paths, "file://", "http(s)://"
+            (libcurl, in a reader thread; presigned object-store URLs are
+            plain GETs), "pipe:COMMAND" (a command that writes the shard to
+            stdout); a str may hold brace patterns ("train-{000..146}.tar").
+        transform, target_transform, layout, dct_scaling, max_pixels: as
+            fastloader.ImageFolder.
+        epoch_length: samples per epoch over all ranks.  Default: the sum of
+            index.json's counts next to the shards (written by `python -m
+            fastloader pack shards`), or, for local shards, counted from the
+            tar headers.  Each rank yields epoch_length // world_size.
+        shuffle: the shuffle buffer, in samples (0: stream order).
+        shardshuffle: shuffle the shard list by (seed, epoch) (the same
+            order on every rank) before dealing it out.
+        seed: the shuffle seed; must be the same on every rank.
+        label: the member holding the label: "cls" (ASCII decimal, default),
+            "json:FIELD" (an integer field of the .json member), or None (-1).
+        image_exts: image members, in order of preference.
+        on_error: per sample (a member that is not an image, a corrupt
+            image): "raise" or "skip" ("replace" would take another
+            position's sample, so it is refused).
+        on_shard_error: a shard that cannot be read (after retries) or is
+            cut short: "raise" (the batch that reaches it raises, naming the
+            shard URL and member) or "skip" (keep what was read, go on;
+            listed in `skipped_shards` with a warning).
+        rank, world_size: default torch.distributed's when initialised,
+            else 0 and 1.
+        retries, backoff, stall_timeout: HTTP faults (csrc/stream.h):
+            retries in a row, first back-off and stall limit in seconds.
+        ca_file: PEM certificates to verify https servers with (a private
+            object store's CA) instead of the system's.
+        ring: samples produced ahead of the workers at most (memory bound).
+    """
+
+    _fl_stream = True
+
+    def __init__(self, urls, transform=None, target_transform=None, *, epoch_length=None, shuffle=1000,
+                 shardshuffle=True, seed=0, label="cls", image_exts=("jpg", "jpeg", "png", "webp"),
+                 on_error="raise", on_shard_error="raise", rank=None, world_size=None, retries=5, backoff=0.2,
+                 stall_timeout=30.0, ca_file=None, ring=512, layout="CHW", dct_scaling=False, max_pixels=0):
+        self.urls = expand_urls(urls)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"WebDataset: on_error must be 'raise' or 'skip', got {on_error!r} (a stream has no "
+                             "other sample to take the place of a bad one)")
+        if on_shard_error not in ("raise", "skip"):
+            raise ValueError(f"WebDataset: on_shard_error must be 'raise' or 'skip', got {on_shard_error!r}")
+        if rank is None or world_size is None:
+            r, w = 0, 1
+            try:
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    r, w = dist.get_rank(), dist.get_world_size()
+            except ImportError:  # pragma: no cover
+                pass
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self.rank, self.world_size = int(rank), int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"WebDataset: rank {rank} is not in [0, {world_size})")
+        if len(self.urls) < self.world_size:
+            raise ValueError(f"WebDataset: {len(self.urls)} shard(s) for {self.world_size} ranks: every rank needs "
+                             "at least one shard")
+        if epoch_length is None:
+            counts = _counts_from_index(self.urls)
+            if counts is None:
+                if any(_is_remote(u) or u.startswith("pipe:") for u in self.urls):
+                    raise ValueError("WebDataset: give epoch_length= (samples per epoch over all ranks): there is "
+                                     "no index.json next to the shards to count them")
+                counts = [_count_local(u) for u in self.urls]
+            epoch_length = sum(counts)
+        self.epoch_length = int(epoch_length)
+        nominal = self.epoch_length // self.world_size
+        if nominal < 1:
+            raise ValueError(f"WebDataset: an epoch of {self.epoch_length} samples over {self.world_size} ranks "
+                             "gives none per rank")
+        self.shuffle = int(shuffle)
+        self.shardshuffle = bool(shardshuffle)
+        self.seed = int(seed)
+        label_ext, label_field = "", ""
+        if label is not None:
+            if label.startswith("json:"):
+                label_ext, label_field = "json", label[5:]
+            else:
+                label_ext = label
+        self.label = label
+        self.skipped_shards = []
+        self._set_epoch = None
+        self._stream_epoch = None
+        source = _C.shard_source(
+            nominal, shuffle=self.shuffle, ring=int(ring), seed=self.seed,
+            skip_bad_shards=on_shard_error == "skip", image_exts=tuple(image_exts), label_ext=label_ext,
+            label_field=label_field, retries=int(retries), backoff_ms=int(backoff * 1000),
+            stall_timeout_ms=int(stall_timeout * 1000), ca_file=None if ca_file is None else os.fspath(ca_file))
+        super().__init__(_StreamNames(nominal), transform, target_transform, layout=layout, on_error=on_error,
+                         dct_scaling=dct_scaling, max_pixels=max_pixels, source=source)
+        self.targets = None
+
+    # -- the stream --------------------------------------------------------------
+    def set_epoch(self, epoch):
+        """Use `epoch` for the shard order and shuffle of the next iteration
+        (as DistributedSampler.set_epoch); by default the loader's count of
+        epochs."""
+        self._set_epoch = int(epoch)
+
+    def shards_for(self, epoch):
+        """The shards this rank reads in `epoch`, in order."""
+        urls = list(self.urls)
+        if self.shardshuffle:
+            rng = np.random.default_rng([self.seed, int(epoch), 0x5AD])
+            urls = [urls[i] for i in rng.permutation(len(urls))]
+        return urls[self.rank::self.world_size]
+
+    def _begin_epoch(self, epoch):
+        """Start the rank's stream for the loader's epoch `epoch` (the epoch
+        its batch jobs carry; the loader calls this before the epoch's
+        first batch).  The shard order and shuffle follow set_epoch's value
+        when it was called, else `epoch`."""
+        self._stream_epoch = int(epoch)
+        order = self._set_epoch if self._set_epoch is not None else self._stream_epoch
+        _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order))
+
+    def _end_stream(self):
+        """Stop the reader (the loader's iterator ended or was dropped)."""
+        _C.shards_cancel(self._source)
+
+    def stream_stats(self):
+        """Counters of the shard reader: bytes, wait_s (time blocked on the
+        disk / network / pipe), retries, samples, shards, shards_skipped,
+        passes."""
+        return _C.shards_stats(self._source)
+
+    def _take(self, fin):
+        batch = super()._take(fin)
+        for url, reason in _C.shards_take_skipped(self._source):
+            self.skipped_shards.append((url, reason))
+            warnings.warn(f"fastloader: skipped the rest of shard {url}: {reason}", UserWarning, stacklevel=3)
+        return batch
+
+    def _error(self, code, errnum, msg, index, where):
+        return _C._error(code, errnum, msg, None, f" [shard stream position {index}{where}]")
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        raise TypeError("WebDataset is a stream: iterate over it (or over a DataLoader), it has no random access")
+
+    def __iter__(self):
+        """Samples (image, label) of this rank's stream, on the calling thread
+        (for torch's own DataLoader; fastloader.DataLoader builds whole
+        batches in its worker threads instead).  Under torch's worker
+        processes, each worker reads its own share of the rank's shards."""
+        try:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+        except ImportError:  # pragma: no cover
+            info = None
+        if info is not None and info.num_workers > 1:
+            raise TypeError("WebDataset under torch's DataLoader with num_workers > 1 would read the stream once per "
+                            "worker process; use fastloader.DataLoader (worker threads share one stream)")
+        self._begin_epoch(self._set_epoch if self._set_epoch is not None else 0)
+        n = len(self)
+        try:
+            for start in range(0, n, 32):
+                idx = list(range(start, min(n, start + 32)))
+                images, labels = self.load_batch(idx, self._stream_epoch, self.seed)
+                for i in range(len(labels)):
+                    yield images[i], labels[i]
+        finally:
+            self._end_stream()
