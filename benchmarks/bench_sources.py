@@ -1,4 +1,4 @@
-"""The same images from different storage: ImageFolder vs LMDB (vs more later).
+"""The same images from different storage: ImageFolder vs LMDB vs tar shards.
 
 One ImageNet-like sample folder (``python -m fastloader make-sample DIR``) is
 converted once into each storage format (cached under --work-dir), and the
@@ -6,9 +6,12 @@ same fastloader pipeline reads each of them, side by side in one run:
 
   folder  fastloader.ImageFolder(sample_dir, transform)
   lmdb    fastloader.LMDBDataset(work_dir/<name>.lmdb, transform)   (pack_lmdb)
+  shards  fastloader.WebDataset(work_dir/<name>.shards/*.tar, transform, shuffle=1000)   (pack shards)
 
 each with fastloader.DataLoader(ds, batch_size=64, shuffle=True,
-num_workers=k).  Every configuration runs in a fresh process and the sources
+num_workers=k) (shuffle=False for the stream, which shuffles itself).
+With --tiny N the images are N tiny 32x32 JPEGs instead (made once), where
+opening and reading each file costs more than decoding it.  Every configuration runs in a fresh process and the sources
 alternate (fastloader/_harness.py).  Reported per source and num_workers:
 images/s after the first batch, time to first batch (building the dataset
 and the loader included), peak RSS and the process's resident file-backed
@@ -73,11 +76,54 @@ def _dataset_lmdb(path, transform):
     return fastloader.LMDBDataset(path, transform=transform)
 
 
+def _prepare_shards(sample_dir, work_dir, repack):
+    from fastloader.pack import pack_shards
+
+    out = os.path.join(work_dir, os.path.basename(os.path.normpath(sample_dir)) + ".shards")
+    index = os.path.join(out, "index.json")
+    if os.path.exists(index) and not repack and os.path.getmtime(index) >= _newest_mtime(sample_dir):
+        return out, None
+    st = pack_shards(sample_dir, out, shard_size=64 << 20, progress=False, overwrite=True)
+    return out, st["seconds"]
+
+
+def _dataset_shards(path, transform):
+    import glob
+
+    import fastloader
+
+    return fastloader.WebDataset(sorted(glob.glob(os.path.join(path, "*.tar"))), transform=transform, shuffle=1000)
+
+
 SOURCES = {
     "folder": {"prepare": _prepare_folder, "dataset": _dataset_folder, "what": "ImageFolder over the JPEG files"},
     "lmdb": {"prepare": _prepare_lmdb, "dataset": _dataset_lmdb,
              "what": "LMDBDataset over one LMDB file (pack_lmdb), values read in place"},
+    "shards": {"prepare": _prepare_shards, "dataset": _dataset_shards, "stream": True,
+               "what": "WebDataset over 64 MiB tar shards (pack shards, shuffled at pack time), shuffle buffer 1000"},
 }
+
+
+def _make_tiny(work_dir, n, classes=10):
+    """A folder of n tiny JPEGs (32x32, ~1 KiB each), made once: the case
+    where opening and reading each file costs more than decoding it."""
+    import numpy as np
+    from PIL import Image
+
+    root = os.path.join(work_dir, f"tiny-{n}")
+    marker = os.path.join(root, ".complete")
+    if os.path.exists(marker):
+        return root
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, (64, 64, 3)).astype(np.uint8)
+    for i in range(n):
+        d = os.path.join(root, f"c{i % classes:02d}")
+        if i < classes:
+            os.makedirs(d, exist_ok=True)
+        y, x = (i * 7) % 32, (i * 13) % 32
+        Image.fromarray(base[y:y + 32, x:x + 32]).save(os.path.join(d, f"{i:07d}.jpg"), quality=85)
+    open(marker, "w").close()
+    return root
 
 
 def _newest_mtime(root):
@@ -116,10 +162,19 @@ def child(cfg) -> dict:
     src = SOURCES[cfg["source"]]
     holder = {}
 
+    if cfg["pipeline"] == "tiny":
+        from fastloader import transforms as FT
+
+        tf = FT.Compose([FT.Resize((32, 32)), FT.ToTensor()])
+    else:
+        tf = H.fastloader_transform(cfg["pipeline"])
+
     def make():
-        ds = src["dataset"](cfg["path"], H.fastloader_transform(cfg["pipeline"]))
-        dl = fastloader.DataLoader(ds, batch_size=cfg["batch_size"], shuffle=True, num_workers=cfg["workers"],
-                                   seed=cfg["seed"], generator=torch.Generator().manual_seed(cfg["seed"]))
+        ds = src["dataset"](cfg["path"], tf)
+        # a stream shuffles itself (shard order + buffer); the sampler does for the others
+        dl = fastloader.DataLoader(ds, batch_size=cfg["batch_size"], shuffle=not src.get("stream"),
+                                   num_workers=cfg["workers"], seed=cfg["seed"],
+                                   generator=torch.Generator().manual_seed(cfg["seed"]))
         holder["dl"] = dl
         return dl
 
@@ -147,6 +202,9 @@ def main(argv=None):
     p.add_argument("--sources", default=",".join(SOURCES), help="comma-separated, of: " + ", ".join(SOURCES))
     p.add_argument("--workers", default="0,2", help="comma-separated num_workers list (default %(default)s)")
     p.add_argument("--pipeline", choices=["train", "val"], default="train")
+    p.add_argument("--tiny", type=int, default=0, metavar="N",
+                   help="instead of --sample-dir, a folder of N tiny (32x32) JPEGs made once under --work-dir, "
+                        "read with Resize((32, 32)): the small-file case")
     p.add_argument("--max-batches", type=int, default=None, help="cap on batches per configuration")
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are reported")
     p.add_argument("--seed", type=int, default=0)
@@ -157,6 +215,14 @@ def main(argv=None):
     p.add_argument("--out", help="also write the Markdown report to this file")
     a = p.parse_args(argv)
 
+    work = os.path.abspath(os.path.expanduser(a.work_dir or os.path.join("~", ".cache", "fastloader",
+                                                                          "bench-sources")))
+    os.makedirs(work, exist_ok=True)
+    if a.tiny:
+        t0 = time.perf_counter()
+        a.sample_dir = _make_tiny(work, a.tiny)
+        a.pipeline = "tiny"
+        C.log(f"tiny folder: {a.sample_dir} ({time.perf_counter() - t0:.1f} s)")
     sample = os.path.abspath(os.path.expanduser(a.sample_dir))
     if not os.path.isdir(sample):
         sys.exit(f"bench_sources: no sample folder at {sample}; make one with: "
@@ -166,10 +232,7 @@ def main(argv=None):
     if unknown:
         sys.exit(f"bench_sources: unknown sources {unknown}; known: {list(SOURCES)}")
     workers = [int(w) for w in a.workers.split(",")]
-    work = os.path.abspath(os.path.expanduser(a.work_dir or os.path.join("~", ".cache", "fastloader",
-                                                                          "bench-sources")))
-    os.makedirs(work, exist_ok=True)
-    C.import_fastloader("DataLoader", "ImageFolder", "LMDBDataset")
+    C.import_fastloader("DataLoader", "ImageFolder", "LMDBDataset", "WebDataset")
 
     paths, prep_s, sizes = {}, {}, {}
     for s in names:
@@ -186,9 +249,10 @@ def main(argv=None):
                             seed=a.seed, max_batches=a.max_batches)) for s in names]) for w in workers]
     res = C.run_interleaved(groups, a.rounds, lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval))
 
-    rep = C.Report("Storage formats: the same images as ImageFolder and LMDB")
+    rep = C.Report("Storage formats: the same images as ImageFolder, LMDB and tar shards")
     rep.add("\n".join(C.environment_lines()))
-    rep.add(f"- sample: {sample}; pipeline {a.pipeline}: {C.H.PIPELINES[a.pipeline]}; batch {BATCH_SIZE}, "
+    what = "Resize((32, 32)) + ToTensor" if a.pipeline == "tiny" else C.H.PIPELINES[a.pipeline]
+    rep.add(f"- sample: {sample}; pipeline {a.pipeline}: {what}; batch {BATCH_SIZE}, "
             f"shuffle, {a.rounds} round(s), " + (f"at most {a.max_batches} batches per run" if a.max_batches
                                                  else "one epoch per run") + "; warm page cache")
     for s in names:
