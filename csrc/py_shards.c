@@ -3,7 +3,8 @@
  *   shard_source(nominal, *, shuffle=0, ring=1024, seed=0, skip_bad_shards=False,
  *                image_exts=("jpg", "jpeg", "png", "webp"), label_ext="cls", label_field="",
  *                retries=5, backoff_ms=200, stall_timeout_ms=30000, connect_timeout_ms=30000,
- *                ca_file=None) -> Source
+ *                ca_file=None, extra_exts=()) -> Source
+ *   shards_take_fields(source, positions) -> [[bytes | None] | None]
  *   shards_begin(source, epoch, urls)     start an epoch over the rank's shards, in order
  *   shards_cancel(source)                 stop the reader, wake waiting workers
  *   shards_stats(source) -> dict
@@ -34,20 +35,20 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"nominal", "shuffle", "ring", "seed", "skip_bad_shards", "image_exts", "label_ext",
                              "label_field", "retries", "backoff_ms", "stall_timeout_ms", "connect_timeout_ms",
-                             "ca_file", NULL};
+                             "ca_file", "extra_exts", NULL};
     fl_shards_opts o;
     memset(&o, 0, sizeof o);
     fl_stream_opts_init(&o.stream);
     long long nominal;
     unsigned long long seed = 0;
     int skip = 0;
-    PyObject *exts = NULL;
+    PyObject *exts = NULL, *extras = NULL;
     const char *label_ext = "cls", *label_field = "", *ca_file = NULL;
     o.ring = 1024;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L|$iiKpOssiiiiz:shard_source", kwlist, &nominal, &o.shuffle,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L|$iiKpOssiiiizO:shard_source", kwlist, &nominal, &o.shuffle,
                                      &o.ring, &seed, &skip, &exts, &label_ext, &label_field, &o.stream.retries,
                                      &o.stream.backoff_ms, &o.stream.stall_timeout_ms,
-                                     &o.stream.connect_timeout_ms, &ca_file))
+                                     &o.stream.connect_timeout_ms, &ca_file, &extras))
         return NULL;
     o.stream.ca_file = ca_file;   /* copied by fl_shards_new */
     o.nominal = nominal;
@@ -79,6 +80,28 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
             snprintf(o.image_exts[i], sizeof o.image_exts[i], "%s", e);
         }
         o.nexts = (int)n;
+        Py_DECREF(seq);
+    }
+    if (extras != NULL && extras != Py_None) {
+        PyObject *seq = PySequence_Fast(extras, "extra_exts must be a sequence of str");
+        if (!seq)
+            return NULL;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > FL_SHARDS_MAX_EXTS) {
+            Py_DECREF(seq);
+            return PyErr_Format(PyExc_ValueError, "at most %d extra fields, got %zd", FL_SHARDS_MAX_EXTS, n);
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *e = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+            if (!e || strlen(e) >= sizeof o.extra_exts[0]) {
+                Py_DECREF(seq);
+                if (e)
+                    PyErr_Format(PyExc_ValueError, "extra field extension too long: %s", e);
+                return NULL;
+            }
+            snprintf(o.extra_exts[i], sizeof o.extra_exts[i], "%s", e);
+        }
+        o.nextras = (int)n;
         Py_DECREF(seq);
     }
     if (strlen(label_ext) >= sizeof o.label_ext || strlen(label_field) >= sizeof o.label_field)
@@ -183,11 +206,65 @@ shards_take_skipped(PyObject *module, PyObject *src_obj)
     return out;
 }
 
+/* shards_take_fields(source, positions) -> list, one entry per position: a
+ * list of bytes (None where the sample lacks that member) in extra_exts'
+ * order, or None when nothing is kept for that position. */
+static PyObject *
+shards_take_fields(PyObject *module, PyObject *args)
+{
+    PyObject *src_obj, *positions;
+    if (!PyArg_ParseTuple(args, "OO:shards_take_fields", &src_obj, &positions))
+        return NULL;
+    fl_source *s = shard_arg(module, src_obj);
+    if (!s)
+        return NULL;
+    PyObject *seq = PySequence_Fast(positions, "positions must be a sequence of int");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        long long pos = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (pos == -1 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        uint8_t *data[FL_SHARDS_MAX_EXTS];
+        size_t len[FL_SHARDS_MAX_EXTS];
+        int k = fl_shards_take_fields(s, pos, data, len);
+        PyObject *item;
+        if (k < 0) {
+            item = Py_NewRef(Py_None);
+        } else {
+            item = PyList_New(k);
+            for (int j = 0; j < k; j++) {
+                PyObject *b = !item ? NULL
+                              : data[j] ? PyBytes_FromStringAndSize((const char *)data[j], (Py_ssize_t)len[j])
+                                        : Py_NewRef(Py_None);
+                free(data[j]);
+                if (item && !b)
+                    Py_CLEAR(item);
+                if (item)
+                    PyList_SET_ITEM(item, j, b);
+            }
+        }
+        if (!item) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"shard_source", (PyCFunction)(void (*)(void))shard_source, METH_VARARGS | METH_KEYWORDS,
      "shard_source(nominal, *, shuffle, ring, seed, skip_bad_shards, image_exts, label_ext, label_field, retries, "
      "backoff_ms, stall_timeout_ms, connect_timeout_ms) -> Source over tar shards (csrc/shards.h)"},
     {"shards_begin", shards_begin, METH_VARARGS, "shards_begin(source, epoch, urls): start an epoch"},
+    {"shards_take_fields", shards_take_fields, METH_VARARGS,
+     "shards_take_fields(source, positions) -> [[bytes | None] | None]: the extra members workers kept"},
     {"shards_cancel", shards_cancel, METH_O, "shards_cancel(source): stop the reader, wake waiting workers"},
     {"shards_stats", shards_stats, METH_O, "shards_stats(source) -> dict of counters"},
     {"shards_take_skipped", shards_take_skipped, METH_O,

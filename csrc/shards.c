@@ -28,6 +28,10 @@ typedef struct {
     size_t len;
     int64_t label;
     int has_label;
+    const fl_wds_field *extra[FL_SHARDS_MAX_EXTS];  /* the requested extra members (inside smp), or NULL */
+    int nkept;            /* a fields stash copy: kept[0..nkept) owned (NULL: member missing) */
+    uint8_t *kept[FL_SHARDS_MAX_EXTS];
+    size_t kept_len[FL_SHARDS_MAX_EXTS];
     int error;            /* 1: no usable image / label: get fails with `msg` */
     int code;
     char msg[200];
@@ -59,7 +63,7 @@ typedef struct {
     /* the fix-up stash: non-JPEG images kept for the binding's Pillow pass */
     int64_t *discard;     /* future positions nobody will get (their batch failed): dropped when made */
     int ndiscard, capdiscard;
-    int64_t *stash_pos;
+    int64_t *stash_pos;   /* position * 2 + kind (STASH_IMAGE, STASH_FIELDS) */
     shard_rec **stash;
     int nstash, capstash;
     skipped_shard *skipped;
@@ -79,6 +83,8 @@ rec_free(shard_rec *r)
     if (!r)
         return;
     free(r->name);
+    for (int i = 0; i < r->nkept; i++)
+        free(r->kept[i]);
     if (r->smp)
         fl_wds_sample_free(r->smp);
     else
@@ -166,6 +172,8 @@ make_rec(shards_source *ss, const char *url, fl_wds_sample *t)
             k += snprintf(r->msg + k, sizeof r->msg - (size_t)k, " .%s", t->fields[i].ext);
         return r;
     }
+    for (int e = 0; e < ss->o.nextras; e++)
+        r->extra[e] = fl_wds_sample_field(t, ss->o.extra_exts[e]);
     if (ss->o.label_ext[0]) {
         const fl_wds_field *lf = fl_wds_sample_field(t, ss->o.label_ext);
         if (!lf || parse_label(lf->data, lf->size, ss->o.label_field, &r->label) < 0) {
@@ -533,7 +541,9 @@ stash_put(shards_source *ss, int64_t pos, shard_rec *r)
     return 0;
 }
 
-/* Take the stashed record of position pos (caller holds mu), or NULL. */
+enum { STASH_IMAGE = 0, STASH_FIELDS = 1 };
+
+/* Take the stashed record of key pos * 2 + kind (caller holds mu), or NULL. */
 static shard_rec *
 stash_take(shards_source *ss, int64_t pos)
 {
@@ -599,12 +609,28 @@ shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *bu
             keep->name = NULL;
             if (keep->image) {
                 memcpy(keep->image, r->image, r->len);
-                if (stash_put(ss, index, keep) < 0)
+                if (stash_put(ss, index * 2 + STASH_IMAGE, keep) < 0)
                     rec_free(keep);
             } else {
                 free(keep);
             }
         }
+    }
+    if (r && !r->error && ss->o.nextras > 0) {
+        /* the extra members asked for, kept for the binding (fl_shards_take_fields) */
+        shard_rec *f = calloc(1, sizeof *f);
+        int ok = f != NULL;
+        for (int e = 0; ok && e < ss->o.nextras; e++) {
+            f->nkept = e + 1;
+            if (r->extra[e]) {
+                f->kept_len[e] = r->extra[e]->size;
+                ok = (f->kept[e] = malloc(r->extra[e]->size ? r->extra[e]->size : 1)) != NULL;
+                if (ok)
+                    memcpy(f->kept[e], r->extra[e]->data, r->extra[e]->size);
+            }
+        }
+        if (!ok || stash_put(ss, index * 2 + STASH_FIELDS, f) < 0)
+            rec_free(f);   /* the binding then finds nothing and says so */
     }
     pthread_mutex_unlock(&ss->mu);
     if (!r)
@@ -635,7 +661,7 @@ fl_shards_read_kept(fl_source *s, int64_t index, fl_bytes *buf, fl_err *err)
 {
     shards_source *ss = (shards_source *)s;
     pthread_mutex_lock(&ss->mu);
-    shard_rec *r = stash_take(ss, index);
+    shard_rec *r = stash_take(ss, index * 2 + STASH_IMAGE);
     pthread_mutex_unlock(&ss->mu);
     if (!r) {
         err->code = FL_ERR_INDEX;
@@ -654,6 +680,26 @@ fl_shards_read_kept(fl_source *s, int64_t index, fl_bytes *buf, fl_err *err)
     }
     rec_free(r);
     return rc;
+}
+
+int
+fl_shards_take_fields(fl_source *s, int64_t index, uint8_t **data, size_t *len)
+{
+    shards_source *ss = (shards_source *)s;
+    pthread_mutex_lock(&ss->mu);
+    shard_rec *r = stash_take(ss, index * 2 + STASH_FIELDS);
+    pthread_mutex_unlock(&ss->mu);
+    if (!r)
+        return -1;
+    int n = r->nkept;
+    for (int i = 0; i < n; i++) {
+        data[i] = r->kept[i];   /* handed over */
+        len[i] = r->kept_len[i];
+        r->kept[i] = NULL;
+    }
+    r->nkept = 0;
+    rec_free(r);
+    return n;
 }
 
 static void
@@ -723,7 +769,8 @@ fl_shards_is(const fl_source *s)
 fl_source *
 fl_shards_new(const fl_shards_opts *o, fl_err *err)
 {
-    if (o->nominal <= 0 || o->ring < 1 || o->shuffle < 0 || o->nexts < 1 || o->nexts > FL_SHARDS_MAX_EXTS) {
+    if (o->nominal <= 0 || o->ring < 1 || o->shuffle < 0 || o->nexts < 1 || o->nexts > FL_SHARDS_MAX_EXTS ||
+        o->nextras < 0 || o->nextras > FL_SHARDS_MAX_EXTS) {
         err->code = FL_ERR_INVALID;
         snprintf(err->msg, sizeof err->msg,
                  "bad shard options (nominal length %lld, ring %d, shuffle %d, %d image extensions)",

@@ -15,7 +15,9 @@
  *       -> ring slot p % ring (the reader waits while that slot is still
  *       full: memory stays bounded by `ring` records)
  *   workers: get(p) waits until position p exists, takes its record (the
- *       image bytes are handed out in place) and frees the slot.
+ *       image bytes are handed out in place) and frees the slot; copies of
+ *       the extra members asked for wait for the binding under key p
+ *       (fl_shards_take_fields), as do non-JPEG images for Pillow.
  *
  * The nominal length.  Every epoch yields exactly `nominal` positions (the
  * caller makes them equal on every rank, so DistributedDataParallel never
@@ -62,6 +64,8 @@ typedef struct {
     int nexts;
     char label_ext[32];       /* member holding the label as ASCII decimal ("cls"); "" : no label (-1) */
     char label_field[64];     /* when set, label_ext is JSON and this top-level integer field is the label */
+    char extra_exts[FL_SHARDS_MAX_EXTS][32];  /* other members handed to the binding as bytes */
+    int nextras;
     fl_stream_opts stream;    /* for every shard (cancel is set by the source itself; ca_file copied) */
 } fl_shards_opts;
 
@@ -102,6 +106,14 @@ int fl_shards_take_skipped(fl_source *s, char (*urls)[512], char (*reasons)[320]
  * until read here once), copied into buf.  Returns the length, or -1 with
  * err (FL_ERR_INDEX when not kept). */
 long long fl_shards_read_kept(fl_source *s, int64_t index, fl_bytes *buf, fl_err *err);
+
+/* The extra members (opts.extra_exts) of position `index`, kept when a
+ * worker took it: data[i], len[i] for i < the returned count, each a
+ * malloc'd copy the caller frees (data[i] NULL: the sample has no such
+ * member).  Returns the count, or -1 when nothing is kept for `index`
+ * (not taken yet, already taken, or the sample was an error).  Each
+ * position's fields can be taken once. */
+int fl_shards_take_fields(fl_source *s, int64_t index, uint8_t **data, size_t *len);
 
 /* True when s is a shard source. */
 int fl_shards_is(const fl_source *s);

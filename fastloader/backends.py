@@ -75,6 +75,7 @@ class NativeBackend(_Backend):
         self.epoch = 0
         self.seed = 0
         self.stream = getattr(dataset, "_fl_stream", False)   # a WebDataset: a reader thread to stop
+        self.batch_size = None      # the loader's (a stream's batch k is positions [k*B, (k+1)*B))
 
     def close(self, timeout=None):
         super().close(timeout)
@@ -97,7 +98,7 @@ class NativeBackend(_Backend):
         self.dataset._native.set_pinned(pin_device)
         if self.stream:
             # the rank's shard stream for this epoch (the jobs carry the same epoch)
-            self.dataset._begin_epoch(self.epoch)
+            self.dataset._begin_epoch(self.epoch, self.batch_size)
         if self.num_workers and not self._engine_ready():
             ds = self.dataset
             self.engine = _C.NativeEngine(self.num_workers, ds._native, post=ds._post, post_always=ds._post_always)

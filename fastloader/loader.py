@@ -149,7 +149,9 @@ class _Iter:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
                 if wire is not None:  # uint8 over the wire, float on the device
                     ds, self._convert = wire, conv
-            return NativeBackend(self._num_workers, ds)
+            backend = NativeBackend(self._num_workers, ds)
+            backend.batch_size = loader.batch_size
+            return backend
         return PythonBackend(self._num_workers, loader.dataset, loader.worker_init_fn)
 
     @property

@@ -186,6 +186,10 @@ class WebDataset(NativeImageDataset, _Iterable):
             retries in a row, first back-off and stall limit in seconds.
         ca_file: PEM certificates to verify https servers with (a private
             object store's CA) instead of the system's.
+        fields: other members to hand through as bytes, by extension (e.g.
+            ("txt", "json")): batches are then (images, labels, fields),
+            fields a dict ext -> list of bytes (None where a sample lacks
+            the member), in batch order.
         ring: samples produced ahead of the workers at most (memory bound).
     """
 
@@ -194,7 +198,8 @@ class WebDataset(NativeImageDataset, _Iterable):
     def __init__(self, urls, transform=None, target_transform=None, *, epoch_length=None, shuffle=1000,
                  shardshuffle=True, seed=0, label="cls", image_exts=("jpg", "jpeg", "png", "webp"),
                  on_error="raise", on_shard_error="raise", rank=None, world_size=None, retries=5, backoff=0.2,
-                 stall_timeout=30.0, ca_file=None, ring=512, layout="CHW", dct_scaling=False, max_pixels=0):
+                 stall_timeout=30.0, ca_file=None, ring=512, fields=(), layout="CHW", dct_scaling=False,
+                 max_pixels=0):
         self.urls = expand_urls(urls)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"WebDataset: on_error must be 'raise' or 'skip', got {on_error!r} (a stream has no "
@@ -241,6 +246,8 @@ class WebDataset(NativeImageDataset, _Iterable):
             else:
                 label_ext = label
         self.label = label
+        self.fields = tuple(fields)
+        self._fl_batch_size = None
         self.skipped_shards = []
         self._set_epoch = None
         self._stream_epoch = None
@@ -248,7 +255,8 @@ class WebDataset(NativeImageDataset, _Iterable):
             nominal, shuffle=self.shuffle, ring=int(ring), seed=self.seed,
             skip_bad_shards=on_shard_error == "skip", image_exts=tuple(image_exts), label_ext=label_ext,
             label_field=label_field, retries=int(retries), backoff_ms=int(backoff * 1000),
-            stall_timeout_ms=int(stall_timeout * 1000), ca_file=None if ca_file is None else os.fspath(ca_file))
+            stall_timeout_ms=int(stall_timeout * 1000), ca_file=None if ca_file is None else os.fspath(ca_file),
+            extra_exts=self.fields)
         super().__init__(_StreamNames(nominal), transform, target_transform, layout=layout, on_error=on_error,
                          dct_scaling=dct_scaling, max_pixels=max_pixels, source=source)
         self.targets = None
@@ -268,12 +276,14 @@ class WebDataset(NativeImageDataset, _Iterable):
             urls = [urls[i] for i in rng.permutation(len(urls))]
         return urls[self.rank::self.world_size]
 
-    def _begin_epoch(self, epoch):
+    def _begin_epoch(self, epoch, batch_size=None):
         """Start the rank's stream for the loader's epoch `epoch` (the epoch
         its batch jobs carry; the loader calls this before the epoch's
-        first batch).  The shard order and shuffle follow set_epoch's value
-        when it was called, else `epoch`."""
+        first batch; batch k holds positions [k*batch_size, (k+1)*batch_size)).
+        The shard order and shuffle follow set_epoch's value when it was
+        called, else `epoch`."""
         self._stream_epoch = int(epoch)
+        self._fl_batch_size = batch_size
         order = self._set_epoch if self._set_epoch is not None else self._stream_epoch
         _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order))
 
@@ -293,6 +303,28 @@ class WebDataset(NativeImageDataset, _Iterable):
             self.skipped_shards.append((url, reason))
             warnings.warn(f"fastloader: skipped the rest of shard {url}: {reason}", UserWarning, stacklevel=3)
         return batch
+
+    def _build(self, result, epoch, seed, seq, worker, native_s, collate_targets=True):
+        fin = super()._build(result, epoch, seed, seq, worker, native_s, collate_targets)
+        if not self.fields:
+            return fin
+        if seq is None or not self._fl_batch_size:  # pragma: no cover - the loader and __iter__ always say
+            raise RuntimeError("fastloader: WebDataset fields need the batch's place in the stream (this is a bug)")
+        b = self._fl_batch_size
+        positions = range(seq * b, min(len(self), (seq + 1) * b))
+        kept = _C.shards_take_fields(self._source, list(positions))
+        dropped = {index for kind, index, _ in fin.notes if kind == "skipped"}
+        out = {ext: [] for ext in self.fields}
+        for pos, vals in zip(positions, kept):
+            if pos in dropped:
+                continue
+            if vals is None:  # pragma: no cover - every delivered sample kept its fields
+                raise RuntimeError(f"fastloader: the fields of shard stream position {pos} were not kept")
+            for ext, v in zip(self.fields, vals):
+                out[ext].append(v)
+        images, labels = fin.batch
+        fin.batch = (images, labels, out)
+        return fin
 
     def _error(self, code, errnum, msg, index, where):
         return _C._error(code, errnum, msg, None, f" [shard stream position {index}{where}]")
@@ -317,13 +349,16 @@ class WebDataset(NativeImageDataset, _Iterable):
         if info is not None and info.num_workers > 1:
             raise TypeError("WebDataset under torch's DataLoader with num_workers > 1 would read the stream once per "
                             "worker process; use fastloader.DataLoader (worker threads share one stream)")
-        self._begin_epoch(self._set_epoch if self._set_epoch is not None else 0)
+        self._begin_epoch(self._set_epoch if self._set_epoch is not None else 0, 32)
         n = len(self)
         try:
             for start in range(0, n, 32):
                 idx = list(range(start, min(n, start + 32)))
-                images, labels = self.load_batch(idx, self._stream_epoch, self.seed)
-                for i in range(len(labels)):
-                    yield images[i], labels[i]
+                batch = self.load_batch(idx, self._stream_epoch, self.seed, seq=start // 32)
+                for i in range(len(batch[1])):
+                    if self.fields:
+                        yield batch[0][i], batch[1][i], {k: v[i] for k, v in batch[2].items()}
+                    else:
+                        yield batch[0][i], batch[1][i]
         finally:
             self._end_stream()

@@ -400,3 +400,33 @@ def test_torchrun_two_ranks_disjoint_covering_equal(tmp_path):
                 assert not set(l0) & set(l1)                     # disjoint
                 assert sorted(l0 + l1) == list(range(n))         # covering
         assert r[0][0][1] != r[0][1][1]                          # a new order each epoch
+
+
+def test_other_members_handed_through_as_bytes(tmp_path):
+    import json
+
+    def extra(tf, i):
+        if i % 5:
+            _add(tf, f"{i:06d}.txt", f"caption {i}".encode())
+        _add(tf, f"{i:06d}.json", json.dumps({"i": i}).encode())
+
+    def image(i):
+        return b"broken" if i == 8 else _jpeg(i)
+
+    urls = write_shards(str(tmp_path), n=20, per=10, extra=extra, image=image)
+    for nw in (0, 2):
+        ds = fastloader.WebDataset(urls, transform=VAL, shuffle=6, fields=("txt", "json"), on_error="skip")
+        dl = fastloader.DataLoader(ds, batch_size=6, num_workers=nw)
+        n = 0
+        for x, y, f in dl:
+            assert len(f["txt"]) == len(f["json"]) == len(y) == len(x)
+            for lab, t, j in zip(y.tolist(), f["txt"], f["json"]):
+                assert json.loads(j) == {"i": lab}
+                assert t == (f"caption {lab}".encode() if lab % 5 else None)
+            n += len(y)
+        assert n == 19    # sample 8 skipped, with its fields
+    # torch's own DataLoader over the stream: one sample at a time, with its fields
+    ds = fastloader.WebDataset(urls, transform=VAL, shuffle=0, shardshuffle=False, fields=("txt",), on_error="skip")
+    got = [(int(y), f["txt"]) for _, y, f in ds]
+    assert [g[0] for g in got] == [i for i in range(20) if i != 8]
+    assert got[1] == (1, b"caption 1") and got[0] == (0, None)
