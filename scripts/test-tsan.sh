@@ -39,10 +39,17 @@ if [ ${#tests[@]} -eq 0 ]; then
            tests/test_native_dataset.py tests/test_stats.py tests/test_worker_info.py
            tests/test_errors.py tests/test_collate.py tests/test_memory_budget.py
            tests/test_autotune.py tests/test_distributed_sampler.py
-           tests/test_public_api.py)
+           tests/test_public_api.py tests/test_source.py tests/test_lmdb.py tests/test_arrays.py
+           tests/test_webdataset.py)
     # how fast a process exits (< 5 s) is not measurable under TSan, whose own
     # exit takes seconds once torch is loaded
     args+=(--deselect tests/test_lifecycle.py::test_process_exits_with_live_iterator)
+    # torchrun children and pipe: commands run uninstrumented programs with
+    # libtsan preloaded (LD_PRELOAD is inherited), which TSan does not
+    # support: /bin/sh dies of SIGSEGV there.  They run in the other passes.
+    args+=(--deselect tests/test_webdataset.py::test_torchrun_two_ranks_disjoint_covering_equal
+           --deselect tests/test_webdataset.py::test_brace_patterns_and_pipe_urls
+           --deselect tests/test_arrays.py::test_two_ranks_with_distributed_sampler)
 fi
 
 # TSan cannot follow fork() of a process that already runs threads: a forked
