@@ -5,7 +5,8 @@
  * state below (handle, entry points, load outcome), which is written only
  * here, under one lock, and read elsewhere only through fl_cuda_get_api.
  * The wrappers are short and alike on purpose (device entered and
- * restored, errors formatted one way).
+ * restored, errors formatted one way): each is one FL_CALL_ON[_OUT], or
+ * calls call_enter/call_leave itself.
  *
  * Process-wide state.  The dlopen handle, the table of entry points and the
  * load outcome are C statics: a shared library is loaded once per process
