@@ -5,7 +5,8 @@
  * state below (handle, entry points, load outcome), which is written only
  * here, under one lock, and read elsewhere only through fl_cuda_get_api.
  * The wrappers are short and alike on purpose (device entered and
- * restored, errors formatted one way).
+ * restored, errors formatted one way): each is one FL_CALL_ON[_OUT], or
+ * calls call_enter/call_leave itself.
  *
  * Process-wide state.  The dlopen handle, the table of entry points and the
  * load outcome are C statics: a shared library is loaded once per process
@@ -21,6 +22,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -474,21 +476,74 @@ leave_device(const fl_cuda_api *api, int device, int prev)
     (void)api->SetDevice(prev);
 }
 
-/* The body of a wrapper that only needs the library, `device` current
- * around one runtime call, and the "what failed (name: text)" convention:
- * returns from the enclosing function (which has err/errlen parameters). */
-#define FL_CALL_ON(device, name, call)                                                             \
+/* One runtime call with `device` current on this thread, in two halves
+ * around the call itself.  No GIL needed; any thread.
+ *
+ * call_enter: the loaded table, with `device` made current (enter_device)
+ * and *prev set for call_leave.  Or NULL with *rc the code to return and
+ * err set ("<name> failed (CUDA runtime library not loaded)", or the
+ * cudaGetDevice/cudaSetDevice failure); nothing is left to undo then.
+ *
+ * call_leave: restores the caller's device (leave_device) and returns rc,
+ * the call's code.  When rc is a failure, err gets "<what> failed (name:
+ * text)", what being printf(fmt, ...) (formatted only then), the thread's
+ * last error is cleared (fl_cuda_format_error), and *out, when out is not
+ * NULL, is set to NULL: a caller never sees what a failed call left in
+ * its output. */
+static const fl_cuda_api *
+call_enter(int device, const char *name, int *prev, int *rc, char *err, size_t errlen)
+{
+    const fl_cuda_api *api = api_or_err(name, err, errlen);
+    if (!api) {
+        *rc = FL_CUDA_ERR_NO_LIBRARY;
+        return NULL;
+    }
+    *rc = enter_device(api, device, prev, err, errlen);
+    return *rc == FL_CUDA_OK ? api : NULL;
+}
+
+static int call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, char *err,
+                      size_t errlen, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static int
+call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, char *err, size_t errlen,
+           const char *fmt, ...)
+{
+    leave_device(api, device, prev);
+    if (rc == FL_CUDA_OK)
+        return rc;
+    if (out)
+        *out = NULL;
+    char what[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return fl_cuda_format_error(err, errlen, what, rc);
+}
+
+/* The whole body of a wrapper around one runtime call api->call: returns
+ * its code from the enclosing function (which has err/errlen parameters),
+ * with call_enter's and call_leave's contracts.  out: NULL, or the
+ * caller's void ** that the call writes its result into; it is NULL on
+ * every failure (set before the call, reset after a failed one).  The
+ * failure names `name` when the library is not loaded, else printf(...)
+ * (the arguments after `call`, e.g. the size asked for). */
+#define FL_CALL_ON_OUT(device, out, name, call, ...)                                               \
     do {                                                                                           \
-        const fl_cuda_api *api_ = api_or_err(name, err, errlen);                                   \
+        void **out_ = (out);                                                                       \
+        if (out_)                                                                                  \
+            *out_ = NULL;                                                                          \
+        int prev_, rc_;                                                                            \
+        const fl_cuda_api *api_ = call_enter((device), name, &prev_, &rc_, err, errlen);           \
         if (!api_)                                                                                 \
-            return FL_CUDA_ERR_NO_LIBRARY;                                                         \
-        int prev_, rc_ = enter_device(api_, (device), &prev_, err, errlen);                        \
-        if (rc_ != FL_CUDA_OK)                                                                     \
             return rc_;                                                                            \
         rc_ = api_->call;                                                                          \
-        leave_device(api_, (device), prev_);                                                       \
-        return rc_ == FL_CUDA_OK ? rc_ : fl_cuda_format_error(err, errlen, name, rc_);             \
+        return call_leave(api_, (device), prev_, rc_, out_, err, errlen, __VA_ARGS__);             \
     } while (0)
+
+/* The same with no output and the failure named `name`. */
+#define FL_CALL_ON(device, name, call) FL_CALL_ON_OUT(device, NULL, name, call, "%s", name)
 
 /* ---- queries ------------------------------------------------------------- */
 
@@ -537,23 +592,9 @@ fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen)
 int
 fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 {
-    *ptr = NULL;
-    const fl_cuda_api *api = api_or_err("cudaHostAlloc", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    void *p = NULL;
-    rc = api->HostAlloc(&p, bytes, FL_CUDA_HOST_ALLOC_PORTABLE);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK) {
-        char what[96];
-        snprintf(what, sizeof what, "cudaHostAlloc(%zu bytes)", bytes);
-        return fl_cuda_format_error(err, errlen, what, rc);
-    }
-    *ptr = p; /* ownership passes to the caller */
-    return FL_CUDA_OK;
+    /* on success ownership of *ptr passes to the caller */
+    FL_CALL_ON_OUT(device, ptr, "cudaHostAlloc", HostAlloc(ptr, bytes, FL_CUDA_HOST_ALLOC_PORTABLE),
+                   "cudaHostAlloc(%zu bytes)", bytes);
 }
 
 int
@@ -567,20 +608,9 @@ fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen)
 int
 fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaHostRegister", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->HostRegister(ptr, bytes, FL_CUDA_HOST_REGISTER_PORTABLE);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK) {
-        char what[96];
-        snprintf(what, sizeof what, "cudaHostRegister(%zu bytes)", bytes);
-        return fl_cuda_format_error(err, errlen, what, rc);
-    }
-    return FL_CUDA_OK;
+    FL_CALL_ON_OUT(device, NULL, "cudaHostRegister",
+                   HostRegister(ptr, bytes, FL_CUDA_HOST_REGISTER_PORTABLE), "cudaHostRegister(%zu bytes)",
+                   bytes);
 }
 
 int
@@ -592,23 +622,9 @@ fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen)
 int
 fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 {
-    *ptr = NULL;
-    const fl_cuda_api *api = api_or_err("cudaMalloc", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    void *p = NULL;
-    rc = api->Malloc(&p, bytes);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK) {
-        char what[96];
-        snprintf(what, sizeof what, "cudaMalloc(%zu bytes) on device %d", bytes, device);
-        return fl_cuda_format_error(err, errlen, what, rc);
-    }
-    *ptr = p; /* ownership passes to the caller */
-    return FL_CUDA_OK;
+    /* on success ownership of *ptr passes to the caller */
+    FL_CALL_ON_OUT(device, ptr, "cudaMalloc", Malloc(ptr, bytes), "cudaMalloc(%zu bytes) on device %d",
+                   bytes, device);
 }
 
 int
@@ -624,20 +640,8 @@ fl_cuda_free(int device, void *ptr, char *err, size_t errlen)
 int
 fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t errlen)
 {
-    *stream = NULL;
-    const fl_cuda_api *api = api_or_err("cudaStreamCreateWithFlags", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    fl_cudaStream_t s = NULL;
-    rc = api->StreamCreateWithFlags(&s, FL_CUDA_STREAM_NON_BLOCKING);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK)
-        return fl_cuda_format_error(err, errlen, "cudaStreamCreateWithFlags", rc);
-    *stream = s;
-    return FL_CUDA_OK;
+    FL_CALL_ON_OUT(device, stream, "cudaStreamCreateWithFlags",
+                   StreamCreateWithFlags(stream, FL_CUDA_STREAM_NON_BLOCKING), "cudaStreamCreateWithFlags");
 }
 
 int
@@ -664,20 +668,8 @@ fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t eve
 static int
 event_create(int device, unsigned flags, fl_cudaEvent_t *event, char *err, size_t errlen)
 {
-    *event = NULL;
-    const fl_cuda_api *api = api_or_err("cudaEventCreateWithFlags", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    fl_cudaEvent_t e = NULL;
-    rc = api->EventCreateWithFlags(&e, flags);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK)
-        return fl_cuda_format_error(err, errlen, "cudaEventCreateWithFlags", rc);
-    *event = e;
-    return FL_CUDA_OK;
+    FL_CALL_ON_OUT(device, event, "cudaEventCreateWithFlags", EventCreateWithFlags(event, flags),
+                   "cudaEventCreateWithFlags");
 }
 
 int
@@ -722,20 +714,18 @@ fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, c
 int
 fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 {
-    const fl_cuda_api *api = api_or_err("cudaEventQuery", err, errlen);
+    int prev, rc;
+    const fl_cuda_api *api = call_enter(device, "cudaEventQuery", &prev, &rc, err, errlen);
     if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
         return rc;
     rc = api->EventQuery(event);
-    if (rc == FL_CUDA_ERR_NOT_READY)
-        (void)api->GetLastError(); /* "not ready" is an answer, not an error: do not leave it
-                                     * as the thread's last error for torch to raise later */
+    if (rc != FL_CUDA_ERR_NOT_READY)
+        return call_leave(api, device, prev, rc, NULL, err, errlen, "cudaEventQuery");
+    /* "not ready" is an answer, not an error: do not leave it as the
+     * thread's last error for torch to raise later */
+    (void)api->GetLastError();
     leave_device(api, device, prev);
-    if (rc == FL_CUDA_OK || rc == FL_CUDA_ERR_NOT_READY)
-        return rc;
-    return fl_cuda_format_error(err, errlen, "cudaEventQuery", rc);
+    return rc;
 }
 
 int
@@ -752,20 +742,8 @@ memcpy_async(int device, void *dst, const void *src, size_t bytes, int kind,
 {
     if (bytes == 0)
         return FL_CUDA_OK;
-    const fl_cuda_api *api = api_or_err("cudaMemcpyAsync", err, errlen);
-    if (!api)
-        return FL_CUDA_ERR_NO_LIBRARY;
-    int prev = device, rc = enter_device(api, device, &prev, err, errlen);
-    if (rc != FL_CUDA_OK)
-        return rc;
-    rc = api->MemcpyAsync(dst, src, bytes, kind, stream);
-    leave_device(api, device, prev);
-    if (rc != FL_CUDA_OK) {
-        char what[96];
-        snprintf(what, sizeof what, "cudaMemcpyAsync(%s, %zu bytes)", name, bytes);
-        return fl_cuda_format_error(err, errlen, what, rc);
-    }
-    return FL_CUDA_OK;
+    FL_CALL_ON_OUT(device, NULL, "cudaMemcpyAsync", MemcpyAsync(dst, src, bytes, kind, stream),
+                   "cudaMemcpyAsync(%s, %zu bytes)", name, bytes);
 }
 
 int

@@ -55,6 +55,20 @@ struct fl_devpool {
     uint64_t seq;          /* copies started, for LRU */
 };
 
+/* Count a buffer of `cap` bytes out of the pool's counters for good (it is
+ * about to be destroyed), and out of its class c's live buffers (c NULL:
+ * untracked, or a class being dropped).  An idle buffer's caller also takes
+ * it off the idle counts.  Under the lock. */
+static void
+count_freed_locked(fl_devpool *p, size_cls *c, size_t cap)
+{
+    if (c)
+        c->alive--;
+    p->st.buffers--;
+    p->st.device_bytes -= cap;
+    p->st.freed++;
+}
+
 /* The class record for `cap`, adding one (and evicting a wholly idle least
  * recently used class into *victims) if needed; NULL when every slot is in
  * use by buffers that are out.  Under the lock. */
@@ -83,9 +97,7 @@ class_for(fl_devpool *p, size_t cap, fl_devbuf **victims)
             b->next = *victims;
             *victims = b;
             p->st.idle--;
-            p->st.buffers--;
-            p->st.device_bytes -= b->cap;
-            p->st.freed++;
+            count_freed_locked(p, NULL, b->cap); /* the class is reset below */
         }
     }
     memset(c, 0, sizeof *c);
@@ -372,12 +384,7 @@ fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, 
     if (rc != FL_CUDA_OK) {
         /* The buffer's state is unknown: free it rather than pool it. */
         pthread_mutex_lock(&p->lock);
-        size_cls *c = pick->tracked ? class_find(p, pick->cap) : NULL;
-        if (c)
-            c->alive--;
-        p->st.buffers--;
-        p->st.device_bytes -= pick->cap;
-        p->st.freed++;
+        count_freed_locked(p, pick->tracked ? class_find(p, pick->cap) : NULL, pick->cap);
         pthread_mutex_unlock(&p->lock);
         devbuf_destroy(pick);
         return rc;
@@ -504,11 +511,7 @@ fl_devbuf_unref(fl_devbuf *b)
         p->st.idle++;
         c->idle++;
     } else {
-        if (c)
-            c->alive--;
-        p->st.buffers--;
-        p->st.device_bytes -= b->cap;
-        p->st.freed++;
+        count_freed_locked(p, c, b->cap);
     }
     pthread_mutex_unlock(&p->lock);
     if (!ok)

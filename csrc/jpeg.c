@@ -17,7 +17,8 @@
  *   from one file into the next.
  * - libjpeg reports fatal errors through error_exit, which we turn into a
  *   longjmp back to the public entry point (never exit()).  setjmp lives in
- *   small wrappers whose locals are never modified after setjmp, so nothing
+ *   small wrappers (fl_guarded for every entry that reads a file, and
+ *   fl_create) whose locals are never modified after setjmp, so nothing
  *   is clobbered; the real work is in functions that may longjmp out.
  * - Output equals Pillow 13 bit for bit at full size: JDCT_ISLOW and fancy
  *   upsampling (libjpeg's defaults, which Pillow also uses), RGB straight
@@ -431,18 +432,24 @@ fl_fill_info(j_decompress_ptr cinfo, fl_jpeg_info *info)
     info->arithmetic = cinfo->arith_code ? 1 : 0;
 }
 
-/* Body of fl_jpeg_read_header; may longjmp. */
-static void
-fl_read_header_body(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *info)
-{
-    fl_start(j, data, len, 1);
-    fl_fill_info(&j->cinfo, info);
-    info->orientation = fl_orientation_from_markers(&j->cinfo);
-}
+/* What a public entry does with one file behind fl_guarded: reads
+ * data[0, len) with j's decompressor, `arg` being the entry's own
+ * arguments.  May longjmp out on a libjpeg error.  Returns 0, or -1 with
+ * err filled for an error found outside libjpeg. */
+typedef int (*fl_body_fn)(fl_jpeg *j, const uint8_t *data, size_t len, void *arg, fl_err *err);
 
-int
-fl_jpeg_read_header(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *info, fl_err *err)
+/* Every public entry that reads a file goes through here: the signature
+ * checked, the error manager armed for this call (err, warnings reset),
+ * body run behind setjmp, and then, whatever happened, the decompressor
+ * aborted (never finished: a region decode stops after its last row, and
+ * fl_check_rest has looked at the rest of the file) and err disarmed.
+ * Returns body's result, or -1 with err filled when libjpeg raised an
+ * error.  rc, set after setjmp, is never read after a longjmp.  No GIL
+ * needed. */
+static int
+fl_guarded(fl_jpeg *j, const uint8_t *data, size_t len, fl_body_fn body, void *arg, fl_err *err)
 {
+    int rc;
     if (fl_check_signature(data, len, err) < 0)
         return -1;
     j->jerr.err = err;
@@ -452,10 +459,29 @@ fl_jpeg_read_header(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *i
         j->jerr.err = NULL;
         return -1;
     }
-    fl_read_header_body(j, data, len, info);
+    rc = body(j, data, len, arg, err);
     jpeg_abort_decompress(&j->cinfo);
     j->jerr.err = NULL;
+    return rc;
+}
+
+/* Body of fl_jpeg_read_header (an fl_body_fn; arg: the fl_jpeg_info to
+ * fill); may longjmp. */
+static int
+fl_read_header_body(fl_jpeg *j, const uint8_t *data, size_t len, void *arg, fl_err *err)
+{
+    fl_jpeg_info *info = arg;
+    (void)err;
+    fl_start(j, data, len, 1);
+    fl_fill_info(&j->cinfo, info);
+    info->orientation = fl_orientation_from_markers(&j->cinfo);
     return 0;
+}
+
+int
+fl_jpeg_read_header(fl_jpeg *j, const uint8_t *data, size_t len, fl_jpeg_info *info, fl_err *err)
+{
+    return fl_guarded(j, data, len, fl_read_header_body, info, err);
 }
 
 int
@@ -618,6 +644,102 @@ fl_scan_end(const uint8_t *d, size_t n, size_t *pos, unsigned restart_interval, 
     return pending >= 0 ? pending : fl_next_marker(d, n, pos);
 }
 
+/* One table of a DHT, DQT or DAC segment at d[*pos], checked as libjpeg's
+ * get_dht, get_dqt and get_dac check it; *pos and *length (the bytes left
+ * in the segment) move past it.  Returns 1, 0 when the data ends first
+ * (libjpeg accepts that: the decode is over), or -1 with *why set. */
+typedef int (*fl_table_fn)(const uint8_t *d, size_t n, size_t *pos, long *length, const char **why);
+
+static int
+fl_dht_table(const uint8_t *d, size_t n, size_t *pos, long *length, const char **why)
+{
+    int index, count = 0;
+    if (n - *pos < 17)
+        return 0;
+    index = d[*pos];
+    for (int i = 1; i <= 16; i++)
+        count += d[*pos + i];
+    *pos += 17;
+    *length -= 17;
+    if (count > 256 || count > *length) {
+        *why = "a bad DHT segment";
+        return -1;
+    }
+    if (n - *pos < (size_t)count)
+        return 0;
+    *pos += (size_t)count;
+    *length -= count;
+    if ((index & 0x10 ? index - 0x10 : index) >= 4) {
+        *why = "a bad DHT table index";
+        return -1;
+    }
+    return 1;
+}
+
+static int
+fl_dqt_table(const uint8_t *d, size_t n, size_t *pos, long *length, const char **why)
+{
+    int v;
+    size_t size;
+    if (n - *pos < 1)
+        return 0;
+    v = d[(*pos)++];
+    if ((v & 0x0F) >= 4) {
+        *why = "a bad DQT table index";
+        return -1;
+    }
+    size = v >> 4 ? 128 : 64;
+    if (n - *pos < size)
+        return 0;
+    *pos += size;
+    *length -= 1 + (long)size;
+    return 1;
+}
+
+static int
+fl_dac_table(const uint8_t *d, size_t n, size_t *pos, long *length, const char **why)
+{
+    int index, val;
+    if (n - *pos < 2)
+        return 0;
+    index = d[*pos];
+    val = d[*pos + 1];
+    *pos += 2;
+    *length -= 2;
+    if (index >= 32 || (index < 16 && (val & 0x0F) > val >> 4)) {
+        *why = "a bad DAC segment";
+        return -1;
+    }
+    return 1;
+}
+
+/* A DHT, DQT or DAC segment (marker m) whose length field is at d[*pos]:
+ * `length` is that field, or -1 when the data ends inside it.  Its tables
+ * are read while more bytes are left than the smallest table could leave
+ * unread (DHT: 16), and must then fill the segment exactly.  Returns 1
+ * with *pos past the segment, 0 when the data ends first, or -1 with *why
+ * set.  No libjpeg state; any thread. */
+static int
+fl_table_segment(const uint8_t *d, size_t n, size_t *pos, int m, long length, const char **why)
+{
+    fl_table_fn table = m == 0xC4 ? fl_dht_table : m == 0xDB ? fl_dqt_table : fl_dac_table;
+    long tail = m == 0xC4 ? 16 : 0;
+    int r;
+    if (length < 0)
+        return 0;
+    *pos += 2;
+    length -= 2;
+    while (length > tail)
+        if ((r = table(d, n, pos, &length, why)) <= 0)
+            return r;
+    if (length != 0) {
+        *why = m == 0xC4 ? "a bad DHT segment length"
+               : m == 0xDB ? "a bad DQT segment length" : "a bad DAC segment length";
+        return -1;
+    }
+    return 1;
+}
+
 /* Read the markers from marker m (d[*pos] is just past it) to EOI, as
  * read_markers does after the only scan.  Returns 0 when libjpeg would
  * accept them, which includes data that ends first; or -1 with err filled. */
@@ -659,88 +781,12 @@ fl_markers_to_eoi(const uint8_t *d, size_t n, size_t pos, int m, fl_err *err)
             why = "a second scan in a single-scan file";
             goto bad;
         }
-        case 0xC4: {                                         /* DHT */
-            if (length < 0)
-                return 0;
-            pos += 2;
-            length -= 2;
-            while (length > 16) {
-                int index, count = 0;
-                if (n - pos < 17)
-                    return 0;
-                index = d[pos];
-                for (int i = 1; i <= 16; i++)
-                    count += d[pos + i];
-                pos += 17;
-                length -= 17;
-                if (count > 256 || count > length) {
-                    why = "a bad DHT segment";
-                    goto bad;
-                }
-                if (n - pos < (size_t)count)
-                    return 0;
-                pos += (size_t)count;
-                length -= count;
-                if ((index & 0x10 ? index - 0x10 : index) >= 4) {
-                    why = "a bad DHT table index";
-                    goto bad;
-                }
-            }
-            if (length != 0) {
-                why = "a bad DHT segment length";
+        case 0xC4: case 0xDB: case 0xCC: {                   /* DHT, DQT, DAC */
+            int r = fl_table_segment(d, n, &pos, m, length, &why);
+            if (r < 0)
                 goto bad;
-            }
-            continue;
-        }
-        case 0xDB: {                                         /* DQT */
-            if (length < 0)
+            if (r == 0)
                 return 0;
-            pos += 2;
-            length -= 2;
-            while (length > 0) {
-                int v;
-                size_t size;
-                if (n - pos < 1)
-                    return 0;
-                v = d[pos++];
-                if ((v & 0x0F) >= 4) {
-                    why = "a bad DQT table index";
-                    goto bad;
-                }
-                size = v >> 4 ? 128 : 64;
-                if (n - pos < size)
-                    return 0;
-                pos += size;
-                length -= 1 + (long)size;
-            }
-            if (length != 0) {
-                why = "a bad DQT segment length";
-                goto bad;
-            }
-            continue;
-        }
-        case 0xCC: {                                         /* DAC */
-            if (length < 0)
-                return 0;
-            pos += 2;
-            length -= 2;
-            while (length > 0) {
-                int index, val;
-                if (n - pos < 2)
-                    return 0;
-                index = d[pos];
-                val = d[pos + 1];
-                pos += 2;
-                length -= 2;
-                if (index >= 32 || (index < 16 && (val & 0x0F) > val >> 4)) {
-                    why = "a bad DAC segment";
-                    goto bad;
-                }
-            }
-            if (length != 0) {
-                why = "a bad DAC segment length";
-                goto bad;
-            }
             continue;
         }
         case 0xDD:                                           /* DRI */
@@ -833,6 +879,8 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     size_t col;             /* first region column within a cropped scanline */
     int direct;
     JSAMPROW rows[MAX_ROWS_PER_READ];
+    size_t row_bytes;       /* one cropped scanline as libjpeg writes it */
+    int nrows;              /* most rows per jpeg_read_scanlines call */
     int done;
 
     fl_start(j, data, len, 0);
@@ -912,66 +960,67 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     if (r->y > 0)
         jpeg_skip_scanlines(cinfo, (JDIMENSION)r->y);
 
-    if (direct) {
-        for (done = 0; done < r->h;) {
-            int n = r->h - done;
-            JDIMENSION got;
-            if (n > MAX_ROWS_PER_READ)
-                n = MAX_ROWS_PER_READ;
-            for (int i = 0; i < n; i++)
-                rows[i] = out + (size_t)(done + i) * out_stride;
-            got = jpeg_read_scanlines(cinfo, rows, (JDIMENSION)n);
-            if (got == 0) {
-                fl_set_msg(err, FL_ERR_DECODE, "libjpeg returned no scanlines");
-                return -1;
-            }
-            done += (int)got;
-        }
-        return fl_check_rest(j, data, len, err);
-    }
-
-    {
-        size_t row_bytes = (size_t)cw * (size_t)nc;
-        int nrows = cinfo->rec_outbuf_height > 0 ? cinfo->rec_outbuf_height : 1;
+    /* direct: libjpeg writes straight into the caller's rows, several per
+     * call; otherwise into scratch rows (as many as libjpeg fills at once),
+     * cropped and converted into the caller's. */
+    row_bytes = (size_t)cw * (size_t)nc;
+    nrows = MAX_ROWS_PER_READ;
+    if (!direct) {
+        nrows = cinfo->rec_outbuf_height > 0 ? cinfo->rec_outbuf_height : 1;
         if (nrows > MAX_ROWS_PER_READ)
             nrows = MAX_ROWS_PER_READ;
         if (fl_scratch_reserve(j, row_bytes * (size_t)nrows, err) < 0)
             return -1;
-        for (done = 0; done < r->h;) {
-            int n = r->h - done;
-            JDIMENSION got;
-            if (n > nrows)
-                n = nrows;
-            for (int i = 0; i < n; i++)
-                rows[i] = j->scratch + (size_t)i * row_bytes;
-            got = jpeg_read_scanlines(cinfo, rows, (JDIMENSION)n);
-            if (got == 0) {
-                fl_set_msg(err, FL_ERR_DECODE, "libjpeg returned no scanlines");
-                return -1;
-            }
-            for (JDIMENSION i = 0; i < got; i++) {
-                const uint8_t *src = rows[i] + col * (size_t)nc;
-                uint8_t *dst = out + (size_t)(done + (int)i) * out_stride;
-                if (nc == r->out_channels)
-                    memcpy(dst, src, (size_t)r->w * (size_t)nc);
-                else if (nc == 3)        /* RGB -> L */
-                    fl_rgb_to_l(src, dst, r->w);
-                else if (r->out_channels == 3)  /* CMYK -> RGB */
-                    fl_cmyk_to_rgb(src, dst, r->w);
-                else                     /* CMYK -> L */
-                    fl_cmyk_to_l(src, dst, r->w);
-            }
-            done += (int)got;
+    }
+    for (done = 0; done < r->h;) {
+        int n = r->h - done;
+        JDIMENSION got;
+        if (n > nrows)
+            n = nrows;
+        for (int i = 0; i < n; i++)
+            rows[i] = direct ? out + (size_t)(done + i) * out_stride : j->scratch + (size_t)i * row_bytes;
+        got = jpeg_read_scanlines(cinfo, rows, (JDIMENSION)n);
+        if (got == 0) {
+            fl_set_msg(err, FL_ERR_DECODE, "libjpeg returned no scanlines");
+            return -1;
         }
+        for (JDIMENSION i = 0; !direct && i < got; i++) {
+            const uint8_t *src = rows[i] + col * (size_t)nc;
+            uint8_t *dst = out + (size_t)(done + (int)i) * out_stride;
+            if (nc == r->out_channels)
+                memcpy(dst, src, (size_t)r->w * (size_t)nc);
+            else if (nc == 3)        /* RGB -> L */
+                fl_rgb_to_l(src, dst, r->w);
+            else if (r->out_channels == 3)  /* CMYK -> RGB */
+                fl_cmyk_to_rgb(src, dst, r->w);
+            else                     /* CMYK -> L */
+                fl_cmyk_to_l(src, dst, r->w);
+        }
+        done += (int)got;
     }
     return fl_check_rest(j, data, len, err);
+}
+
+/* fl_jpeg_decode's own arguments, for fl_decode_guarded. */
+typedef struct {
+    const fl_jpeg_region *region;
+    uint8_t *out;
+    size_t out_stride;
+} fl_decode_args;
+
+/* fl_decode_body as an fl_body_fn (arg: an fl_decode_args); may longjmp. */
+static int
+fl_decode_guarded(fl_jpeg *j, const uint8_t *data, size_t len, void *arg, fl_err *err)
+{
+    const fl_decode_args *a = arg;
+    return fl_decode_body(j, data, len, a->region, a->out, a->out_stride, err);
 }
 
 int
 fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
                uint8_t *out, size_t out_stride, fl_err *err)
 {
-    int rc;
+    fl_decode_args args;
     if (region->out_channels != 1 && region->out_channels != 3) {
         fl_set_msg(err, FL_ERR_DECODE, "out_channels must be 1 or 3");
         return -1;
@@ -984,21 +1033,10 @@ fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
         fl_set_msg(err, FL_ERR_DECODE, "out_stride is smaller than a region row");
         return -1;
     }
-    if (fl_check_signature(data, len, err) < 0)
-        return -1;
-    j->jerr.err = err;
-    j->jerr.warnings = 0;
-    if (setjmp(j->jerr.jump)) {
-        jpeg_abort_decompress(&j->cinfo);
-        j->jerr.err = NULL;
-        return -1;
-    }
-    rc = fl_decode_body(j, data, len, region, out, out_stride, err);
-    /* Abort rather than finish: libjpeg never decodes the rows below the
-     * region; fl_check_rest has looked at the rest of the file instead. */
-    jpeg_abort_decompress(&j->cinfo);
-    j->jerr.err = NULL;
-    return rc;
+    args.region = region;
+    args.out = out;
+    args.out_stride = out_stride;
+    return fl_guarded(j, data, len, fl_decode_guarded, &args, err);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -29,6 +29,7 @@
 #include "gather.h"
 #include "pool.h"
 #include "pybuffer.h"
+#include "py_native.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -219,36 +220,6 @@ array_source(PyObject *module, PyObject *args, PyObject *kwargs)
 
 /* ---- gather ------------------------------------------------------------------- */
 
-/* indices (a sequence of ints) -> malloc'd int64 array, negative ones
- * counted from the end of n rows (left negative when below -n, for the
- * core's IndexError).  NULL with an exception. */
-static int64_t *
-parse_indices(PyObject *obj, int64_t n, Py_ssize_t *count)
-{
-    PyObject *seq = PySequence_Fast(obj, "indices must be a sequence of ints");
-    if (!seq)
-        return NULL;
-    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
-    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(k ? k : 1));
-    if (!idx) {
-        Py_DECREF(seq);
-        return (int64_t *)PyErr_NoMemory();
-    }
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        long long v = PyLong_AsLongLong(items[i]);
-        if (v == -1 && PyErr_Occurred()) {
-            free(idx);
-            Py_DECREF(seq);
-            return NULL;
-        }
-        idx[i] = v < 0 && v >= -n ? v + n : v;
-    }
-    Py_DECREF(seq);
-    *count = k;
-    return idx;
-}
-
 /* One output of a gather while it is built. */
 typedef struct {
     fl_array_info info;
@@ -301,7 +272,7 @@ gather(PyObject *module, PyObject *args, PyObject *kwargs)
         }
     }
     Py_ssize_t count = 0;
-    idx = parse_indices(indices, m ? outs[0].info.n : 0, &count);
+    idx = fl_py_parse_row_indices(indices, m ? outs[0].info.n : 0, &count);
     if (!idx)
         goto done;
     for (Py_ssize_t j = 0; j < m; j++) {

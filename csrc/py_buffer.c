@@ -349,22 +349,27 @@ batchpool_get_pin_device(fl_batchpool *self, void *Py_UNUSED(c))
     return PyLong_FromLong(self->pin_device);
 }
 
+/* The sum of count(pool) over the size classes, as an int (NULL with
+ * MemoryError).  GIL held: the classes change only under it. */
 static PyObject *
-batchpool_get_bytes(fl_batchpool *self, void *Py_UNUSED(c))
+batchpool_sum(fl_batchpool *self, size_t (*count)(fl_pool *))
 {
     size_t n = 0;
     for (int i = 0; i < self->nclasses; i++)
-        n += fl_pool_bytes_in_use(self->classes[i].pool);
+        n += count(self->classes[i].pool);
     return PyLong_FromSize_t(n);
+}
+
+static PyObject *
+batchpool_get_bytes(fl_batchpool *self, void *Py_UNUSED(c))
+{
+    return batchpool_sum(self, fl_pool_bytes_in_use);
 }
 
 static PyObject *
 batchpool_get_bytes_out(fl_batchpool *self, void *Py_UNUSED(c))
 {
-    size_t n = 0;
-    for (int i = 0; i < self->nclasses; i++)
-        n += fl_pool_bytes_out(self->classes[i].pool);
-    return PyLong_FromSize_t(n);
+    return batchpool_sum(self, fl_pool_bytes_out);
 }
 
 static PyObject *

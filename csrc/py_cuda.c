@@ -280,19 +280,19 @@ fl_py_cuda_require(int device)
 
 /* ---- test helpers (the round trips themselves are cuda_roundtrip.c's) ------ */
 
+/* The body of both round trips: data copied through page-locked host
+ * memory (device_trip: and `device`'s memory, two_streams as
+ * fl_cuda_device_roundtrip takes it) back into a new bytes object.  GIL
+ * held; released around the copy.  Releases *data whatever happens.
+ * Returns the bytes, or NULL with ValueError (empty data), the
+ * require_loaded error, or RuntimeError with the CUDA message. */
 static PyObject *
-py_cuda_pinned_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
+roundtrip_bytes(Py_buffer *data, int device, int device_trip, int two_streams, int reg)
 {
-    static char *kwlist[] = {"data", "device", "register", NULL};
-    Py_buffer data;
-    int device = 0, reg = 0, rc;
     char err[FL_CUDA_ERRLEN] = "";
-    (void)m;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|ip:_cuda_pinned_roundtrip", kwlist, &data,
-                                     &device, &reg))
-        return NULL;
-    size_t n = (size_t)data.len;
+    size_t n = (size_t)data->len;
     PyObject *out = NULL;
+    int rc;
     if (n == 0) {
         PyErr_SetString(PyExc_ValueError, "data must not be empty");
         goto done;
@@ -301,20 +301,36 @@ py_cuda_pinned_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
         goto done;
     /* A fresh bytes object that no other thread can see yet: filled below
      * without the GIL. */
-    out = PyBytes_FromStringAndSize(NULL, data.len);
+    out = PyBytes_FromStringAndSize(NULL, data->len);
     if (!out)
         goto done;
     char *dst = PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_pinned_roundtrip(device, data.buf, dst, n, reg, err, sizeof err);
+    if (device_trip)
+        rc = fl_cuda_device_roundtrip(device, data->buf, dst, n, two_streams, reg, err, sizeof err);
+    else
+        rc = fl_cuda_pinned_roundtrip(device, data->buf, dst, n, reg, err, sizeof err);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
         PyErr_SetString(PyExc_RuntimeError, err);
         Py_CLEAR(out);
     }
 done:
-    PyBuffer_Release(&data);
+    PyBuffer_Release(data);
     return out;
+}
+
+static PyObject *
+py_cuda_pinned_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "device", "register", NULL};
+    Py_buffer data;
+    int device = 0, reg = 0;
+    (void)m;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|ip:_cuda_pinned_roundtrip", kwlist, &data,
+                                     &device, &reg))
+        return NULL;
+    return roundtrip_bytes(&data, device, 0, 0, reg);
 }
 
 static PyObject *
@@ -322,33 +338,12 @@ py_cuda_device_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"data", "device", "two_streams", "register", NULL};
     Py_buffer data;
-    int device = 0, two = 0, reg = 0, rc;
-    char err[FL_CUDA_ERRLEN] = "";
+    int device = 0, two = 0, reg = 0;
     (void)m;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|ipp:_cuda_device_roundtrip", kwlist, &data,
                                      &device, &two, &reg))
         return NULL;
-    PyObject *out = NULL;
-    if (data.len == 0) {
-        PyErr_SetString(PyExc_ValueError, "data must not be empty");
-        goto done;
-    }
-    if (require_loaded() < 0)
-        goto done;
-    out = PyBytes_FromStringAndSize(NULL, data.len); /* private until returned */
-    if (!out)
-        goto done;
-    char *dst = PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_device_roundtrip(device, data.buf, dst, (size_t)data.len, two, reg, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
-        Py_CLEAR(out);
-    }
-done:
-    PyBuffer_Release(&data);
-    return out;
+    return roundtrip_bytes(&data, device, 1, two, reg);
 }
 
 /* ---- registration -------------------------------------------------------- */

@@ -575,17 +575,27 @@ copier_stats(fl_copier *self, PyObject *Py_UNUSED(ignored))
                          (Py_ssize_t)s.device_bytes);
 }
 
-static PyObject *
-copier_close(fl_copier *self, PyObject *Py_UNUSED(ignored))
+/* Drop the copier's pool reference, if it still has one (close and
+ * dealloc).  GIL held on entry; released around the unref, because the last
+ * reference synchronises the stream and frees idle buffers.  self->pool is
+ * NULL before the GIL is released, so no other thread sees it half gone.
+ * Device tensors still alive keep the pool through their buffers. */
+static void
+copier_drop_pool(fl_copier *self)
 {
     fl_devpool *pool = self->pool;
     self->pool = NULL;
     if (pool) {
-        /* the last reference synchronises the stream and frees idle buffers */
         Py_BEGIN_ALLOW_THREADS
         fl_devpool_unref(pool);
         Py_END_ALLOW_THREADS
     }
+}
+
+static PyObject *
+copier_close(fl_copier *self, PyObject *Py_UNUSED(ignored))
+{
+    copier_drop_pool(self);
     Py_RETURN_NONE;
 }
 
@@ -607,13 +617,7 @@ static void
 copier_dealloc(fl_copier *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    fl_devpool *pool = self->pool;
-    self->pool = NULL;
-    if (pool) {
-        Py_BEGIN_ALLOW_THREADS
-        fl_devpool_unref(pool);
-        Py_END_ALLOW_THREADS
-    }
+    copier_drop_pool(self);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

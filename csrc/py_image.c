@@ -141,6 +141,57 @@ fl_open(PyObject *m, const fl_src *s, fl_jpeg_info *info, int check_limits)
     return j;
 }
 
+/* Decode *reg of s with j (its header already read) into a new
+ * reg->h x reg->w x reg->out_channels uint8 array, turned by the EXIF
+ * orientation `orient` as ImageOps.exif_transpose does (1: as stored; 5..8
+ * swap the axes).  GIL held; released around the decode, and a turned image
+ * goes through a malloc'ed temporary (no GIL), freed here.  Returns the
+ * array (new reference), or NULL with an exception set (fl_image_raise,
+ * or numpy's MemoryError). */
+static PyObject *
+fl_decode_array(PyObject *m, fl_jpeg *j, const fl_src *s, const fl_jpeg_region *reg, int orient)
+{
+    size_t stride = (size_t)reg->w * (size_t)reg->out_channels;
+    npy_intp dims[3];
+    fl_err err = {0, ""};
+    uint8_t *out, *tmp = NULL;
+    PyObject *arr;
+    int rc;
+
+    dims[0] = orient >= 5 ? reg->w : reg->h;
+    dims[1] = orient >= 5 ? reg->h : reg->w;
+    dims[2] = reg->out_channels;
+    arr = PyArray_SimpleNew(3, dims, NPY_UINT8);
+    if (arr == NULL)
+        return NULL;
+    out = (uint8_t *)PyArray_DATA((PyArrayObject *)arr);
+    Py_BEGIN_ALLOW_THREADS
+    if (orient == 1) {
+        rc = fl_jpeg_decode(j, s->data, s->len, reg, out, stride, &err);
+    } else {
+        /* Decode into a temporary (malloc: no GIL) and transpose into arr. */
+        size_t n = stride * (size_t)reg->h;
+        tmp = malloc(n);
+        if (tmp == NULL) {
+            err.code = FL_ERR_NOMEM;
+            snprintf(err.msg, sizeof(err.msg), "out of memory for a %zu-byte image", n);
+            rc = -1;
+        } else {
+            rc = fl_jpeg_decode(j, s->data, s->len, reg, tmp, stride, &err);
+            if (rc == 0)
+                fl_apply_orientation(tmp, reg->w, reg->h, reg->out_channels, orient, out);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(tmp);
+    if (rc < 0) {
+        fl_image_raise(m, s, &err);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 /* ------------------------------------------------------------------------ */
 /* methods */
 
@@ -150,14 +201,11 @@ fl_decode_jpeg(PyObject *m, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"src", "mode", "apply_exif_orientation", NULL};
     PyObject *srcobj, *arr = NULL;
     const char *mode = "RGB";
-    int apply = 0, channels, orient, rc;
+    int apply = 0, channels;
     fl_src s;
-    fl_jpeg *j = NULL;
+    fl_jpeg *j;
     fl_jpeg_info info;
     fl_jpeg_region reg;
-    fl_err err = {0, ""};
-    npy_intp dims[3];
-    uint8_t *tmp = NULL;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sp:decode_jpeg", kwlist, &srcobj, &mode, &apply))
         return NULL;
@@ -169,54 +217,17 @@ fl_decode_jpeg(PyObject *m, PyObject *args, PyObject *kwds)
         return PyErr_Format(PyExc_ValueError, "mode must be 'RGB' or 'L', not '%s'", mode);
     if (fl_src_load(m, srcobj, &s) < 0)
         return NULL;
-    if ((j = fl_open(m, &s, &info, 1)) == NULL)
-        goto error;
-    orient = apply ? info.orientation : 1;
-    reg.out_channels = channels;
-    reg.scale_num = 8;
-    reg.x = reg.y = 0;
-    reg.w = info.width;
-    reg.h = info.height;
-    dims[0] = orient >= 5 ? info.width : info.height;
-    dims[1] = orient >= 5 ? info.height : info.width;
-    dims[2] = channels;
-    arr = PyArray_SimpleNew(3, dims, NPY_UINT8);
-    if (arr == NULL)
-        goto error;
-    Py_BEGIN_ALLOW_THREADS
-    if (orient == 1) {
-        rc = fl_jpeg_decode(j, s.data, s.len, &reg, (uint8_t *)PyArray_DATA((PyArrayObject *)arr),
-                            (size_t)info.width * (size_t)channels, &err);
-    } else {
-        /* Decode into a temporary (malloc: no GIL) and transpose into arr. */
-        size_t n = (size_t)info.width * (size_t)info.height * (size_t)channels;
-        tmp = malloc(n);
-        if (tmp == NULL) {
-            err.code = FL_ERR_NOMEM;
-            snprintf(err.msg, sizeof(err.msg), "out of memory for a %zu-byte image", n);
-            rc = -1;
-        } else {
-            rc = fl_jpeg_decode(j, s.data, s.len, &reg, tmp, (size_t)info.width * (size_t)channels, &err);
-            if (rc == 0)
-                fl_apply_orientation(tmp, info.width, info.height, channels, orient,
-                                     (uint8_t *)PyArray_DATA((PyArrayObject *)arr));
-        }
+    if ((j = fl_open(m, &s, &info, 1)) != NULL) {
+        reg.out_channels = channels;
+        reg.scale_num = 8;
+        reg.x = reg.y = 0;
+        reg.w = info.width;
+        reg.h = info.height;
+        arr = fl_decode_array(m, j, &s, &reg, apply ? info.orientation : 1);
     }
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        fl_image_raise(m, &s, &err);
-        goto error;
-    }
-    free(tmp);
     fl_jpeg_free(j);
     fl_src_release(&s);
     return arr;
-error:
-    free(tmp);
-    Py_XDECREF(arr);
-    fl_jpeg_free(j);
-    fl_src_release(&s);
-    return NULL;
 }
 
 static PyObject *
@@ -232,8 +243,7 @@ fl_decode_region(PyObject *m, PyObject *args, PyObject *kwds)
     fl_jpeg_info info;
     fl_jpeg_region reg;
     fl_err err = {0, ""};
-    npy_intp dims[3];
-    int sw, sh, rc;
+    int sw, sh;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oiiiiii|$Lip:_decode_region", kwlist, &srcobj,
                                      &reg.scale_num, &reg.x, &reg.y, &reg.w, &reg.h, &reg.out_channels,
@@ -246,43 +256,26 @@ fl_decode_region(PyObject *m, PyObject *args, PyObject *kwds)
     if (fl_src_load(m, srcobj, &s) < 0)
         return NULL;
     if ((j = fl_open(m, &s, &info, 0)) == NULL)
-        goto error;
+        goto done;
     fl_jpeg_set_limits(j, max_pixels < 0 ? FL_JPEG_DEFAULT_MAX_PIXELS : (uint64_t)max_pixels,
                        max_scans < 0 ? FL_JPEG_DEFAULT_MAX_SCANS : max_scans);
     fl_jpeg_set_strict(j, strict);
     if (fl_jpeg_check_limits(j, &info, &err) < 0) {
         fl_image_raise(m, &s, &err);
-        goto error;
+        goto done;
     }
     fl_jpeg_scaled_size(&info, reg.scale_num, &sw, &sh);
     /* Validate before allocating so that bad arguments cannot ask for a huge array. */
     if (reg.x < 0 || reg.y < 0 || reg.w < 1 || reg.h < 1 || reg.x > sw - reg.w || reg.y > sh - reg.h) {
         PyErr_Format(PyExc_ValueError, "region x=%d y=%d w=%d h=%d is outside the %dx%d image at scale %d/8",
                      reg.x, reg.y, reg.w, reg.h, sw, sh, reg.scale_num);
-        goto error;
+        goto done;
     }
-    dims[0] = reg.h;
-    dims[1] = reg.w;
-    dims[2] = reg.out_channels;
-    arr = PyArray_SimpleNew(3, dims, NPY_UINT8);
-    if (arr == NULL)
-        goto error;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fl_jpeg_decode(j, s.data, s.len, &reg, (uint8_t *)PyArray_DATA((PyArrayObject *)arr),
-                        (size_t)reg.w * (size_t)reg.out_channels, &err);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        fl_image_raise(m, &s, &err);
-        goto error;
-    }
+    arr = fl_decode_array(m, j, &s, &reg, 1);
+done:
     fl_jpeg_free(j);
     fl_src_release(&s);
     return arr;
-error:
-    Py_XDECREF(arr);
-    fl_jpeg_free(j);
-    fl_src_release(&s);
-    return NULL;
 }
 
 static PyObject *

@@ -123,31 +123,48 @@ done:
     return out;
 }
 
-/* Parse a sequence of ints into a malloc'd int64 array. */
+/* A sequence of ints as int64 rows (py_native.h). */
 int64_t *
-fl_py_parse_indices(PyObject *obj, int *count)
+fl_py_parse_row_indices(PyObject *obj, int64_t n, Py_ssize_t *count)
 {
     PyObject *seq = PySequence_Fast(obj, "indices must be a sequence of ints");
     if (!seq)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    /* Read a tuple: an item's __index__ may run any code, even empty the
+     * list being read (which would leave us reading freed memory). */
+    if (PyList_Check(seq)) {
+        Py_SETREF(seq, PyList_AsTuple(seq));
+        if (!seq)
+            return NULL;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(k ? k : 1));
     if (!idx) {
         Py_DECREF(seq);
-        PyErr_NoMemory();
-        return NULL;
+        return (int64_t *)PyErr_NoMemory();
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        long long v = PyLong_AsLongLong(items[i]);
         if (v == -1 && PyErr_Occurred()) {
             free(idx);
             Py_DECREF(seq);
             return NULL;
         }
-        idx[i] = v;
+        idx[i] = v < 0 && v >= -n ? v + n : v;
     }
     Py_DECREF(seq);
-    *count = (int)n;
+    *count = k;
+    return idx;
+}
+
+/* fl_py_parse_row_indices with nothing wrapped (py_native.h). */
+int64_t *
+fl_py_parse_indices(PyObject *obj, int *count)
+{
+    Py_ssize_t k = 0;
+    int64_t *idx = fl_py_parse_row_indices(obj, 0, &k);
+    *count = (int)k;
     return idx;
 }
 

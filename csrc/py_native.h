@@ -1,6 +1,7 @@
 /* py_native.h: what py_native.c (NativeDataset) lends py_native_engine.c
  * (NativeEngine), so that the engine kind does not reach into the dataset
- * object.  Binding files only; every function needs the GIL.
+ * object, and its index parsing, which py_array.c's gather shares.  Binding
+ * files only; every function needs the GIL.
  */
 #ifndef FL_PY_NATIVE_H
 #define FL_PY_NATIVE_H
@@ -20,8 +21,13 @@ const fl_native_ds *fl_py_native_ds(PyObject *dataset);
 fl_pool *fl_py_native_pool_for(PyObject *dataset, int count);
 
 /* A sequence of ints as a malloc'd int64 array (the caller frees it), its
- * length in *count; NULL with an exception.  Runs the items' __index__:
- * any Python code may run. */
+ * length in *count; NULL with an exception (TypeError, OverflowError,
+ * MemoryError).  Runs the items' __index__: any Python code may run.  An
+ * index i with -n <= i < 0 becomes i + n, counted from the end of n rows;
+ * one below -n is left for the core's IndexError.  Also py_array.c's
+ * (gather). */
+int64_t *fl_py_parse_row_indices(PyObject *obj, int64_t n, Py_ssize_t *count);
+/* The same with no index wrapped, the length as an int. */
 int64_t *fl_py_parse_indices(PyObject *obj, int *count);
 
 /* A finished batch as (images, labels, events, failed): Buffers over its

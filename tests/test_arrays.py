@@ -243,6 +243,27 @@ def test_gather_into_a_pool_and_its_refusals(arrays):
     assert ds._sources[1].kind == "array" and ds._sources[1].read(7) == arrs["labels"][7].tobytes()
 
 
+def test_gather_survives_an_index_that_empties_the_list():
+    """__index__ may run any code: one that empties the indices list while
+    gather reads it must not leave gather reading freed memory; the indices
+    as they were when the call began are used."""
+    from fastloader import _C
+
+    a = np.arange(20, dtype=np.float32).reshape(10, 2)
+    src = _C.array_source(a, 0, (10, 2), "<f4")
+
+    class Emptier:
+        def __index__(self):
+            indices.clear()
+            junk = [[0.5] * 4 for _ in range(2000)]  # reuse the freed item array
+            del junk
+            return 1
+
+    indices = [Emptier()] + [3, -1] * 500
+    (out,) = _C.gather([src], indices)
+    assert np.array_equal(np.from_dlpack(out), a[[1] + [3, 9] * 500])
+
+
 def _rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
