@@ -194,6 +194,33 @@ static const fl_source_ops lmdb_ops = {
     .destroy = lmdb_destroy,  /* describe: the binding names a sample by its index; discard: nothing held */
 };
 
+/* Open the environment at `path` read-only and begin a read transaction on
+ * its main database: *env, *txn and *dbi set.  0, or -1 with err filled
+ * and nothing left open.  No GIL. */
+static int
+begin_read(const char *path, const fl_lmdb_options *opt, MDB_env **env, MDB_txn **txn, MDB_dbi *dbi, fl_err *err)
+{
+    *env = NULL;
+    *txn = NULL;
+    if (env_open_ro(path, opt, env, err) < 0)
+        return -1;
+    int rc = mdb_txn_begin(*env, NULL, MDB_RDONLY, txn);
+    if (rc != 0) {
+        mdb_error(err, rc, "cannot begin a read transaction");
+        *txn = NULL;
+    } else if ((rc = mdb_dbi_open(*txn, NULL, 0, dbi)) != 0) {
+        mdb_error(err, rc, "cannot open the main database");
+        mdb_txn_abort(*txn);
+        *txn = NULL;
+    }
+    if (rc != 0) {
+        mdb_env_close(*env);
+        *env = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 fl_source *
 fl_source_lmdb_open(const char *path, int64_t n, const fl_lmdb_options *opt, fl_err *err)
 {
@@ -204,19 +231,11 @@ fl_source_lmdb_open(const char *path, int64_t n, const fl_lmdb_options *opt, fl_
         snprintf(err->msg, sizeof err->msg, "negative sample count %lld", (long long)n);
         return NULL;
     }
-    if (env_open_ro(path, opt, &env, err) < 0)
-        return NULL;
     MDB_txn *txn = NULL;
     MDB_dbi dbi;
-    int rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
-    if (rc != 0) {
-        mdb_error(err, rc, "cannot begin a read transaction");
-        goto fail;
-    }
-    if ((rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0) {
-        mdb_error(err, rc, "cannot open the main database");
-        goto fail;
-    }
+    int rc;
+    if (begin_read(path, opt, &env, &txn, &dbi, err) < 0)
+        return NULL;
     if (n > 0) {
         char key[24];
         MDB_val k = {(size_t)fl_lmdb_sample_key(n - 1, key), key}, v;
@@ -268,19 +287,11 @@ fl_lmdb_read_keys(const char *path, const fl_lmdb_options *opt, size_t nkeys, co
         vlens[i] = 0;
     }
     MDB_env *env = NULL;
-    if (env_open_ro(path, opt, &env, err) < 0)
-        return -1;
     MDB_txn *txn = NULL;
     MDB_dbi dbi;
-    int rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
-    if (rc != 0) {
-        mdb_error(err, rc, "cannot begin a read transaction");
-        goto fail;
-    }
-    if ((rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0) {
-        mdb_error(err, rc, "cannot open the main database");
-        goto fail;
-    }
+    int rc;
+    if (begin_read(path, opt, &env, &txn, &dbi, err) < 0)
+        return -1;
     for (size_t i = 0; i < nkeys; i++) {
         MDB_val k = {klens[i], (void *)keys[i]}, v;
         rc = mdb_get(txn, dbi, &k, &v);

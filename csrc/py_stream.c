@@ -127,6 +127,22 @@ raise_for(PyObject *m, const fl_err *err, const char *url)
     return NULL;
 }
 
+/* What both test bindings do after parsing: the buffer size, and the
+ * canceller thread (cancel_after_ms) wired to o->cancel.  0, or -1 with an
+ * exception set and urlobj released.  GIL held. */
+static int
+call_setup(PyObject *urlobj, Py_ssize_t bufbytes, int cancel_after, fl_stream_opts *o, fl_canceller *c)
+{
+    if (bufbytes > 0)
+        o->buffer_bytes = (size_t)bufbytes;
+    if (canceller_start(c, cancel_after) < 0) {
+        Py_DECREF(urlobj);
+        return -1;
+    }
+    o->cancel = &c->flag;
+    return 0;
+}
+
 static PyObject *
 fl_stream_read_py(PyObject *m, PyObject *args, PyObject *kwds)
 {
@@ -146,15 +162,10 @@ fl_stream_read_py(PyObject *m, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "chunk must be > 0 and buffer_bytes >= 0");
         return NULL;
     }
-    if (bufbytes > 0)
-        o.buffer_bytes = (size_t)bufbytes;
     const char *url = PyBytes_AS_STRING(urlobj);
     fl_canceller c;
-    if (canceller_start(&c, cancel_after) < 0) {
-        Py_DECREF(urlobj);
+    if (call_setup(urlobj, bufbytes, cancel_after, &o, &c) < 0)
         return NULL;
-    }
-    o.cancel = &c.flag;
     fl_err err = {0, "", 0};
     fl_stream *s;
     /* the data gathers in malloc'd memory (taken without the GIL) */
@@ -267,16 +278,11 @@ fl_tar_samples_py(PyObject *m, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "buffer_bytes and max_member_bytes must be >= 0, max_fields >= 1");
         return NULL;
     }
-    if (bufbytes > 0)
-        o.buffer_bytes = (size_t)bufbytes;
     to.max_member_bytes = (size_t)maxmember;
     const char *url = PyBytes_AS_STRING(urlobj);
     fl_canceller c;
-    if (canceller_start(&c, cancel_after) < 0) {
-        Py_DECREF(urlobj);
+    if (call_setup(urlobj, bufbytes, cancel_after, &o, &c) < 0)
         return NULL;
-    }
-    o.cancel = &c.flag;
     fl_err err = {0, "", 0};
     fl_tar *t;
     Py_BEGIN_ALLOW_THREADS
@@ -328,11 +334,12 @@ fl_tar_samples_py(PyObject *m, PyObject *args, PyObject *kwds)
 }
 
 /* _wds_split(name) -> (key, ext) or None; _wds_skip(name) -> bool (tests of
- * the name rules against webdataset's own functions) */
+ * the name rules against webdataset's own functions).  One body: the name
+ * as bytes (os.fsencode), then the rule.  GIL held; NULL with an exception
+ * on a bad argument. */
 static PyObject *
-fl_wds_split_py(PyObject *m, PyObject *arg)
+name_rule(PyObject *arg, int split)
 {
-    (void)m;
     PyObject *b;
     if (!PyUnicode_FSConverter(arg, &b))
         return NULL;
@@ -340,7 +347,9 @@ fl_wds_split_py(PyObject *m, PyObject *arg)
     size_t keylen;
     const char *ext;
     PyObject *res;
-    if (fl_wds_split(name, &keylen, &ext)) {
+    if (!split) {
+        res = PyBool_FromLong(fl_wds_skip_name(name));
+    } else if (fl_wds_split(name, &keylen, &ext)) {
         PyObject *k = PyUnicode_DecodeUTF8(name, (Py_ssize_t)keylen, "surrogateescape");
         PyObject *e = k != NULL ? PyUnicode_DecodeUTF8(ext, (Py_ssize_t)strlen(ext), "surrogateescape") : NULL;
         res = e != NULL ? PyTuple_Pack(2, k, e) : NULL;
@@ -354,15 +363,17 @@ fl_wds_split_py(PyObject *m, PyObject *arg)
 }
 
 static PyObject *
+fl_wds_split_py(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    return name_rule(arg, 1);
+}
+
+static PyObject *
 fl_wds_skip_py(PyObject *m, PyObject *arg)
 {
     (void)m;
-    PyObject *b;
-    if (!PyUnicode_FSConverter(arg, &b))
-        return NULL;
-    int r = fl_wds_skip_name(PyBytes_AS_STRING(b));
-    Py_DECREF(b);
-    return PyBool_FromLong(r);
+    return name_rule(arg, 0);
 }
 
 static PyMethodDef fl_stream_methods[] = {
