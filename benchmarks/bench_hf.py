@@ -25,7 +25,7 @@ hf vs folder at the same num_workers, paired per round (the target: within
 10%).
 
     python benchmarks/bench_hf.py [--sample-dir DIR] [--workers 0,2]
-        [--pipeline train|val] [--max-batches N] [--rounds R] [--work-dir DIR]
+        [--pipeline train|val] [--max-batches N (15)] [--rounds R (3)] [--work-dir DIR]
         [--rebuild] [--out FILE]
 """
 from __future__ import annotations
@@ -158,7 +158,9 @@ def main(argv=None):
                    help="an ImageFolder (python -m fastloader make-sample DIR --n 2000); default %(default)s")
     p.add_argument("--workers", default="0,2", help="comma-separated num_workers list (default %(default)s)")
     p.add_argument("--pipeline", choices=["train", "val"], default="train")
-    p.add_argument("--max-batches", type=int, default=None, help="cap on batches per configuration")
+    p.add_argument("--max-batches", type=int, default=15,
+                   help="cap on batches per configuration (default %(default)s: the run takes a few minutes; "
+                        "0 for whole epochs)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None,
