@@ -217,7 +217,8 @@ def main(argv=None):
     hf_path, built_s = _prepare(sample, work, a.rebuild)
     hf_bytes, folder_bytes = _warm(hf_path), _warm(sample)
     C.log(f"hf: {hf_path} ({hf_bytes / 2**20:.1f} MiB"
-          + (f", built in {built_s:.1f} s" if built_s is not None else "") + f"); folder: {folder_bytes / 2**20:.1f} MiB")
+          + (f", built in {built_s:.1f} s" if built_s is not None else "")
+          + f"); folder: {folder_bytes / 2**20:.1f} MiB")
 
     script = os.path.abspath(__file__)
     paths = {"hf-torch": hf_path, "hf": hf_path, "folder": sample}

@@ -97,14 +97,19 @@ def _check_dataset(ds):
 
 
 def _default_name(ds):
-    """What messages call the dataset: the folder of its Arrow files
-    (save_to_disk's folder, or load_dataset's cache), else its builder."""
+    """What messages call the dataset: the folder save_to_disk wrote (it
+    holds state.json), else the builder and split of load_dataset
+    ("parquet:train": its cache folder is a hash), else its first Arrow
+    file, else "Dataset(in memory)"."""
     files = [f.get("filename") for f in getattr(ds, "cache_files", None) or [] if f.get("filename")]
-    if files:
+    if files and os.path.exists(os.path.join(os.path.dirname(files[0]), "state.json")):
         return os.path.dirname(files[0])
     info = getattr(ds, "info", None)
     builder = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
-    return f"Dataset({builder})" if builder else "Dataset(in memory)"
+    if builder:
+        split = getattr(ds, "split", None)
+        return f"{builder}:{split}" if split else builder
+    return files[0] if files else "Dataset(in memory)"
 
 
 def _binary_field(pa, arr, what, column):
@@ -171,8 +176,10 @@ class HFImageDataset(NativeImageDataset):
             with_transform / set_transform function are not used: the
             native pipeline reads the Arrow table (a warning says so when
             one is set).
-        name: what error messages call the dataset (default: the folder of
-            its Arrow files, else its builder's name).
+        name: what error messages call the dataset (default: the folder
+            save_to_disk wrote, else load_dataset's builder and split, such
+            as "parquet:train", else its Arrow file, else "Dataset(in
+            memory)").
         **native_options: layout, on_error, dct_scaling, max_pixels (see
             NativeImageDataset).
 

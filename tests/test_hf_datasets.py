@@ -152,6 +152,8 @@ def test_parquet_through_load_dataset(saved, folder, ref, tmp_path):
     hf = hfds.load_dataset("parquet", data_files=pq, split="train", cache_dir=str(tmp_path / "cache"))
     assert type(hf.features["image"]).__name__ == "Image"
     ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    assert ds.name == "parquet:train"
+    assert ds.samples[2][0] == f"parquet:train row 2 ({os.path.basename(ref.samples[2][0])})"
     assert ds.targets == ref.targets
     _assert_same(_epochs(ds, 2, True, epochs=1),
                  _epochs(fastloader.ImageFolder(folder, transform=_train_tf()), 0, True, epochs=1))
