@@ -54,6 +54,7 @@ int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
 int fl_register_shards(PyObject *m);   /* py_shards.c: shard_source, shards_* (tar shards as a stream source) */
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
 int fl_register_lmdb(PyObject *m);     /* py_lmdb.c: lmdb_source, lmdb_get, LMDBWriter */
+int fl_register_arrow(PyObject *m);    /* py_arrow.c: arrow_source (Arrow image columns, Hugging Face datasets) */
 
 /* py_source.c.  fl_py_source_wrap: a new Source owning the reference `src`
  * (consumed, also on failure; NULL src -> MemoryError), or NULL with an

@@ -14,6 +14,7 @@ from . import transforms
 from .arrays import ArrayDataset
 from .datasets import ImageFolder, ImageList
 from .lmdb_dataset import LMDBDataset
+from .hf_datasets import HFImageDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 
@@ -36,6 +37,7 @@ __all__ = [
     "ArrayDataset",
     "DataLoader",
     "DecodeError",
+    "HFImageDataset",
     "ImageFolder",
     "ImageList",
     "LMDBDataset",

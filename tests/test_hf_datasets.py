@@ -1,0 +1,418 @@
+"""HFImageDataset and the Arrow source (csrc/arrow_source.c): Hugging Face
+`datasets` image columns read in place, compared with fastloader.ImageFolder
+over the same files (pixels, labels, augmentation), through save_to_disk,
+Parquet, paths, indices mappings, Arrow layouts (chunks, slices,
+large_binary, plain binary), bad rows, and device delivery.
+
+Everything but the last test needs the `datasets` package (pip install
+fastloader[datasets]) and skips with that reason without it.
+"""
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from PIL import Image  # noqa: E402
+
+import fastloader  # noqa: E402
+from fastloader import transforms as FT  # noqa: E402
+
+try:
+    import datasets as hfds
+    import pyarrow as pa
+    hfds.disable_progress_bars()
+except ImportError:
+    hfds = pa = None
+
+needs_datasets = pytest.mark.skipif(hfds is None, reason="the `datasets` package is not installed "
+                                                         "(pip install fastloader[datasets])")
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+CLASSES = ["cat", "dog", "eel"]
+PER_CLASS = 7  # 21 images: batches of 5 leave a short last one
+
+
+def _image(i):
+    """A deterministic photo-like image of a varying size; every 5th is grayscale."""
+    rng = np.random.default_rng(i)
+    h, w = 40 + 7 * (i % 5), 52 + 5 * (i % 7)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * (3 + i % 4)) % 256, (y * 5 + 30 * i) % 256, ((x + y) * 2) % 256], -1)
+    arr = np.clip(base + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+    im = Image.fromarray(arr)
+    return im.convert("L") if i % 5 == 4 else im
+
+
+def _train_tf():
+    return FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize(MEAN, STD)])
+
+
+def _val_tf():
+    return FT.Compose([FT.Resize(36), FT.CenterCrop(32), FT.ToTensor(), FT.Normalize(MEAN, STD)])
+
+
+def _epochs(ds, num_workers, shuffle, epochs=2, **kw):
+    """All batches of `epochs` epochs, the shuffle and the augmentation seeded."""
+    dl = fastloader.DataLoader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers, seed=7,
+                               generator=torch.Generator().manual_seed(11), **kw)
+    return [[(x.clone(), y.clone()) for x, y in dl] for _ in range(epochs)]
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b):
+        assert len(ea) == len(eb)
+        for (xa, ya), (xb, yb) in zip(ea, eb):
+            assert xa.dtype == xb.dtype and xa.shape == xb.shape
+            assert torch.equal(ya, yb)
+            assert torch.equal(xa, xb), (xa - xb).abs().max()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf") / "train"
+    i = 0
+    for c in CLASSES:
+        os.makedirs(root / c)
+        for k in range(PER_CLASS):
+            _image(i).save(root / c / f"{c}_{k:02d}.jpg", quality=90)
+            i += 1
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def ref(folder):
+    return fastloader.ImageFolder(folder, transform=_val_tf())
+
+
+def _features():
+    return hfds.Features({"image": hfds.Image(), "label": hfds.ClassLabel(names=CLASSES)})
+
+
+def _from_paths(ref):
+    """A Dataset as Dataset.from_dict stores local files: paths, bytes null."""
+    return hfds.Dataset.from_dict({"image": [p for p, _ in ref.samples], "label": ref.targets},
+                                  features=_features())
+
+
+@pytest.fixture(scope="module")
+def saved(ref, tmp_path_factory):
+    """save_to_disk in 3 shards (the images embedded as bytes), the folder."""
+    out = str(tmp_path_factory.mktemp("saved") / "ds")
+    _from_paths(ref).save_to_disk(out, num_shards=3)
+    return out
+
+
+def _table(ds):
+    return ds.data.column("image")
+
+
+# ---- the same dataset as ImageFolder ------------------------------------------------
+
+@needs_datasets
+def test_metadata_and_bytes_in_place(saved, ref):
+    hf = hfds.load_from_disk(saved)
+    col = _table(hf)
+    assert col.num_chunks == 3 and col.chunk(0).field("bytes").null_count == 0  # embedded, several chunks
+    ds = fastloader.HFImageDataset(hf, transform=_val_tf())
+    assert len(ds) == len(ref) == 3 * PER_CLASS
+    assert ds.classes == CLASSES and ds.class_to_idx == ref.class_to_idx and ds.targets == ref.targets
+    assert ds.name == saved and ds._source.kind == "arrow"
+    name, label = ds.samples[9]
+    assert name == f"{saved} row 9 ({os.path.basename(ref.samples[9][0])})" and label == ref.targets[9]
+    assert [ds._source.read(i) for i in range(len(ds))] == [open(p, "rb").read() for p, _ in ref.samples]
+    x, y = ds[4]
+    assert torch.equal(x, ref[4][0]) and y == ref.targets[4]
+
+
+@needs_datasets
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
+@pytest.mark.parametrize("pipeline", ["train", "val"])
+def test_batches_equal_imagefolder(folder, saved, pipeline, num_workers):
+    """Pixels, labels, batch order and augmentation over two epochs equal
+    ImageFolder's with the same generator and seed, whatever num_workers."""
+    tf = _train_tf if pipeline == "train" else _val_tf
+    shuffle = pipeline == "train"
+    want = _epochs(fastloader.ImageFolder(folder, transform=tf()), 0, shuffle)
+    got = _epochs(fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=tf()), num_workers, shuffle)
+    _assert_same(got, want)
+    assert len(got[0]) == 5 and len(got[0][-1][1]) == 1
+    if shuffle:  # a new order and new crops in the second epoch
+        assert not torch.equal(got[0][0][0], got[1][0][0])
+
+
+@needs_datasets
+def test_parquet_through_load_dataset(saved, folder, ref, tmp_path):
+    pq = str(tmp_path / "train.parquet")
+    hfds.load_from_disk(saved).to_parquet(pq)
+    hf = hfds.load_dataset("parquet", data_files=pq, split="train", cache_dir=str(tmp_path / "cache"))
+    assert type(hf.features["image"]).__name__ == "Image"
+    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    assert ds.name == "parquet:train"
+    assert ds.samples[2][0] == f"parquet:train row 2 ({os.path.basename(ref.samples[2][0])})"
+    assert ds.targets == ref.targets
+    _assert_same(_epochs(ds, 2, True, epochs=1),
+                 _epochs(fastloader.ImageFolder(folder, transform=_train_tf()), 0, True, epochs=1))
+
+
+@needs_datasets
+def test_rows_with_null_bytes_read_their_path(ref, folder):
+    """Dataset.from_dict stores local files as paths (bytes null): read
+    through the files path, batches as ImageFolder's."""
+    hf = _from_paths(ref)
+    assert _table(hf).chunk(0).field("bytes").null_count == len(ref)
+    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    assert ds.name == "Dataset(in memory)" and ds.samples[0][0] == f"Dataset(in memory) row 0 ({ref.samples[0][0]})"
+    _assert_same(_epochs(ds, 2, True, epochs=1),
+                 _epochs(fastloader.ImageFolder(folder, transform=_train_tf()), 0, True, epochs=1))
+
+
+# ---- indices mappings ------------------------------------------------------------
+
+@needs_datasets
+@pytest.mark.parametrize("how", ["shuffle", "select", "filter", "shuffle+select"])
+def test_indices_mappings_are_applied(saved, ref, how):
+    """select/shuffle/filter leave an indices mapping: sample i is the row
+    hf_dataset[i] reads, with that sample's augmentation (as an ImageList of
+    the mapped files in the same order)."""
+    hf = hfds.load_from_disk(saved)
+    if how == "shuffle":
+        hf = hf.shuffle(seed=3)
+    elif how == "select":
+        hf = hf.select([20, 0, 7, 7, 13, 2])
+    elif how == "filter":
+        hf = hf.filter(lambda e: e["label"] != 1)
+    else:
+        hf = hf.shuffle(seed=5).select(range(4, 16))
+    assert hf._indices is not None
+    rows = hf._indices.column(0).to_pylist()
+    ds = fastloader.HFImageDataset(hf, transform=_train_tf(), name="mapped")
+    assert len(ds) == len(hf) == len(rows)
+    assert ds.targets == hf["label"] == [ref.targets[r] for r in rows]
+    assert ds.samples[1][0].startswith(f"mapped row {rows[1]} (")
+    want = fastloader.ImageList([ref.samples[r][0] for r in rows], [ref.targets[r] for r in rows],
+                                transform=_train_tf())
+    _assert_same(_epochs(ds, 2, True), _epochs(want, 0, True))
+
+
+# ---- Arrow layouts -----------------------------------------------------------------
+
+def _bytes_of(ref):
+    return [open(p, "rb").read() for p, _ in ref.samples]
+
+
+@needs_datasets
+@pytest.mark.parametrize("layout", ["large_binary", "binary_column", "sliced_chunks", "mixed"])
+def test_arrow_layouts(ref, layout):
+    """What the C side sees: int64 offsets (large_binary, large_string), a
+    plain binary column, chunks that are slices of larger arrays (an array
+    offset into every buffer), and rows mixing bytes and paths."""
+    data, paths = _bytes_of(ref), [p for p, _ in ref.samples]
+    n = len(data)
+    if layout == "large_binary":
+        t = pa.struct([("bytes", pa.large_binary()), ("path", pa.large_string())])
+        col = pa.chunked_array([pa.array([{"bytes": b, "path": None} for b in data[:8]], t),
+                                pa.array([{"bytes": b, "path": "x.jpg"} for b in data[8:]], t)])
+    elif layout == "binary_column":
+        col = pa.chunked_array([pa.array(data[:10], pa.binary()), pa.array([], pa.binary()),
+                                pa.array(data[10:], pa.binary())])
+    elif layout == "sliced_chunks":
+        t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        pad = [{"bytes": b"pad", "path": "pad"}] * 3
+        whole = pa.array(pad + [{"bytes": b, "path": p} for b, p in zip(data, paths)] + pad, t)
+        col = pa.chunked_array([whole.slice(3, 5), whole.slice(8, n - 5)])
+        assert col.chunk(1).offset == 8
+    else:  # even rows embedded, odd rows paths only, one chunk with nulls in both fields
+        t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        col = pa.chunked_array([pa.array([{"bytes": b if i % 2 == 0 else None, "path": None if i % 2 == 0 else p}
+                                          for i, (b, p) in enumerate(zip(data, paths))], t)])
+    table = pa.table({"image": col, "label": pa.array(ref.targets, pa.int64())})
+    hf = hfds.Dataset(hfds.table.InMemoryTable(table))
+    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    assert ds.classes == [] and ds.targets == ref.targets
+    assert [ds._source.read(i) for i in range(n)] == data
+    want = fastloader.ImageFolder(os.path.dirname(os.path.dirname(ref.samples[0][0])), transform=_train_tf())
+    _assert_same(_epochs(ds, 2, True, epochs=1), _epochs(want, 0, True, epochs=1))
+
+
+@needs_datasets
+def test_png_rows_go_through_pillow(tmp_path):
+    """PNG images (MNIST- and CIFAR-like datasets store them) take the
+    Pillow fix-up with their bytes, as ImageFolder's PNG files do."""
+    root = tmp_path / "png"
+    os.makedirs(root / "a")
+    _image(1).save(root / "a" / "x.png")
+    _image(2).save(root / "a" / "y.jpg", quality=90)
+    files = [str(root / "a" / "x.png"), str(root / "a" / "y.jpg")]
+    hf = hfds.Dataset.from_dict({"image": [open(f, "rb").read() for f in files], "label": [0, 0]},
+                                features=hfds.Features({"image": hfds.Value("binary"), "label": hfds.Value("int64")}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _epochs(fastloader.ImageFolder(root, transform=_train_tf()), 0, True)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = _epochs(fastloader.HFImageDataset(hf, transform=_train_tf(), name="pngs"), 2, True)
+    _assert_same(got, want)
+    assert any("pngs row 0 is not a JPEG" in str(x.message) for x in w), [str(x.message) for x in w]
+
+
+# ---- bad rows ------------------------------------------------------------------------
+
+@pytest.fixture
+def corrupt(ref, tmp_path):
+    """Saved to disk, with row 3 cut short and row 8 not an image."""
+    data = _bytes_of(ref)
+    data[3] = data[3][:200]
+    data[8] = b"this is not an image"
+    names = [os.path.basename(p) for p, _ in ref.samples]
+    hf = hfds.Dataset.from_dict({"image": [{"bytes": b, "path": p} for b, p in zip(data, names)],
+                                 "label": ref.targets}, features=_features())
+    out = str(tmp_path / "bad")
+    hf.save_to_disk(out)
+    return out
+
+
+@needs_datasets
+def test_on_error_raise_names_the_dataset_and_the_row(corrupt):
+    ds = fastloader.HFImageDataset(hfds.load_from_disk(corrupt), transform=_val_tf())
+    for nw in (0, 2):
+        with pytest.raises(fastloader.DecodeError) as e:
+            list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw))
+        msg = str(e.value)
+        assert f"{corrupt} row 3 (cat_03.jpg)" in msg and "sample index 3" in msg, msg
+
+
+@needs_datasets
+def test_on_error_skip_and_replace(corrupt, ref):
+    hf = hfds.load_from_disk(corrupt)
+    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="skip")
+    labels = torch.cat([y for _, y in fastloader.DataLoader(ds, batch_size=5, num_workers=2)]).tolist()
+    assert labels == [t for i, t in enumerate(ref.targets) if i not in (3, 8)]
+    assert sorted(p for p, _ in ds.skipped) == [f"{corrupt} row 3 (cat_03.jpg)", f"{corrupt} row 8 (dog_01.jpg)"]
+    assert "not a JPEG" in dict(ds.skipped)[f"{corrupt} row 8 (dog_01.jpg)"]
+
+    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="replace")
+    batches = list(fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=1))
+    assert [len(y) for _, y in batches] == [5, 5, 5, 5, 1]
+    assert sorted(bad for bad, _, _ in ds.replaced) == [f"{corrupt} row 3 (cat_03.jpg)",
+                                                        f"{corrupt} row 8 (dog_01.jpg)"]
+
+
+@needs_datasets
+def test_rows_without_an_image(ref, tmp_path):
+    """A null row, both fields null, a missing file and a remote path: an
+    OSError naming the row (FileNotFoundError for the missing file), and
+    on_error="skip" drops exactly those rows."""
+    good = _bytes_of(ref)[0]
+    t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = [{"bytes": good, "path": "a.jpg"}, None, {"bytes": None, "path": None},
+            {"bytes": None, "path": str(tmp_path / "gone.jpg")}, {"bytes": None, "path": "https://example.org/x.jpg"},
+            {"bytes": good, "path": None}]
+    table = pa.table({"image": pa.array(rows, t), "label": pa.array(range(6), pa.int64())})
+    hf = hfds.Dataset(hfds.table.InMemoryTable(table))
+    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), name="holes")
+    for i, kind, pattern in [(1, OSError, "holes row 1: no image: the row's image is null"),
+                             (2, OSError, "holes row 2: no image: bytes and path are both null"),
+                             (3, FileNotFoundError, r"No such file.*'holes row 3 \(.*gone.jpg\)'"),
+                             (4, OSError, "remote: only local files")]:
+        with pytest.raises(kind, match=pattern):
+            list(fastloader.DataLoader(torch.utils.data.Subset(ds, [0, i]), batch_size=2))
+        with pytest.raises(kind):
+            ds._source.read(i)
+    skip = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="skip")
+    assert torch.cat([y for _, y in fastloader.DataLoader(skip, batch_size=3)]).tolist() == [0, 5]
+    assert len(skip.skipped) == 4
+
+
+# ---- what is refused -------------------------------------------------------------------
+
+@needs_datasets
+def test_refusals_say_what_to_do(saved, tmp_path):
+    hf = hfds.load_from_disk(saved)
+    with pytest.raises(KeyError, match=r"no column 'img'.*image columns: \['image'\]"):
+        fastloader.HFImageDataset(hf, image_column="img")
+    with pytest.raises(KeyError, match="label_column=None"):
+        fastloader.HFImageDataset(hf, label_column="fine_label")
+    with pytest.raises(TypeError, match="not an image column"):
+        fastloader.HFImageDataset(hf, image_column="label")
+    floats = hf.cast_column("label", hfds.Value("float32"))
+    with pytest.raises(TypeError, match="not integers"):
+        fastloader.HFImageDataset(floats)
+    nolabels = fastloader.HFImageDataset(hf, label_column=None, transform=_val_tf())
+    assert nolabels.targets == [-1] * len(hf) and nolabels.classes == []
+    with pytest.raises(TypeError, match="one split, not a DatasetDict"):
+        fastloader.HFImageDataset(hfds.DatasetDict({"train": hf}))
+    with pytest.warns(UserWarning, match="with_transform / set_transform function is not run"):
+        fastloader.HFImageDataset(hf.with_transform(lambda b: b), transform=_val_tf())
+
+
+@needs_datasets
+def test_streaming_datasets_are_refused_clearly(saved, tmp_path):
+    pq = str(tmp_path / "s.parquet")
+    hfds.load_from_disk(saved).to_parquet(pq)
+    stream = hfds.load_dataset("parquet", data_files=pq, split="train", streaming=True)
+    assert type(stream).__name__ == "IterableDataset"
+    with pytest.raises(TypeError, match=r"streaming dataset \(IterableDataset.*without streaming=True"):
+        fastloader.HFImageDataset(stream)
+
+
+def test_fastloader_works_without_datasets():
+    """fastloader imports without pyarrow/datasets; HFImageDataset then says
+    what to install."""
+    code = ("import sys; sys.modules['pyarrow'] = None; sys.modules['datasets'] = None\n"
+            "import fastloader\n"
+            "try:\n    fastloader.HFImageDataset(object())\n"
+            "except ImportError as e:\n    print('HINT', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert "HINT" in out.stdout and "fastloader[datasets]" in out.stdout, out.stdout + out.stderr
+
+
+# ---- stats and device ----------------------------------------------------------------
+
+@needs_datasets
+def test_stats_report_read_and_decode(saved, ref):
+    ds = fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=_train_tf())
+    dl = fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=3)
+    for _ in dl:
+        pass
+    st = dl.stats()
+    assert st["stages_s"]["read_s"] > 0 and st["stages_s"]["decode_s"] > 0 and st["stages_s"]["transform_s"] > 0
+    assert st["bytes_read"] == sum(os.path.getsize(p) for p, _ in ref.samples)
+    assert st["samples"] == len(ds)
+
+
+DEVICE_CHILD = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[2])
+import datasets, scenarios, fastloader
+from fastloader import transforms as FT
+scenarios.stub_torch_cuda(scenarios.new_stream())
+tf = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize([0.5] * 3, [0.25] * 3)])
+ds = fastloader.HFImageDataset(datasets.load_from_disk(sys.argv[1]).shuffle(seed=2), transform=tf)
+out = {}
+for nw in (0, 2):
+    dev = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, device="cuda", seed=5))
+    cpu = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, seed=5))
+    out[nw] = [len(dev) == len(cpu) == 5] + [torch.equal(a, c) and torch.equal(b, d)
+                                              for (a, b), (c, d) in zip(dev, cpu)]
+print("HF-DEVICE " + json.dumps(out), flush=True)
+"""
+
+
+@needs_datasets
+def test_device_delivery_on_the_fake_cuda_runtime(saved, tmp_path, tmp_path_factory):
+    """device="cuda" through the stand-in CUDA runtime (tests/fakecuda): a
+    shuffled (index-mapped) dataset's batches arrive equal to the CPU
+    path's (uint8 on the wire, normalized on the device)."""
+    from helpers_fakecuda import FAKE_DIR, build_fake_cudart, run_on_fake_cudart
+
+    lib = build_fake_cudart(tmp_path_factory)
+    script = tmp_path / "child.py"
+    script.write_text(DEVICE_CHILD)
+    res = run_on_fake_cudart(lib, [str(script), saved, FAKE_DIR], devices=1, marker="HF-DEVICE", timeout=120)
+    assert res == {"0": [True] * 6, "2": [True] * 6}, res
