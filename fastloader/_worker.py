@@ -9,6 +9,7 @@ naming the sample, batch and worker.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 
@@ -154,7 +155,8 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
                     except Exception as e:
                         return (_ERR, _annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
         else:
-            _at_sample(indices)
+            # a key from a custom sampler may be anything; only an int is an index
+            _at_sample(indices if isinstance(indices, numbers.Integral) else None)
             try:
                 data = ep.dataset[indices]
             except Exception as e:

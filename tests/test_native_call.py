@@ -100,6 +100,16 @@ def test_second_view_of_a_sample_has_its_own_reproducible_draws(folder):
     assert not torch.equal(first, second)
 
 
+def test_unbatched_loading_keys_by_the_index_too(folder):
+    ref = fastloader.ImageFolder(folder, transform=_train_v2())
+    ours = Custom(ref.samples, _train_v2())
+    for nw in (0, 2):
+        a = list(fastloader.DataLoader(ref, batch_size=None, num_workers=nw, seed=4))
+        b = list(fastloader.DataLoader(ours, batch_size=None, num_workers=nw, seed=4))
+        assert len(a) == len(b) == len(ref)
+        assert all(torch.equal(x, y) and int(la) == int(lb) for (x, la), (y, lb) in zip(a, b))
+
+
 def test_getitems_passes_the_index_and_without_it_warns(folder):
     ref = fastloader.ImageFolder(folder, transform=_train_v2())
     load = fastloader.NativeTransform(_train_v2())
