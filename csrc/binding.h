@@ -50,6 +50,7 @@ int fl_register_image(PyObject *m);      /* py_image.c: decode_jpeg, DecodeError
 int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for tests/inspection */
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset */
+int fl_register_native_call(PyObject *m);  /* py_native_call.c: NativeCall (the native call of a custom dataset) */
 int fl_register_source(PyObject *m);   /* py_source.c: Source, file_source */
 int fl_register_shards(PyObject *m);   /* py_shards.c: shard_source, shards_* (tar shards as a stream source) */
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */

@@ -56,6 +56,8 @@ fl_exec(PyObject *m)
         fl_register_array(m) < 0 || fl_register_lmdb(m) < 0 || fl_register_stream(m) < 0 ||
         fl_register_shards(m) < 0 || fl_register_arrow(m) < 0)
         return -1;
+    if (fl_register_native_call(m) < 0)
+        return -1;
     return 0;
 }
 

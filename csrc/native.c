@@ -170,6 +170,9 @@ render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64
     return 0;
 }
 
+static int decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, long long len,
+                         int64_t index, uint64_t seed, uint64_t epoch, void *out, fl_err *err, uint64_t t1);
+
 /* fl_native_load_one without the buffer trim. */
 static int
 load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed, uint64_t epoch, void *out,
@@ -198,8 +201,17 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
         return -1;
     if (sb.pixels)
         return render_pixels(w, ds, index, seed, epoch, &sb, out, err, t1);
-    const uint8_t *data = sb.data;
-    long long len = (long long)sb.len;
+    return decode_render(w, ds, sb.data, (long long)sb.len, index, seed, epoch, out, err, t1);
+}
+
+/* The part of load_one after the read: check the bytes are a JPEG, plan,
+ * decode the region, render.  Same returns as fl_native_load_one; t1 is
+ * when the read ended (for the stage clocks).  No GIL. */
+static int
+decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, long long len, int64_t index,
+              uint64_t seed, uint64_t epoch, void *out, fl_err *err, uint64_t t1)
+{
+    const int timing = ds->timing;
     if (len == 0) {
         err->code = FL_ERR_DECODE;
         snprintf(err->msg, sizeof err->msg, "empty file (0 bytes)");
@@ -286,6 +298,32 @@ fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, u
     int rc = load_one(w, ds, index, seed, epoch, out, err);
     release_outsized(w);
     return rc;
+}
+
+int
+fl_native_render_encoded(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, size_t len,
+                         int64_t index, uint64_t seed, uint64_t epoch, void *out, fl_err *err)
+{
+    int rc = decode_render(w, ds, data, (long long)len, index, seed, epoch, out, err,
+                           ds->timing ? fl_now_ns() : 0);
+    release_outsized(w);
+    return rc;
+}
+
+int
+fl_native_render_decoded(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *pixels, int width,
+                         int height, int channels, int64_t index, uint64_t seed, uint64_t epoch, void *out,
+                         fl_err *err)
+{
+    fl_sample_bytes sb;
+    memset(&sb, 0, sizeof sb);
+    sb.data = pixels;
+    sb.len = (size_t)width * (size_t)height * (size_t)channels;
+    sb.pixels = 1;
+    sb.width = width;
+    sb.height = height;
+    sb.channels = channels;
+    return render_pixels(w, ds, index, seed, epoch, &sb, out, err, ds->timing ? fl_now_ns() : 0);
 }
 
 /* Append an event.  Returns 0, or -1 when out of memory: the batch is then

@@ -110,6 +110,22 @@ void fl_native_batch_free(fl_native_batch *b);
 int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
                        uint64_t epoch, void *out, fl_err *err);
 
+/* One sample from bytes the caller holds rather than from ds->src (which
+ * these two never touch; it may be NULL): the native call of a custom
+ * dataset (py_native_call.c).  Same plan, region decode and render as
+ * fl_native_load_one gives sample `index`, written to `out` (sample_bytes).
+ * render_encoded takes encoded bytes (a JPEG): 0, 1 when they are not a
+ * JPEG but might be another image format (nothing written), or -1 with err
+ * filled (the reason; the caller names the input).  render_decoded takes
+ * HWC uint8 pixels, rows packed, 1 or 3 channels (converted as Pillow's
+ * convert("L") / convert("RGB") would): 0, or -1 with err filled.  The
+ * caller keeps the bytes alive for the call.  No GIL. */
+int fl_native_render_encoded(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, size_t len,
+                             int64_t index, uint64_t seed, uint64_t epoch, void *out, fl_err *err);
+int fl_native_render_decoded(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *pixels, int width,
+                             int height, int channels, int64_t index, uint64_t seed, uint64_t epoch, void *out,
+                             fl_err *err);
+
 /* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM),
  * judged by its first bytes?  Pure. */
 int fl_native_maybe_other_image(const uint8_t *d, size_t n);

@@ -118,6 +118,19 @@ class NativeDataset:
     def plan(self, index: int, width: int, height: int, epoch: int, seed: int) -> dict[str, Any]: ...
     def replacement_candidates(self, index: int, epoch: int, seed: int) -> list[int]: ...
 
+class NativeCall:
+    """One sample at a time through the native pipeline, for a custom __getitem__
+    (fastloader.transforms.NativeTransform wraps it)."""
+    def __init__(self, spec: dict[str, Any], dct_scaling: bool = ..., max_pixels: int = ...) -> None: ...
+    @property
+    def sample_shape(self) -> tuple[int, int, int]: ...
+    @property
+    def idle_workers(self) -> int: ...
+    def call(self, src: str | os.PathLike[str] | bytes | bytearray | memoryview | np.ndarray, index: int,
+             epoch: int, seed: int) -> Buffer | None:
+        """Read (a path), decode and transform one sample with the GIL released; None when src is
+        not a JPEG but may be another image format (decode it with Pillow, call again with the pixels)."""
+
 class NativeEngine(_EngineBase):
     """Worker threads loading batches of a NativeDataset without the GIL; wait()'s result is
     (images, labels, events, failed), or what post returned, or the exception post raised."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import _C
 from ._C import DecodeError
 from . import transforms
+from .transforms import NativeTransform
 from .arrays import ArrayDataset
 from .datasets import ImageFolder, ImageList
 from .lmdb_dataset import LMDBDataset
@@ -41,6 +42,7 @@ __all__ = [
     "ImageFolder",
     "ImageList",
     "LMDBDataset",
+    "NativeTransform",
     "PerformanceWarning",
     "WorkerInfo",
     "build_info",

@@ -9,6 +9,7 @@ naming the sample, batch and worker.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 
@@ -69,21 +70,34 @@ def _fetch(ep: _Epoch, wid, seq, indices):
     """Load and collate one batch.  Returns (status, value); never raises."""
     if wid >= 0:
         _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
-        return _fetch_body(ep, wid, seq, indices)
+        try:
+            return _fetch_body(ep, wid, seq, indices)
+        finally:
+            _tls.index = _tls.calls = None
     # the main thread (num_workers=0): the context holds only while the
     # loader calls the dataset, so sample_rng() and ImageFolder's
     # __getitem__ outside a loader do not see a stale one
-    prev = getattr(_tls, "epoch_ctx", None)
+    prev = getattr(_tls, "epoch_ctx", None), getattr(_tls, "index", None), getattr(_tls, "calls", None)
     _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
     try:
         return _fetch_body(ep, wid, seq, indices)
     finally:
-        _tls.epoch_ctx = prev
+        _tls.epoch_ctx, _tls.index, _tls.calls = prev
+
+
+def _at_sample(index):
+    """Say which sample this thread loads next (None: unknown, as for
+    __getitems__ or an IterableDataset), for the native call's
+    (seed, epoch, index) key (transforms.NativeTransform); `calls` counts
+    its calls per index within the sample."""
+    _tls.index = index
+    _tls.calls = None
 
 
 def _fetch_body(ep: _Epoch, wid, seq, indices):
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
     t0 = time.perf_counter()
+    _at_sample(None)
     try:
         if ep.iterable:
             if wid in ep.ended:
@@ -135,16 +149,20 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
                 for idx in indices:
                     if ep.cancelled:
                         return (_CANCELLED, None)
+                    _at_sample(idx)
                     try:
                         data.append(dataset[idx])
                     except Exception as e:
                         return (_ERR, _annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
         else:
+            # a key from a custom sampler may be anything; only an int is an index
+            _at_sample(indices if isinstance(indices, numbers.Integral) else None)
             try:
                 data = ep.dataset[indices]
             except Exception as e:
                 return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
         t1 = time.perf_counter()
+        _at_sample(None)
         target = None
         try:
             if ep.pool is not None:
@@ -204,6 +222,6 @@ class _WorkerHost:
         return _fetch(ep, wid, seq, indices)
 
     def finish(self, wid):
-        for attr in ("info", "epoch_ctx"):
+        for attr in ("info", "epoch_ctx", "index", "calls"):
             if hasattr(_tls, attr):
                 delattr(_tls, attr)

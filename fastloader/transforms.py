@@ -28,15 +28,22 @@ torchvision's algorithms and distributions but not torch's global RNG stream.
 
 Calling one of these transforms directly (``tf(pil_image)``) runs the
 equivalent torchvision transform, for debugging.
+
+:class:`NativeTransform` wraps a pipeline for a custom dataset's own
+``__getitem__``: one call reads, decodes and transforms an image in C with
+the GIL released, as ImageFolder's workers do (csrc/py_native_call.c).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from .worker_info import _tls
+
 __all__ = [
     "CenterCrop",
     "Compose",
     "Grayscale",
+    "NativeTransform",
     "Normalize",
     "PILToTensor",
     "RandomHorizontalFlip",
@@ -439,3 +446,172 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     if notes:
         desc += "; note: " + "; ".join(notes)
     return spec, rest, desc
+
+
+# --------------------------------------------------------------------------
+# the native call for custom datasets
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finalizer (csrc/rng.h fl_mix64): a bijective 64-bit mixer."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _global_seed() -> int:
+    """A fresh seed from torch's global generator (NumPy's without torch), as
+    ImageFolder's __getitem__ draws outside a fastloader loader."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
+        import numpy as np
+        return int(np.random.randint(0, 2**62, dtype=np.int64))
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+
+class NativeTransform:
+    """Read, decode and transform one image in C, with the GIL released:
+    the native pipeline of ``fastloader.ImageFolder``, called from your own
+    ``__getitem__``::
+
+        self.load = fastloader.NativeTransform(T.Compose([T.RandomResizedCrop(224), ...]))
+        ...
+        def __getitem__(self, i):
+            return self.load(self.paths[i]), self.labels[i]
+
+    transform: what ImageFolder accepts (fastloader.transforms or a
+    torchvision v1/v2 Compose); the prefix that compiles runs in C, fused,
+    and an unsupported tail runs in Python on the output, with the GIL
+    (``pipeline_description`` says which part runs where).  It must give a
+    fixed output size (RandomResizedCrop, Resize((h, w)) or Resize +
+    CenterCrop).  layout, dct_scaling, max_pixels: as ImageFolder's.
+
+    Calling it, ``load(src, index=None)``: src is a path (str or
+    os.PathLike), encoded bytes (bytes, bytearray, memoryview) or a numpy
+    uint8 image (H x W or H x W x C, C 1 or 3).  JPEGs decode natively;
+    other formats (PNG, ...) through Pillow, as ImageFolder does (one
+    warning).  Returns a torch tensor (a numpy array without torch) equal to
+    the sample ImageFolder gives.  A bad file raises fastloader.DecodeError
+    (OSError for the read) naming the path.
+
+    Random choices (crop, flip):
+      * under fastloader.DataLoader, from (seed, epoch, index) as in
+        ImageFolder: the same numbers for any num_workers and any thread
+        scheduling, and the same crop ImageFolder gives that sample.  The
+        loader says which index __getitem__ is loading; under __getitems__
+        or an IterableDataset it cannot, so pass ``index=``.  A second call
+        for the same sample (two views) gets its own, equally reproducible
+        choices;
+      * elsewhere (a plain call, torch's DataLoader) from one draw of
+        torch's global generator per call, as torchvision's transforms
+        draw from it: torch.manual_seed (or torch's per-worker seeding)
+        makes them reproducible.  The distributions are torchvision's; the
+        numbers are not the ones torchvision would draw.
+
+    Picklable (rebuilt from the transform), so torch's DataLoader can send
+    it to spawned worker processes.
+    """
+
+    def __init__(self, transform: Any, *, layout: str = "CHW", dct_scaling: bool = False,
+                 max_pixels: int = 0) -> None:
+        from . import _C
+
+        spec, rest, description = compile_transform(transform, layout=layout)
+        self.transform = transform
+        self.layout = layout
+        self.dct_scaling = bool(dct_scaling)
+        self.max_pixels = int(max_pixels)
+        self.pipeline_description = description.replace("native (C workers)", "native (C, GIL released)")
+        self._spec = spec
+        self._rest = rest
+        self._call = _C.NativeCall(spec, dct_scaling=self.dct_scaling, max_pixels=self.max_pixels)
+        self._pil_warned = False
+        self._unkeyed_warned = False
+        try:
+            import torch
+            self._to_output = torch.from_dlpack
+        except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
+            import numpy as np
+            self._to_output = np.from_dlpack
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """The shape of one output of the native part."""
+        return self._call.sample_shape
+
+    def __call__(self, src: Any, *, index: int | None = None) -> Any:
+        index, epoch, seed = self._key(index)
+        buf = self._call.call(src, index, epoch, seed)
+        if buf is None:
+            buf = self._pillow(src, index, epoch, seed)
+        out = self._to_output(buf)
+        return out if self._rest is None else self._rest(out)
+
+    def _key(self, index: int | None) -> tuple[int, int, int]:
+        """(index, epoch, seed) for this call's random choices (class doc)."""
+        ctx = getattr(_tls, "epoch_ctx", None)
+        if ctx is not None:
+            if index is None:
+                index = getattr(_tls, "index", None)
+            if index is not None:
+                index = int(index)
+                calls = getattr(_tls, "calls", None)
+                if calls is None:
+                    calls = _tls.calls = {}
+                k = calls.get(index, 0)
+                calls[index] = k + 1
+                seed = ctx[2]
+                # the first call is ImageFolder's sample; later ones (more
+                # views of it) get streams of their own
+                if k:
+                    seed = _mix64((seed ^ (k * 0x9E3779B97F4A7C15)) & _MASK64)
+                return index, int(ctx[1]), seed
+            if not self._unkeyed_warned:
+                self._unkeyed_warned = True
+                import warnings
+                warnings.warn("fastloader.NativeTransform: called in a fastloader.DataLoader worker where the "
+                              "sample index is unknown (__getitems__ or an IterableDataset), so its random "
+                              "choices come from torch's generator and depend on thread scheduling; pass "
+                              "index= for ones keyed by (seed, epoch, index)", UserWarning, stacklevel=3)
+        return (0 if index is None else int(index)), 0, _global_seed()
+
+    def _pillow(self, src: Any, index: int, epoch: int, seed: int) -> Any:
+        """What ImageFolder does for a file that is not a JPEG: Pillow
+        decodes, the native part transforms the pixels."""
+        import io
+        import os
+        import warnings
+
+        import numpy as np
+
+        from . import _C
+
+        is_path = isinstance(src, (str, os.PathLike))
+        name = os.fspath(src) if is_path else "<bytes>"
+        try:
+            from PIL import Image
+        except ImportError:
+            raise _C.DecodeError(f"{name}: not a JPEG file, and Pillow is not installed to decode it") from None
+        try:
+            with Image.open(src if is_path else io.BytesIO(memoryview(src).tobytes())) as im:
+                arr = np.asarray(im.convert("L" if self._spec.get("out_channels", 3) == 1 else "RGB"))
+        except Exception as e:
+            raise _C.DecodeError(f"{name}: {e}") from e
+        if not self._pil_warned:
+            self._pil_warned = True
+            warnings.warn(f"fastloader: {name} is not a JPEG; decoding it (and any other non-JPEG images) "
+                          "through Pillow, which is slower than the native path", UserWarning, stacklevel=3)
+        return self._call.call(np.ascontiguousarray(arr), index, epoch, seed)
+
+    def __reduce__(self):
+        return (_rebuild_native_transform, (self.transform, self.layout, self.dct_scaling, self.max_pixels))
+
+    def __repr__(self) -> str:
+        return f"NativeTransform({self.pipeline_description})"
+
+
+def _rebuild_native_transform(transform, layout, dct_scaling, max_pixels):
+    return NativeTransform(transform, layout=layout, dct_scaling=dct_scaling, max_pixels=max_pixels)

@@ -7,8 +7,8 @@ from fastloader import _C
 
 
 def test_public_names():
-    for name in ["DataLoader", "DecodeError", "ImageFolder", "ImageList", "PerformanceWarning", "WorkerInfo",
-                 "build_info", "decode_jpeg", "get_worker_info", "sample_rng", "transforms"]:
+    for name in ["DataLoader", "DecodeError", "ImageFolder", "ImageList", "NativeTransform", "PerformanceWarning",
+                 "WorkerInfo", "build_info", "decode_jpeg", "get_worker_info", "sample_rng", "transforms"]:
         assert hasattr(fastloader, name), name
     assert issubclass(fastloader.DecodeError, ValueError)
 
