@@ -11,7 +11,8 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (pip install fastloader[accelerate])")
+accelerate = pytest.importorskip("accelerate",
+                                 reason="accelerate is not installed (pip install fastloader[accelerate])")
 
 import accelerate.accelerator as acc_mod  # noqa: E402
 import accelerate.data_loader as adl  # noqa: E402

@@ -46,16 +46,21 @@ def test_rebuilt_with_a_distributed_sampler_keeps_fastloaders_arguments(images, 
     The rebuilt loader is fastloader's with seed=, max_memory=,
     num_workers and the rest as given."""
     ds = _image_list(images)
+    kw = dict(batch_size=4, shuffle=True, num_workers="auto", seed=7, max_memory=1 << 30, convert_on_device=True)
     if made_in_hook:
         with _replace_dunder_methods(TorchDataLoader, "dataset"):
-            dl = fastloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=7, max_memory=1 << 30)
+            dl = fastloader.DataLoader(ds, **kw)
     else:
-        dl = fastloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=7, max_memory=1 << 30)
+        dl = fastloader.DataLoader(ds, **kw)
     sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
     new = _update_dataloader(dl, sampler)
     assert type(new) is fastloader.DataLoader and new is not dl
     assert (new.seed, new._fl_seed, new.max_memory, new._fl_max_memory) == (7, 7, 1 << 30, 1 << 30)
-    assert (new.num_workers, new.batch_size, new.sampler) == (2, 4, sampler)
+    assert new.convert_on_device and new._fl_convert_on_device
+    assert (new.num_workers, new.batch_size, new.sampler) == (dl.num_workers, 4, sampler)
+    # "auto" itself (the controller) survives only through the saved arguments;
+    # read back from the attributes it is the count it resolved to
+    assert new._fl_auto == made_in_hook
     ys = [y for _, y in new]
     assert torch.cat(ys).tolist() == list(sampler) and len(ys) == 3
 
