@@ -128,14 +128,15 @@ def _cuda_device(device, put_on_device):
 
 
 def _replaced(prepared, why):
+    """Leave what accelerate built, saying once that fastloader is not in it."""
+    fix = {
+        "stateful": "fastloader keeps no StatefulDataLoader state; drop use_stateful_dataloader=True to keep "
+                    "fastloader's speed.",
+    }.get(why, "report the accelerate version; meanwhile shard the fastloader.DataLoader yourself "
+               "(a DistributedSampler) and leave it out of accelerator.prepare().")
     _warn_once(("replaced", why), (
-        f"fastloader: accelerate's prepare_data_loader returned {type(prepared).__name__} around torch's "
-        f"DataLoader ({why}): batches are loaded by torch's DataLoader through the dataset's __getitem__, "
-        "not by fastloader's workers. Fix: " + {
-            "stateful": "fastloader has no StatefulDataLoader state; drop use_stateful_dataloader=True to keep "
-                        "fastloader's speed.",
-        }.get(why, "report the accelerate version; meanwhile shard the fastloader.DataLoader yourself "
-                   "(DistributedSampler) and leave it out of accelerator.prepare().")))
+        f"fastloader: accelerate made a {type(prepared).__name__} ({why}) whose batches come from another "
+        f"DataLoader calling the dataset's __getitem__, not from fastloader's workers. Fix: {fix}"))
     return prepared
 
 

@@ -261,7 +261,7 @@ def test_a_structure_it_does_not_know_is_left_with_one_warning():
 
     wrapped = accelerate_hook._wrap_prepare(fake_prepare)
     accelerate_hook._warned.clear()
-    with pytest.warns(fastloader.PerformanceWarning, match="not by fastloader's workers"):
+    with pytest.warns(fastloader.PerformanceWarning, match="not from fastloader.s workers"):
         assert wrapped(fastloader.DataLoader(Indices(4))) is made[-1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
