@@ -211,6 +211,24 @@ def test_skip_first_batches_stays_fastloader(images):
     assert type(bare) is fastloader.DataLoader and [y.tolist() for _, y in bare] == ref[5:]
 
 
+def test_hf_image_dataset_is_sharded_natively(images):
+    """A fastloader.HFImageDataset (an Arrow image column) through
+    prepare_data_loader: accelerate's shard, fastloader's native path, the
+    same pixels as the unprepared loader's batches for those indices."""
+    hfds = pytest.importorskip("datasets", reason="datasets is not installed (pip install fastloader[datasets])")
+    paths = [p for p, _ in fastloader.ImageFolder(str(images), transform=TF).samples]
+    hf = hfds.Dataset.from_dict({"image": [open(p, "rb").read() for p in paths], "label": list(range(len(paths)))},
+                                features=hfds.Features({"image": hfds.Image(), "label": hfds.Value("int64")}))
+    ds = fastloader.HFImageDataset(hf, image_column="image", label_column="label", transform=TF)
+    ref = {int(i): x for xs, ys in fastloader.DataLoader(ds, batch_size=4, seed=2) for x, i in zip(xs, ys)}
+    prepared = adl.prepare_data_loader(fastloader.DataLoader(ds, batch_size=4, num_workers=2, seed=2),
+                                       num_processes=2, process_index=1)
+    got = [(x, y) for x, y in prepared]
+    assert prepared.base_dataloader.stats()["path"] == "native"
+    assert [y.tolist() for _, y in got] == [[4, 5, 6, 7], [12, 13, 14, 15], [20, 21, 22, 23]]
+    assert all(torch.equal(x[k], ref[int(y[k])]) for x, y in got for k in range(len(y)))
+
+
 @pytest.fixture(scope="module")
 def shards(images, tmp_path_factory):
     from fastloader.pack import pack_shards
