@@ -18,6 +18,10 @@ from .lmdb_dataset import LMDBDataset
 from .hf_datasets import HFImageDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
+from .accelerate_hook import install as _install_accelerate_hook
+
+# accelerator.prepare keeps fastloader loaders; imports nothing (accelerate_hook.py)
+_install_accelerate_hook()
 
 __version__ = "0.1.0"
 

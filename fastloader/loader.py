@@ -542,6 +542,11 @@ class DataLoader(_Base):
         self._fl_device = parse_device(device)
         self._fl_convert_on_device = bool(convert_on_device)
         self._fl_seed = None if seed is None else int(seed)
+        # fastloader's own arguments as public attributes too, as torch keeps
+        # its own: code that rebuilds a loader from them (Lightning, adding a
+        # DistributedSampler under DDP) then keeps them
+        self.seed, self.max_memory, self.device, self.convert_on_device = (
+            self._fl_seed, max_memory, self._fl_device, self._fl_convert_on_device)
         self._fl_epochs = 0
         self._fl_gil_warned = False
         self._fl_pin_warned = False
