@@ -209,11 +209,10 @@ class _Failed:
 class _Resume:
     """A Python dataset's per-worker position for the resumed epoch (on _Epoch.resume)."""
 
-    def __init__(self, iters, ended, last, num_workers):
+    def __init__(self, iters, ended, last):
         self.iters = iters            # wid -> (batches delivered, iterator state or None)
         self.ended = ended            # workers whose iterator had ended
         self.last = last              # the worker of the last batch received (-1: none)
-        self.num_workers = num_workers
 
     def restore_iter(self, ep, wid, it):
         """The worker's iterator at its saved place: its state loaded, or its
@@ -246,7 +245,8 @@ class _Resume:
 
 class Tracker:
     """The loader's position, updated by its current iterator; state_dict()
-    reads it from any thread (a lock guards the few fields a batch changes)."""
+    reads it from any thread while batches are in flight (a lock guards what
+    a batch changes; an epoch's set-up, in iter(), is the consumer's own)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -474,7 +474,7 @@ class Tracker:
         self.workers = {wid: [b, st] for wid, (b, st) in iters.items()}
         self.ended = set(w.get("ended", []))
         self.last_wid = int(w.get("last", -1))
-        ep.resume = _Resume(iters, set(self.ended), self.last_wid, restore["num_workers"])
+        ep.resume = _Resume(iters, set(self.ended), self.last_wid)
         if any(st is None and b for b, st in iters.values()) and not self.warned:
             self.warned = True
             warnings.warn("fastloader: the iterable dataset's iterators have no state_dict/load_state_dict, so "
