@@ -24,6 +24,10 @@ Python types (it survives torch.save and JSON):
                         after the num_yielded-th batch was drawn, loaded
                         instead of running it again
         dist_epoch      DistributedSampler's set_epoch value
+    drew_seed                      whether the epoch's set-up drew its base
+                                   seed (every epoch, or a persistent
+                                   iterator's first): drawn again from the
+                                   restored generator, so it stays in step
     workers, dataset               Python datasets: a Stateful iterable's
                                    iterator state per worker (else the
                                    batches each worker delivered, skipped on
@@ -34,16 +38,24 @@ Python types (it survives torch.save and JSON):
                                    received (num_yielded x batch_size) are
                                    read again but dropped, not decoded
 
+A state saved after its epoch's StopIteration resumes at the next epoch,
+after the restored generators have made the saved epoch's draws again (its
+indices only), so the next epoch's shuffle and base seed are an
+uninterrupted run's.
+
 Native datasets' output is a function of (seed, epoch, index) (or stream
 position), so with the sampler back in place a resumed epoch is bit-identical
 to an uninterrupted one, for any num_workers.  What is and is not exact is
 listed in README.md, "Checkpoint and resume".
 
 The loader calls in here from a few places (loader.py _Iter): `begin` when
-an epoch's iterator is set up (before its base seed is drawn), `attach` once
-its _Epoch exists, `yielded` / `again` / `finished` as batches are handed
-out, and the worker side of Python datasets calls `_Epoch.snapshot` after
-each batch and `_Epoch.resume.restore_iter` when it makes its iterator.
+an epoch is set up (before its sampler iterator is made and its base seed
+drawn: a loaded state puts the generators back first, so both draw what
+they drew), `attach` once its _Epoch exists (the sampler put back in place),
+`yielded` / `again` / `finished_epoch` as batches are handed out; the
+backends read `_Epoch.stream_start` and `_Epoch.resume`, and the worker side
+of Python datasets calls `_Epoch.snapshot` after each batch and
+`_Epoch.resume.restore_iter` when it makes its iterator.
 """
 from __future__ import annotations
 
@@ -329,7 +341,11 @@ class Tracker:
                 self._restore = pending
                 self._order = (pending.get("stream") or {}).get("order")
                 if not iterable:
-                    self._set_rngs(loader, index_sampler, pending["sampler"] or {})
+                    s = pending["sampler"] or {}
+                    self._set_rngs(loader, index_sampler, s)
+                    dist = _dist_sampler(index_sampler)
+                    if dist is not None and s.get("dist_epoch") is not None:
+                        dist.set_epoch(s["dist_epoch"])   # the saved epoch's order, set_epoch called or not
                 # the saved set-up drew its base seed: draw it again from the
                 # restored generator (same value, same generator state after);
                 # never from torch's global RNG, which is the training loop's

@@ -133,6 +133,29 @@ def test_batch_sampler_and_persistent_workers():
     _check_resume(make, 2, 3, points=[(0, 2), (1, 0), (0, 5), (1, 4)])
 
 
+def test_distributed_sampler_epoch_comes_back():
+    """DistributedSampler: the saved epoch's set_epoch value comes back with
+    the state (the resumed script need not call set_epoch before it)."""
+    from torch.utils.data import DistributedSampler
+
+    def make(n, rank=1):
+        return fastloader.DataLoader(Idx(), batch_size=3, num_workers=n, sampler=DistributedSampler(
+            Idx(), num_replicas=2, rank=rank, shuffle=True, seed=4))
+
+    dl = make(2)
+    dl.sampler.set_epoch(0)
+    _epochs(dl, 1)
+    dl.sampler.set_epoch(1)
+    ref = _epochs(dl, 1)[0]
+    it = iter(dl)
+    got = [next(it).tolist() for _ in range(2)]
+    state = _roundtrip(dl.state_dict(), "json")
+    del it
+    dl2 = make(0)
+    dl2.load_state_dict(state)
+    assert got + _epochs(dl2, 1)[0] == ref
+
+
 def test_side_by_side_with_torchdata():
     """Where torchdata's StatefulDataLoader resumes exactly, it and
     fastloader resume to the same batches: a resume point means the same in
