@@ -214,6 +214,8 @@ class _Iter:
         self._send = 0            # jobs submitted
         self._rcvd = 0            # next seq to hand out (in order)
         self._done = 0            # jobs collected
+        if self._st.num_yielded:  # a resumed epoch: its batches keep their numbers (a stream's positions)
+            self._send = self._rcvd = self._done = self._st.num_yielded
         self._sampler_done = False
         self._finished = False
         self._t_start = time.perf_counter()

@@ -365,6 +365,30 @@ def test_webdataset_resume_skips_without_decoding(tmp_path):
         out = [got + rest[0]] + rest[1:] if k <= 9 else [got] + rest[:1]
         assert _same(out, ref), (nw, nw_after, k)
 
+    # fields= (other members, collected by stream position) stay with their samples
+    from test_webdataset import _add
+
+    shards = write_shards(str(tmp_path / "f"), n=30, per=10,
+                          extra=lambda tf, i: _add(tf, f"{i:06d}.txt", str(i).encode()))
+
+    def labels_and_fields(dl):
+        return [(y.tolist(), [int(t) for t in f["txt"]]) for _, y, f in dl]
+
+    def make_f(n):
+        return fastloader.DataLoader(fastloader.WebDataset(shards, transform=TRAIN, shuffle=7, fields=("txt",)),
+                                     batch_size=4, num_workers=n)
+
+    ref = labels_and_fields(make_f(0))
+    dl = make_f(2)
+    it = iter(dl)
+    got = [(y.tolist(), [int(t) for t in f["txt"]]) for _, (_, y, f) in zip(range(3), it)]
+    state = dl.state_dict()
+    del it
+    dl2 = make_f(0)
+    dl2.load_state_dict(state)
+    out = got + labels_and_fields(dl2)
+    assert out == ref and all(a == b for a, b in out)
+
 
 # -- Python datasets: iterable (per worker) and Stateful ----------------------------------
 
