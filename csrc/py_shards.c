@@ -5,7 +5,8 @@
  *                retries=5, backoff_ms=200, stall_timeout_ms=30000, connect_timeout_ms=30000,
  *                ca_file=None, extra_exts=()) -> Source
  *   shards_take_fields(source, positions) -> [[bytes | None] | None]
- *   shards_begin(source, epoch, urls)     start an epoch over the rank's shards, in order
+ *   shards_begin(source, epoch, urls, skip=0)  start an epoch over the rank's shards, in order
+ *                                         (positions below skip dropped unread by workers: a resume)
  *   shards_cancel(source)                 stop the reader, wake waiting workers
  *   shards_stats(source) -> dict
  *   shards_take_skipped(source) -> [(url, reason)]
@@ -120,7 +121,8 @@ shards_begin(PyObject *module, PyObject *args)
 {
     PyObject *src_obj, *urls;
     unsigned long long epoch;
-    if (!PyArg_ParseTuple(args, "OKO:shards_begin", &src_obj, &epoch, &urls))
+    long long skip = 0;
+    if (!PyArg_ParseTuple(args, "OKO|L:shards_begin", &src_obj, &epoch, &urls, &skip))
         return NULL;
     fl_source *s = shard_arg(module, src_obj);
     if (!s)
@@ -145,7 +147,7 @@ shards_begin(PyObject *module, PyObject *args)
     fl_err err = {0, "", 0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_shards_begin(s, epoch, u, (int)n, &err);
+    rc = fl_shards_begin(s, epoch, (int64_t)skip, u, (int)n, &err);
     Py_END_ALLOW_THREADS
     PyMem_Free(u);
     Py_DECREF(seq);
@@ -262,7 +264,8 @@ static PyMethodDef methods[] = {
     {"shard_source", (PyCFunction)(void (*)(void))shard_source, METH_VARARGS | METH_KEYWORDS,
      "shard_source(nominal, *, shuffle, ring, seed, skip_bad_shards, image_exts, label_ext, label_field, retries, "
      "backoff_ms, stall_timeout_ms, connect_timeout_ms) -> Source over tar shards (csrc/shards.h)"},
-    {"shards_begin", shards_begin, METH_VARARGS, "shards_begin(source, epoch, urls): start an epoch"},
+    {"shards_begin", shards_begin, METH_VARARGS,
+     "shards_begin(source, epoch, urls, skip=0): start an epoch (positions below skip are dropped when made)"},
     {"shards_take_fields", shards_take_fields, METH_VARARGS,
      "shards_take_fields(source, positions) -> [[bytes | None] | None]: the extra members workers kept"},
     {"shards_cancel", shards_cancel, METH_O, "shards_cancel(source): stop the reader, wake waiting workers"},

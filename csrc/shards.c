@@ -56,6 +56,7 @@ typedef struct {
     int nurls;
     shard_rec **ring;     /* o.ring slots, position p in slot p % ring */
     int64_t produced;     /* positions [0, produced) exist */
+    int64_t skip;         /* positions below this are dropped when made (a resume) */
     int failed;           /* positions >= produced fail with fail_err */
     fl_err fail_err;
     atomic_int cancel;    /* stops the reader (and its stream) */
@@ -215,7 +216,7 @@ emit(shards_source *ss, shard_rec *r, uint64_t epoch)
 {
     pthread_mutex_lock(&ss->mu);
     int64_t p = ss->produced;
-    if (discard_take(ss, p)) {   /* nobody will get this position: drop the record */
+    if (p < ss->skip || discard_take(ss, p)) {   /* nobody will get this position: drop the record */
         ss->produced = p + 1;
         pthread_mutex_unlock(&ss->mu);
         rec_free(r);
@@ -230,9 +231,9 @@ emit(shards_source *ss, shard_rec *r, uint64_t epoch)
     }
     ss->ring[p % ss->o.ring] = r;
     ss->produced = p + 1;
+    atomic_fetch_add(&ss->samples, 1);   /* counted before any worker can take it */
     pthread_cond_broadcast(&ss->more);
     pthread_mutex_unlock(&ss->mu);
-    atomic_fetch_add(&ss->samples, 1);
     return p + 1 >= ss->o.nominal ? 1 : 0;
 }
 
@@ -419,7 +420,7 @@ fl_shards_cancel(fl_source *s)
 }
 
 int
-fl_shards_begin(fl_source *s, uint64_t epoch, const char *const *urls, int n, fl_err *err)
+fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err)
 {
     shards_source *ss = (shards_source *)s;
     if (n < 1) {
@@ -450,6 +451,7 @@ fl_shards_begin(fl_source *s, uint64_t epoch, const char *const *urls, int n, fl
     ss->nurls = n;
     ss->epoch = epoch;
     ss->produced = 0;
+    ss->skip = skip > 0 ? skip : 0;
     atomic_store(&ss->bytes, 0);
     atomic_store(&ss->wait_ns, 0);
     atomic_store(&ss->retries, 0);
@@ -460,6 +462,12 @@ fl_shards_begin(fl_source *s, uint64_t epoch, const char *const *urls, int n, fl
     ss->failed = 0;
     ss->stopping = 0;
     atomic_store(&ss->cancel, 0);
+    if (ss->skip >= ss->o.nominal) {   /* nothing left to produce this epoch */
+        ss->produced = ss->o.nominal;
+        pthread_mutex_unlock(&ss->mu);
+        free(arg);
+        return 0;
+    }
     arg->ss = ss;
     arg->epoch = epoch;
     int rc = pthread_create(&ss->reader, NULL, reader_main, arg);

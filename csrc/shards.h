@@ -87,8 +87,13 @@ fl_source *fl_shards_new(const fl_shards_opts *o, fl_err *err);
 
 /* Start epoch `epoch` over `urls` (n >= 1, copied) in that order: stops the
  * previous epoch's reader (joins it), drops its records, starts a new
- * reader thread.  0, or -1 with err filled. */
-int fl_shards_begin(fl_source *s, uint64_t epoch, const char *const *urls, int n, fl_err *err);
+ * reader thread.  Positions below `skip` (a resume mid-epoch: batches the
+ * training loop had already received) are made as usual -- their shards
+ * read and parsed, the shuffle buffer drawn from, so every later position
+ * gets the record it gets in an uninterrupted epoch -- and dropped at once,
+ * never handed to a worker nor decoded; with skip >= nominal no reader is
+ * started.  0, or -1 with err filled. */
+int fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err);
 
 /* Stop the reader and wake every waiting get (they fail with "cancelled").
  * Idempotent; fl_shards_begin starts again. */

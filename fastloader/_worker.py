@@ -54,6 +54,14 @@ class _Epoch:
         self.pool = None      # _C.BatchPool that collation stacks into (page-locked when pinning)
         self.iters = {}       # worker id -> iterator over an IterableDataset
         self.ended = set()    # worker ids whose iterator is exhausted
+        # resume (fastloader/state.py): snapshot(ep, wid, seq) after each
+        # batch of a Python dataset with a place to save, into snaps; resume
+        # puts a resumed epoch's iterators back; stream_start is a stream's
+        # (positions to skip, shard-order epoch)
+        self.snapshot = None
+        self.snaps = {}
+        self.resume = None
+        self.stream_start = (0, None)
         # seconds per worker (last slot: the main thread) in the dataset,
         # in collate_fn and in pinning; each thread writes only its own slot
         self.stage_s = [[0.0, 0.0, 0.0] for _ in range(num_workers + 1)]
@@ -68,6 +76,13 @@ class _Epoch:
 
 def _fetch(ep: _Epoch, wid, seq, indices):
     """Load and collate one batch.  Returns (status, value); never raises."""
+    res = _fetch_in_context(ep, wid, seq, indices)
+    if ep.snapshot is not None:   # resume (fastloader/state.py): the place after this batch
+        ep.snapshot(ep, wid, seq)
+    return res
+
+
+def _fetch_in_context(ep: _Epoch, wid, seq, indices):
     if wid >= 0:
         _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
         try:
@@ -105,6 +120,8 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
             it = ep.iters.get(wid)
             if it is None:
                 it = ep.iters[wid] = iter(ep.dataset)
+                if ep.resume is not None:
+                    it = ep.iters[wid] = ep.resume.restore_iter(ep, wid, it)
             if ep.auto_collation:
                 data = []
                 for _ in range(ep.batch_size):

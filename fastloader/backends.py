@@ -98,7 +98,7 @@ class NativeBackend(_Backend):
         self.dataset._native.set_pinned(pin_device)
         if self.stream:
             # the rank's shard stream for this epoch (the jobs carry the same epoch)
-            self.dataset._begin_epoch(self.epoch, self.batch_size)
+            self.dataset._begin_epoch(self.epoch, self.batch_size, *ep.stream_start)
         if self.num_workers and not self._engine_ready():
             ds = self.dataset
             self.engine = _C.NativeEngine(self.num_workers, ds._native, post=ds._post, post_always=ds._post_always)
@@ -173,6 +173,8 @@ class PythonBackend(_Backend):
             self.engine = _C.Engine(self.num_workers, self.host.fetch, self.host.init, self.host.finish)
         self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended
         self.cycle = itertools.cycle(range(self.num_workers))
+        if ep.resume is not None:  # a resumed iterable: ended workers idle, the round robin where it was
+            ep.resume.restore_workers(self)
         self.stats0 = self.engine.worker_stats()
         return self.stats0
 

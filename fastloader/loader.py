@@ -33,6 +33,7 @@ import weakref
 import numpy as np
 
 from . import _C, sysinfo
+from . import state as _state
 from ._worker import _Epoch
 from .autotune import AutoTuner
 from .backends import AGAIN, END, NativeBackend, PythonBackend
@@ -174,16 +175,22 @@ class _Iter:
             from torch.utils.data import BatchSampler
 
             self._index_sampler = BatchSampler(range(len(loader.dataset)), loader.batch_size, loader.drop_last)
+        # the epoch's position (state.py); a loaded state puts back the
+        # generators and says whether this set-up draws a base seed
+        self._st = _state.tracker(loader)
+        draw, seed = self._st.begin(self, loader, first_iter)
         self._sampler_iter = iter(self._index_sampler)
         # Same draw, in the same order, as torch's _BaseDataLoaderIter (once per
         # iterator: a persistent iterator keeps its seed across epochs), so a
         # seeded generator gives the same shuffle and seeds as torch's loader.
-        if first_iter:
+        if draw:
             if torch is not None:
                 self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
             else:
                 gen = loader.generator if loader.generator is not None else np.random.default_rng()
                 self._base_seed = int(gen.integers(0, 2**63 - 1))
+        elif seed is not None:
+            self._base_seed = seed
         self._num_yielded = 0
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
@@ -198,6 +205,7 @@ class _Iter:
         )
         if loader._fl_seed is not None:
             self._ep.native_seed = loader._fl_seed
+        self._st.attach(self, loader, self._ep)
         self._copier = None
         if loader._fl_device is not None:
             from .cuda_delivery import DeviceCopier
@@ -206,6 +214,8 @@ class _Iter:
         self._send = 0            # jobs submitted
         self._rcvd = 0            # next seq to hand out (in order)
         self._done = 0            # jobs collected
+        if self._st.num_yielded:  # a resumed epoch: its batches keep their numbers (a stream's positions)
+            self._send = self._rcvd = self._done = self._st.num_yielded
         self._sampler_done = False
         self._finished = False
         self._t_start = time.perf_counter()
@@ -333,11 +343,11 @@ class _Iter:
         except StopIteration:
             raise
         except Exception:
-            self._num_yielded += 1  # a failed batch counts as handed out, as with workers
+            self._yielded(seq)  # a failed batch counts as handed out, as with workers
             raise
         finally:
             self._wait_s += time.perf_counter() - t0
-        self._num_yielded += 1
+        self._yielded(seq)
         self._samples += self._backend.count(batch)
         return self._deliver(batch)
 
@@ -366,16 +376,22 @@ class _Iter:
             try:
                 batch = self._backend.finish(seq, wid, result)
             except Exception:
-                self._num_yielded += 1
+                self._yielded(seq)
                 self._watch_gil()
                 raise
             if batch is AGAIN:
+                self._st.again(self, self._ep, seq, wid)
                 continue
-            self._num_yielded += 1
+            self._yielded(seq)
             self._watch_gil()
             self._samples += self._backend.count(batch)
             self._account_memory(batch)
             return self._deliver(batch)
+
+    def _yielded(self, seq):
+        """Batch `seq` reached the training loop (or raised there): consumed."""
+        self._num_yielded += 1
+        self._st.yielded(self, self._ep, seq)
 
     def _watch_gil(self):
         gil = self._gil
@@ -452,6 +468,7 @@ class _Iter:
 
     def _finish_epoch(self):
         self._save_stats()
+        self._st.finished_epoch(self)
         self._finished = True
         if self._ep is not None:
             self._ep.cancelled = True
@@ -624,6 +641,22 @@ class DataLoader(_Base):
         if it is not None and not it._finished:
             return it.stats()
         return dict(getattr(self, "_fl_last_stats", {}))
+
+    def state_dict(self) -> dict:
+        """The loader's position after the last batch the training loop
+        received (batches prefetched but not received are not consumed), as
+        torchdata's StatefulDataLoader.state_dict(): a small dict of plain
+        types that survives torch.save and JSON.  Cheap enough for every step
+        and safe while batches are in flight.  fastloader/state.py says what
+        it holds; README.md "Checkpoint and resume" what is exact."""
+        return _state.tracker(self).state_dict(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Resume from `state_dict` (from state_dict(), maybe of another
+        process): the next iteration yields exactly the batches that would
+        have come next, then the following epochs go on as an uninterrupted
+        run's.  An empty dict does nothing (as with torchdata)."""
+        _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):
         # torch warns about too many worker *processes*; threads share one

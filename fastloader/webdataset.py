@@ -251,6 +251,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         self.skipped_shards = []
         self._set_epoch = None
         self._stream_epoch = None
+        self._stream_order = None   # the epoch the current stream's shard order and shuffle follow
         source = _C.shard_source(
             nominal, shuffle=self.shuffle, ring=int(ring), seed=self.seed,
             skip_bad_shards=on_shard_error == "skip", image_exts=tuple(image_exts), label_ext=label_ext,
@@ -276,16 +277,20 @@ class WebDataset(NativeImageDataset, _Iterable):
             urls = [urls[i] for i in rng.permutation(len(urls))]
         return urls[self.rank::self.world_size]
 
-    def _begin_epoch(self, epoch, batch_size=None):
+    def _begin_epoch(self, epoch, batch_size=None, skip=0, order=None):
         """Start the rank's stream for the loader's epoch `epoch` (the epoch
         its batch jobs carry; the loader calls this before the epoch's
         first batch; batch k holds positions [k*batch_size, (k+1)*batch_size)).
-        The shard order and shuffle follow set_epoch's value when it was
-        called, else `epoch`."""
+        The shard order and shuffle follow `order`, else set_epoch's value
+        when it was called, else `epoch`.  skip > 0 (a resume,
+        fastloader/state.py): positions below it are read but dropped,
+        never decoded (csrc/shards.h)."""
         self._stream_epoch = int(epoch)
         self._fl_batch_size = batch_size
-        order = self._set_epoch if self._set_epoch is not None else self._stream_epoch
-        _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order))
+        if order is None:
+            order = self._set_epoch if self._set_epoch is not None else self._stream_epoch
+        self._stream_order = int(order)
+        _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order), int(skip))
 
     def _end_stream(self):
         """Stop the reader (the loader's iterator ended or was dropped)."""

@@ -34,7 +34,7 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" \
     "setuptools>=61" wheel \
-    "lmdb>=1.4" "webdataset>=0.2" "datasets>=2.14" "accelerate>=1.0" "lightning>=2.2"
+    "lmdb>=1.4" "webdataset>=0.2" "datasets>=2.14" "accelerate>=1.0" "lightning>=2.2" "torchdata>=0.11"
 echo "setup: building fastloader._C"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 "$VENV/bin/python" -c "import fastloader, json; print('setup: ok', json.dumps(fastloader.build_info()))"
