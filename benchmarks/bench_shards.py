@@ -64,6 +64,28 @@ def child(cfg):
     return r
 
 
+def ab_child(cfg):
+    """HTTP vs local in one process: the two loaders alternate epochs, and
+    the best epoch of each counts (drift and other load hit both alike)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    fl = C.import_fastloader("DataLoader", "WebDataset")
+    tf = C.H.fastloader_transform("train")
+    loaders = {k: fl.DataLoader(fl.WebDataset(cfg[k], transform=tf, shuffle=SHUFFLE, epoch_length=cfg["n"]),
+                                batch_size=BATCH, num_workers=cfg["workers"]) for k in ("local", "http")}
+    best = {k: 0.0 for k in loaders}
+    for _ in range(cfg["pairs"]):
+        for k, dl in loaders.items():
+            t0, n = time.perf_counter(), 0
+            for x, _y in dl:
+                n += len(x)
+            best[k] = max(best[k], n / (time.perf_counter() - t0))
+    return {"local": best["local"], "http": best["http"], "ratio": best["http"] / best["local"]}
+
+
 def _nginx(root, workdir):
     path = os.path.join(C.REPO, "tests", "nginx_server.py")
     spec = importlib.util.spec_from_file_location("_fl_nginx_server", path)
@@ -83,6 +105,8 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=2000, help="images in the sample folder made when none is given")
     p.add_argument("--workers", default="0,2", help="comma-separated num_workers list")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ab-pairs", type=int, default=5,
+                   help="epochs of each in the same-process HTTP/local A/B (0: skip it)")
     p.add_argument("--out", help="also write the Markdown report to this file")
     a = p.parse_args(argv)
     workers = [int(x) for x in a.workers.split(",")]
@@ -108,6 +132,12 @@ def main(argv=None):
             groups.append((("train", w), cfgs))
         t0 = time.perf_counter()
         res = C.run_interleaved(groups, a.rounds, lambda cfg: C.run_child(script, cfg))
+        ab = {}
+        for w in workers if a.ab_pairs else []:
+            ab[w] = C.H.run_child(script, "ab_child", dict(local=local, http=remote, n=n, workers=w,
+                                                           pairs=a.ab_pairs),
+                                  sys_path0=os.path.dirname(script))
+            C.log(f"A/B num_workers={w}: {ab[w]}")
         elapsed = time.perf_counter() - t0
     finally:
         server.stop()
@@ -133,6 +163,10 @@ def main(argv=None):
                      f"{C.fmt_ratio(C.H.paired_ratio(loc, wds[w_best], 'rate'))}; "
                      f"HTTP / local = {C.fmt_ratio(C.H.paired_ratio(http, loc, 'rate'))}; "
                      f"shards / ImageFolder = {C.fmt_ratio(C.H.paired_ratio(loc, folder, 'rate'))}")
+    for w, r in ab.items():
+        if "ratio" in r:
+            lines.append(f"- same-process A/B, num_workers={w}, best of {a.ab_pairs} alternating epochs each: "
+                         f"HTTP {r['http']:.0f} vs local {r['local']:.0f} images/s = {r['ratio']:.3f}x")
     rep.add("\n".join(lines))
     return rep.finish(res, a.out)
 

@@ -130,8 +130,9 @@ def _cuda_device(device, put_on_device):
 def _replaced(prepared, why):
     """Leave what accelerate built, saying once that fastloader is not in it."""
     fix = {
-        "stateful": "fastloader keeps no StatefulDataLoader state; drop use_stateful_dataloader=True to keep "
-                    "fastloader's speed.",
+        "stateful": "drop use_stateful_dataloader=True: fastloader.DataLoader has state_dict() and "
+                    "load_state_dict() itself (torchdata's meaning; README, 'Checkpoint and resume'); checkpoint "
+                    "it beside the model.",
     }.get(why, "report the accelerate version; meanwhile shard the fastloader.DataLoader yourself "
                "(a DistributedSampler) and leave it out of accelerator.prepare().")
     _warn_once(("replaced", why), (
