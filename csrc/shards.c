@@ -1,6 +1,10 @@
 /* shards.c: tar shards in the WebDataset layout as an fl_source (contracts
  * in shards.h).
  *
+ * Why ~850 lines in one file: the reader thread, the ring, the shuffle
+ * buffer, the stashes and the fl_source ops all work under one mutex on one
+ * struct; the parts make sense only together.
+ *
  * Locking: one mutex guards the ring, the shuffle buffer's hand-off, the
  * epoch and the fault state; `more` wakes workers waiting for a position,
  * `room` wakes the reader waiting for a free slot.  The reader reads and

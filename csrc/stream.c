@@ -1,5 +1,11 @@
 /* stream.c: one shard as a pull byte stream (contracts in stream.h).
  *
+ * Why one file of ~1,100 lines: the three kinds share the stream object,
+ * the sliced wait (cancel, stall clock) and the error wording; http alone is
+ * half of it (libcurl's multi interface, pause/resume of the bounded buffer,
+ * retries with Range resume and the checks on 206/200 answers), and split
+ * out it would need the stream's private struct in a header.
+ *
  * Three kinds share one object and one read loop shape: wait in slices of at
  * most 100 ms (poll() for a pipe, curl_multi_poll() for http), checking the
  * cancel flag and the stall clock after each slice.

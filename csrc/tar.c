@@ -1,5 +1,9 @@
 /* tar.c: streaming tar members and WebDataset samples (contracts in tar.h).
  *
+ * Why ~800 lines in one file: the header formats (ustar, GNU long names,
+ * pax), the read-ahead buffer and the sample grouping share the reader's
+ * state member by member; tarfile's rules are followed case by case.
+ *
  * Reading: a 64 KiB read-ahead buffer serves the 512-byte headers; member
  * bodies of 64 KiB or more go from the stream straight into the sample's
  * allocation (for a local file that is the only copy: read() into place).
