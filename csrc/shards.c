@@ -275,6 +275,10 @@ add_skipped(shards_source *ss, const char *url, const fl_err *err)
     atomic_fetch_add(&ss->shards_skipped, 1);
 }
 
+/* Samples in the shuffle buffer before its first draw (webdataset's
+ * `initial`); it then grows to the full `shuffle` size as the epoch goes. */
+#define SHUFFLE_INITIAL 100
+
 typedef struct {
     shards_source *ss;
     uint64_t epoch;
@@ -304,6 +308,8 @@ reader_main(void *argp)
     shard_rec **buf = calloc((size_t)S, sizeof *buf);
     int nbuf = 0;
     int64_t drawn = 0;   /* positions drawn from the shuffle buffer */
+    int64_t reads = 0;   /* samples read this epoch */
+    const int initial = S < SHUFFLE_INITIAL ? S : SHUFFLE_INITIAL;
     fl_err err = {0, "", 0};
     if (!buf) {
         err.code = FL_ERR_NOMEM;
@@ -332,12 +338,15 @@ reader_main(void *argp)
                     break;
                 }
                 got_this_pass++;
-                if (nbuf < S) {
-                    buf[nbuf++] = r;
-                    if (nbuf < S)
-                        continue;
-                }
-                /* the buffer is full: draw one for the next position */
+                reads++;
+                buf[nbuf++] = r;   /* there is room: a draw follows whenever it fills */
+                /* As webdataset's shuffle: the first draw once INITIAL samples
+                 * are in (not a whole buffer: the epoch's first batch does not
+                 * wait for `shuffle` samples to be read), then one draw for
+                 * every two samples read while the buffer grows to S, and one
+                 * per sample once it is full. */
+                if (nbuf < S && (nbuf < initial || reads % 2 != 0))
+                    continue;
                 if (draw_and_emit(ss, buf, &nbuf, &drawn, a.epoch) != 0)
                     stop = 1;   /* the epoch is complete, or cancelled */
             }

@@ -9,7 +9,8 @@
  *       for each shard URL in order (stream.h: a file, pipe:CMD, http(s)),
  *       for each sample (tar.h: members grouped by key): pick the image
  *       member by the preferred extensions, parse the label, make a record
- *       -> shuffle buffer of `shuffle` records -> output position p gets the
+ *       -> shuffle buffer of `shuffle` records (drawing from 100 on, growing
+ *       to full size as it goes, as webdataset's) -> output position p gets the
  *       record drawn by fl_rng(seed, epoch, p) (deterministic given the
  *       shard order, which the caller shuffles by (seed, epoch))
  *       -> ring slot p % ring (the reader waits while that slot is still
