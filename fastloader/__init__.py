@@ -16,6 +16,7 @@ from .datasets import ImageFolder, ImageList
 from .lmdb_dataset import LMDBDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
+from .tuning import tune
 
 __version__ = "0.1.0"
 
@@ -46,5 +47,6 @@ __all__ = [
     "get_worker_info",
     "sample_rng",
     "transforms",
+    "tune",
     "WebDataset",
 ]
