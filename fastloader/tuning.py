@@ -39,7 +39,7 @@ on a GPU.
 Recommendation (:func:`recommend`).  Among the measured configurations
 within ``tolerance`` of the best samples/s, the one with the fewest workers,
 then the smallest batch, then the smallest prefetch; persistent_workers=True
-when it saves a measurable epoch-start cost without losing throughput.
+when it saves at least 10% of the epoch-start cost without losing throughput.
 The reasons name what the larger settings would gain and cost.
 
 This module imports only the standard library at module level (doctor uses
@@ -280,8 +280,10 @@ class MemoryModel:
 
     def fit(self):
         """{"a", "b", "c"} of the host line (None before the first point)."""
-        if self.sample_mib is None or not self.host:
+        if self.sample_mib is None:
             return None
+        if not self.host:  # measured in-process: no per-configuration peak; the slope-1 line from the base
+            return {"a": self.base_mib, "b": 1.0, "c": self.base_mib} if self.base_mib else None
         thr = [(self.inflight_mib(c), y) for c, y in self.host if not self._procs(c)] or \
               [(self.inflight_mib(c), y) for c, y in self.host]
         a, b = self._envelope([x for x, _ in thr], [y for _, y in thr])
@@ -644,7 +646,7 @@ def _cost(auto_workers, grid):
     mr = {m: i for i, m in enumerate(grid.modes)}
 
     def cost(c):
-        return (workers_value(c, auto_workers), c["batch_size"], c["prefetch_factor"] or 0,
+        return (workers_value(c, auto_workers), c["num_workers"] == "auto", c["batch_size"], c["prefetch_factor"] or 0,
                 mr.get(c.get("worker_mode"), 0), dr.get(c.get("delivery"), 9), bool(c["persistent_workers"]))
     return cost
 
@@ -773,7 +775,9 @@ def recommend(run, auto_workers):
                 saved = s_off - s_on
                 epoch = (run.dataset_len / rate) if (run.dataset_len and rate) else None
                 here = key(off) == key(dict(rec, persistent_workers=False))
-                worth = saved >= 0.002 and (not here or rated[key(on)] >= top * (1 - run.tol))
+                # an epoch start includes loading its first batch, which varies run to run: a saving counts
+                # from 10% of it (starting threads takes well under a millisecond; worker processes seconds)
+                worth = saved >= max(0.002, 0.1 * s_off) and (not here or rated[key(on)] >= top * (1 - run.tol))
                 rec = dict(rec, persistent_workers=worth)
                 if key(rec) in rated:
                     rate = rated[key(rec)]
@@ -902,6 +906,54 @@ def _default_workers(auto_workers):
     return list(range(0, max(1, auto_workers) + 1)) + ["auto"]
 
 
+def make_runner(dataset=None, step=None, *, step_ms=0.0, step_busy=False, pipeline="train", epochs=2, samples=1024,
+                min_batches=8, epoch_s=20.0, torch_threads=None, isolate=True, timeout=600.0):
+    """(runner, dataset description, step description): ``runner(cfg)``
+    measures one configuration (see :func:`tune` for the arguments), in a
+    fresh process through the harness unless ``isolate`` is False."""
+    import fastloader
+
+    if dataset is None:
+        from .sample import ensure_sample
+
+        dataset = ensure_sample(2000)
+    if isinstance(dataset, (str, os.PathLike)) and os.path.isdir(os.fspath(dataset)):
+        root = os.path.abspath(os.fspath(dataset))
+        ds_spec = {"kind": "folder", "root": root, "pipeline": pipeline}
+        ds_desc = f"fastloader.ImageFolder({root!r}), {pipeline} pipeline: {H.PIPELINES[pipeline]}"
+    else:
+        ds_spec = {"kind": "callable", "target": as_target(dataset) if isolate else dataset}
+        ds_desc = f"{_name(dataset)}()"
+    if step is not None:
+        st_spec = {"kind": "callable", "target": as_target(step) if isolate else step}
+        st_desc = f"{_name(step)}(batch)"
+    elif step_ms:
+        st_spec = {"kind": "sim", "ms": float(step_ms), "busy": bool(step_busy)}
+        st_desc = f"simulated, {step_ms:g} ms per batch ({'busy loop' if step_busy else 'time.sleep: CPU free'})"
+    else:
+        st_spec, st_desc = None, "none (the loop only fetches batches)"
+    payload = {"dataset": ds_spec, "step": st_spec, "epochs": epochs, "samples": samples,
+               "min_batches": min_batches, "epoch_s": epoch_s, "torch_threads": torch_threads}
+    if isolate:
+        sys_path = [os.getcwd() if p == "" else p for p in sys.path]
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
+        payload.update(call="fastloader.tuning:measure", sys_path=[pkg_root] + sys_path)
+
+        def runner(cfg):
+            return H.run_child(H.__file__, "module_child", dict(payload, config=cfg), timeout=timeout,
+                               mem_interval=0.25)
+    else:
+        def runner(cfg):
+            t = time.perf_counter()
+            try:
+                res = measure(dict(payload, config=cfg))
+            except Exception as e:  # one configuration failing does not end the search
+                res = {"error": f"{type(e).__name__}: {e}"}
+            res["wall_s"] = time.perf_counter() - t
+            return res
+    return runner, ds_desc, st_desc
+
+
 def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=None, num_workers=None,
          prefetch_factors=(2, 4), persistent_workers=(False, True), device="auto", worker_modes=None,
          pipeline="train", epochs=2, samples=1024, min_batches=8, epoch_s=20.0, memory_limit=None,
@@ -938,33 +990,14 @@ def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=N
     on_start(cfg, phase), on_result(cfg, phase, result): progress callbacks.
     runner: test hook, ``runner(cfg) -> result dict`` replaces the measurement.
     """
-    import fastloader
     from fastloader.loader import auto_worker_limit
 
     t_start = time.perf_counter()
     auto_workers = auto_worker_limit()
-    # the dataset
-    ds_desc = None
-    if dataset is None:
-        from .sample import ensure_sample
-
-        dataset = ensure_sample(2000)
-    if isinstance(dataset, (str, os.PathLike)) and os.path.isdir(os.fspath(dataset)):
-        root = os.path.abspath(os.fspath(dataset))
-        ds_spec = {"kind": "folder", "root": root, "pipeline": pipeline}
-        ds_desc = f"fastloader.ImageFolder({root!r}), {pipeline} pipeline: {H.PIPELINES[pipeline]}"
-    else:
-        ds_spec = {"kind": "callable", "target": as_target(dataset) if isolate else dataset}
-        ds_desc = f"{_name(dataset)}()"
-    # the step
-    if step is not None:
-        st_spec = {"kind": "callable", "target": as_target(step) if isolate else step}
-        st_desc = f"{_name(step)}(batch)"
-    elif step_ms:
-        st_spec = {"kind": "sim", "ms": float(step_ms), "busy": bool(step_busy)}
-        st_desc = f"simulated, {step_ms:g} ms per batch ({'busy loop' if step_busy else 'time.sleep: CPU free'})"
-    else:
-        st_spec, st_desc = None, "none (the loop only fetches batches)"
+    made, ds_desc, st_desc = make_runner(dataset, step, step_ms=step_ms, step_busy=step_busy, pipeline=pipeline,
+                                         epochs=epochs, samples=samples, min_batches=min_batches, epoch_s=epoch_s,
+                                         torch_threads=torch_threads, isolate=isolate, timeout=timeout)
+    runner = runner or made
     # the axes
     from .cuda_delivery import cuda_available
 
@@ -979,27 +1012,6 @@ def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=N
                 prefetch_factors, persistent_workers, deliveries, modes)
     budget, budget_desc = host_budget_mib(memory_limit)
     model = MemoryModel(auto_workers)
-
-    payload = {"dataset": ds_spec, "step": st_spec, "epochs": epochs, "samples": samples,
-               "min_batches": min_batches, "epoch_s": epoch_s, "torch_threads": torch_threads}
-    if runner is None:
-        if isolate:
-            sys_path = [os.getcwd() if p == "" else p for p in sys.path]
-            pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
-            payload.update(call="fastloader.tuning:measure", sys_path=[pkg_root] + sys_path)
-
-            def runner(cfg):
-                return H.run_child(H.__file__, "module_child", dict(payload, config=cfg), timeout=timeout,
-                                   mem_interval=0.25)
-        else:
-            def runner(cfg):
-                t = time.perf_counter()
-                try:
-                    res = measure(dict(payload, config=cfg))
-                except Exception as e:  # one configuration failing does not end the search
-                    res = {"error": f"{type(e).__name__}: {e}"}
-                res["wall_s"] = time.perf_counter() - t
-                return res
 
     run = _Run(grid, runner, model, budget, stop_gain=stop_gain, tolerance=tolerance,
                on_result=on_result, on_start=on_start)
@@ -1047,6 +1059,7 @@ def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=N
         "skipped": [dict(s, config=s["config"]) for s in run.skipped.values()],
         "runs": run.n_runs,
         "recommended": rec,
-        "cells": heatmap_cells(run, grid, rec["config"] if rec else grid.make(grid.base(), batch_size=grid.batch_sizes[0])),
+        "cells": heatmap_cells(run, grid, rec["config"] if rec else
+                               grid.make(grid.base(), batch_size=grid.batch_sizes[0])),
         "elapsed_s": time.perf_counter() - t_start,
     }
