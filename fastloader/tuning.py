@@ -12,7 +12,7 @@ a larger value is kept only if it gains at least ``stop_gain`` (5%) over
 the best so far on that axis; a smaller value only if it keeps within
 ``tolerance`` (3%) of it.  num_workers is coarse to fine: 0, the powers of two
 and the largest value first, then bisection between the fewest workers
-within tolerance and the next fewer one measured.  Finally the contenders
+within tolerance and the next fewer one measured.  Finally the three best
 are measured once more (``confirm``) and rates averaged.
 
 Measurement (:func:`measure`).  Every configuration runs in a fresh process
@@ -710,13 +710,15 @@ def search(run, grid, auto_workers, *, confirm=True):
     # 5. persistent_workers: what it saves at the start of every epoch
     if cur["num_workers"] != 0 and True in grid.persistent and False in grid.persistent:
         run.run(grid.make(cur, persistent_workers=not cur["persistent_workers"]), "persistent_workers")
-    # 6. measure the contenders once more, in turn, and average
+    # 6. measure the contenders once more, in turn, and average: the three best measured (the
+    #    recommendation among them).  Each phase ran minutes apart; on a shared machine the load
+    #    drifts in between, and a lucky single run should not decide.
     if confirm:
         rec = recommend(run, auto_workers)
         if rec is not None:
-            top = sorted((c for c in run.cfgs.values() if run.rate(c)), key=lambda c: -run.rate(c))
-            contenders = [rec["config"]] + [c for c in top if key(c) != key(rec["config"])
-                                            and run.rate(c) >= run.rate(rec["config"])][:2]
+            rk = key(rec["config"]) if key(rec["config"]) in run.cfgs else None
+            top = sorted((c for c in run.cfgs.values() if run.rate(c) and key(c) != rk), key=lambda c: -run.rate(c))
+            contenders = ([run.cfgs[rk]] if rk else []) + top[:3 - bool(rk)]
             for c in contenders:
                 run.run(c, "confirm", again=True)
     return cur
