@@ -95,6 +95,8 @@ def main(argv=None):
         rec_k = tuning.key(rec)
         best_again = max((k for k in top if k in med), key=med.get)
         paired = med[rec_k] / med[best_again] if best_again != rec_k else 1.0
+        mx = {k: max(x for x in v if x) for k, v in again.items() if any(v)}
+        by_max = mx[rec_k] / max(mx[k] for k in top if k in mx)
         time_ratio = t_tune / t_sweep
         ok = paired >= 0.95 and time_ratio <= 0.25
         lines += [f"## model step {step_ms} ms per batch" if step_ms else "## no model step", ""]
@@ -114,6 +116,7 @@ def main(argv=None):
         lines += ["",
                   f"- recommended / the best of the sweep's top {len(top)} measured again: **{paired:.3f}**"
                   + (" (the same configuration)" if best_again == rec_k else ""),
+                  f"- the same with the fastest of the {a.rounds} rounds instead of the median: {by_max:.3f}",
                   f"- in the sweep's single runs: recommended {C.fmt(rates.get(rec_k))} / best "
                   f"{rates[best_k]:.0f} samples/s = {single:.3f}",
                   f"- tune's time / the sweep's: **{time_ratio:.2f}** ({t_tune:.0f} s / {t_sweep:.0f} s)",

@@ -421,8 +421,8 @@ def run(a) -> int:
     out = header_lines(res) + ["", build_table(res), ""]
     out.append("* recommended; samples/s and wait after each epoch's first batch (wait = share of the time the step "
                "waits for data); first batch = loader construction to the first batch; epoch start = iter() to the "
-               "first batch of a later epoch; peak host = the process and any worker processes; (2x) = mean of "
-               "two runs.")
+               "first batch of a later epoch; peak host = the process and any worker processes; (2x) = the fastest "
+               "of two runs (other processes only slow a run down).")
     for s in res["skipped"]:
         out.append(f"not run: {T.settings(s['config'], short=True)}: {s['reason']}")
     errors = [r for r in res["results"] if "error" in r]

@@ -12,8 +12,11 @@ a larger value is kept only if it gains at least ``stop_gain`` (5%) over
 the best so far on that axis; a smaller value only if it keeps within
 ``tolerance`` (3%) of it.  num_workers is coarse to fine: 0, the powers of two
 and the largest value first, then bisection between the fewest workers
-within tolerance and the next fewer one measured.  Finally the three best
-are measured once more (``confirm``) and rates averaged.
+within tolerance and the next fewer one measured.  A larger value that
+measures clearly slower (a drop, not a plateau) is measured once more before
+the axis stops, and finally the three best are measured once more
+(``confirm``).  A configuration's rate is the fastest of its runs: other
+processes only ever slow a run down.
 
 Measurement (:func:`measure`).  Every configuration runs in a fresh process
 through the benchmark harness (fastloader/_harness.py: ``run_child``, with
@@ -562,8 +565,11 @@ class _Run:
         self.dataset_len = None
 
     def rate(self, cfg):
+        """The fastest of the configuration's runs: other processes on the
+        machine only ever slow a run down, so the fastest run is the best
+        estimate of what the configuration can do."""
         rs = [r["rate"] for r in self.runs.get(key(cfg), []) if "error" not in r and r.get("rate")]
-        return statistics.fmean(rs) if rs else None
+        return max(rs) if rs else None
 
     def _predict(self, cfg):
         """None if it may run, else the skip record."""
@@ -620,6 +626,10 @@ class _Run:
             r = self.run(c, phase)
             if r is None:
                 break
+            if best is not None and r < best * (1 - self.stop_gain):
+                # more of something measured clearly slower: more likely a busy moment on the
+                # machine than the setting; measure it once more before giving up the axis
+                r = self.run(c, phase, again=True)
             if best is not None and r < best * (1 + self.stop_gain):
                 break
             best = r if best is None else max(best, r)
@@ -712,7 +722,7 @@ def search(run, grid, auto_workers, *, confirm=True):
         run.run(grid.make(cur, persistent_workers=not cur["persistent_workers"]), "persistent_workers")
     # 6. measure the contenders once more, in turn, and average: the three best measured (the
     #    recommendation among them).  Each phase ran minutes apart; on a shared machine the load
-    #    drifts in between, and a lucky single run should not decide.
+    #    drifts in between, and one unlucky run should not decide.
     if confirm:
         rec = recommend(run, auto_workers)
         if rec is not None:
