@@ -434,6 +434,10 @@ def run(a) -> int:
     for r in over:
         out.append(f"warning: {T.settings(r, short=True)} measured {_mib(r['peak_mib'])}, over the limit: the "
                    "prediction was too low")
+    var = res.get("run_to_run_variation")
+    if var is not None and var > 0.10:
+        out.append(f"warning: the same configuration measured up to {100 * var:.0f}% apart from run to run: the "
+                   "machine is busy, and differences smaller than that are noise (rates shown are the fastest run)")
     out.append("")
     out += recommendation_lines(res)
     if a.plot:

@@ -1057,6 +1057,11 @@ def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=N
             row["stderr"] = rs[-1].get("stderr")
         results.append(row)
     fit = model.fit()
+    # run-to-run variation of the configurations measured more than once: what a difference
+    # between two configurations must exceed before it means anything on this machine now
+    spreads = [(max(v) - min(v)) / max(v) for v in
+               ([r["rate"] for r in rs if "error" not in r and r.get("rate")] for rs in run.runs.values())
+               if len(v) > 1]
     return {
         "dataset": ds_desc, "step": st_desc, "device": device, "usable_cpus": sysinfo.usable_cpus(),
         "auto_workers": auto_workers, "grid": grid.as_dict(), "grid_size": len(grid.configs()),
@@ -1070,6 +1075,7 @@ def tune(dataset=None, step=None, *, step_ms=0.0, step_busy=False, batch_sizes=N
         "results": results,
         "skipped": [dict(s, config=s["config"]) for s in run.skipped.values()],
         "runs": run.n_runs,
+        "run_to_run_variation": max(spreads) if spreads else None,
         "recommended": rec,
         "cells": heatmap_cells(run, grid, rec["config"] if rec else
                                grid.make(grid.base(), batch_size=grid.batch_sizes[0])),

@@ -123,6 +123,7 @@ def test_search_matches_the_exhaustive_sweep_with_a_fraction_of_the_runs():
     phases = [r["phase"] for r in fast["results"]]
     assert phases[0] == "batch_size" and "num_workers (fine)" in phases and "persistent_workers" in phases
     assert "confirm" not in phases  # a re-run of a measured configuration is not a new row
+    assert fast["run_to_run_variation"] == 0.0 and full["run_to_run_variation"] is None  # the fake is exact
     reasons = fast["recommended"]["reasons"]
     assert reasons[0].startswith("batch_size=32, num_workers=4, prefetch_factor=2, persistent_workers=True")
     assert any(r.startswith("persistent_workers=True saves 20 ms per epoch start") for r in reasons), reasons
