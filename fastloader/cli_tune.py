@@ -334,7 +334,9 @@ def write_heatmap(path, res, *, title="samples/s over batch_size x num_workers",
     d.text((xs + 24, ly), "recommended", fill="black", font=f_small)
     d.line([(xs, ly + 30), (xs + 18, ly + 30)], fill=red, width=4)
     d.text((xs + 24, ly + 23), "memory limit", fill="black", font=f_small)
-    d.text((xs + 24, ly + 37), _mib(res["memory"]["budget_mib"]), fill="black", font=f_small)
+    d.text((xs + 24, ly + 37), _mib(res["memory"]["budget_mib"]) + ("" if over else ","), fill="black", font=f_small)
+    if not over:
+        d.text((xs + 24, ly + 51), "not reached", fill="black", font=f_small)
     d.rectangle([0, 0, W - 1, Hh - 1], outline=(200, 200, 200))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     img.save(path, format="PNG")

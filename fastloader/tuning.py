@@ -789,7 +789,9 @@ def recommend(run, auto_workers):
                 here = key(off) == key(dict(rec, persistent_workers=False))
                 # an epoch start includes loading its first batch, which varies run to run: a saving counts
                 # from 10% of it (starting threads takes well under a millisecond; worker processes seconds)
-                worth = saved >= max(0.002, 0.1 * s_off) and (not here or rated[key(on)] >= top * (1 - run.tol))
+                enough = saved >= max(0.002, 0.1 * s_off)
+                slower = here and rated[key(on)] < top * (1 - run.tol)
+                worth = enough and not slower
                 rec = dict(rec, persistent_workers=worth)
                 if key(rec) in rated:
                     rate = rated[key(rec)]
@@ -798,7 +800,9 @@ def recommend(run, auto_workers):
                 persist_note = (f"persistent_workers=True {'saves' if saved >= 0 else 'costs'} "
                                 f"{abs(saved) * 1000:.0f} ms per epoch start ({s_off * 1000:.0f} -> "
                                 f"{s_on * 1000:.0f} ms{share}){where}"
-                                + ("" if worth else ": not worth keeping the workers between epochs"))
+                                + ("" if worth else
+                                   f", but its run was {-_pct(rated[key(on)], rated[key(off)]):.0f}% slower"
+                                   if enough else ": not worth keeping the workers between epochs"))
     head = settings(rec, short=True)
     best_cfg = run.cfgs[best_k]
     measured_k = key(rec) if key(rec) in rated else key(chosen)
