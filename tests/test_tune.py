@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 
 import pytest
 
@@ -54,6 +55,8 @@ def test_loading_dominates_most_workers_win():
     assert res["recommended"]["wait_pct"] > 50  # nothing to hide it behind
 
 
+@pytest.mark.skipif(os.environ.get("FASTLOADER_UNDER_ASAN") == "1",
+                    reason="ASan's shadow memory and quarantine change the peak RSS this test's limit is sized for")
 def test_memory_cap_rules_out_the_largest_batch(monkeypatch, tmp_path):
     """2 MiB samples and a 100 ms step: bigger batches are faster, but with a
     faked 1.5 GiB limit the batch of 128 (1 GiB of batches in flight on top
