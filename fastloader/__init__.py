@@ -18,6 +18,7 @@ from .lmdb_dataset import LMDBDataset
 from .hf_datasets import HFImageDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
+from .tuning import tune
 from .accelerate_hook import install as _install_accelerate_hook
 
 # accelerator.prepare keeps fastloader loaders; imports nothing (accelerate_hook.py)
@@ -54,5 +55,6 @@ __all__ = [
     "get_worker_info",
     "sample_rng",
     "transforms",
+    "tune",
     "WebDataset",
 ]

@@ -5,6 +5,8 @@ Commands:
   bench [DIR]       fastloader vs torch DataLoader for num_workers 0,1,2,4: time, images/s,
                     time to first batch, peak memory, consumer wait %; writes a PNG plot
   doctor            what limits data loading on this machine, and recommended settings
+  tune              search batch_size, num_workers, prefetch_factor, persistent_workers (and pin_memory
+                    on a GPU) for your dataset and step; table, heatmap PNG, JSON, recommendation
   pack FORMAT SRC OUT
                     convert an ImageFolder: `pack shards SRC_DIR OUT_DIR --shard-size 256MB`
                     writes tar shards in the WebDataset layout (fastloader/pack.py)
@@ -50,7 +52,7 @@ def _cmd_version(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import cli_bench, doctor, pack
+    from . import cli_bench, cli_tune, doctor, pack
 
     p = argparse.ArgumentParser(prog="fastloader", description=__doc__.split("\n\n")[0],
                                 epilog="Run 'fastloader <command> --help' for a command's options.")
@@ -78,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description=doctor.__doc__.split("\n\n")[0])
     doctor.add_arguments(d)
     d.set_defaults(func=doctor.run)
+
+    t = sub.add_parser("tune", help="search DataLoader settings for your dataset and step, with a recommendation",
+                       description=cli_tune.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli_tune.add_arguments(t)
+    t.set_defaults(func=cli_tune.run)
 
     k = sub.add_parser("pack", help=f"convert an ImageFolder into another layout ({', '.join(pack.FORMATS)})",
                        description=pack.DESCRIPTION)

@@ -323,6 +323,18 @@ def pipeline_child(cfg) -> dict:
     return r
 
 
+def module_child(cfg) -> dict:
+    """A measured function that lives in an importable module (fastloader.tuning's
+    ``measure``): ``cfg["call"]`` is "package.module:function"; ``cfg["sys_path"]``
+    goes first on sys.path, so the child imports what the parent imports (the
+    same fastloader, the user's own modules)."""
+    import importlib
+
+    sys.path[:0] = list(cfg.get("sys_path") or [])
+    mod, _, fn = cfg["call"].partition(":")
+    return getattr(importlib.import_module(mod), fn)(cfg)
+
+
 def _load_by_path(name, path):
     mod = sys.modules.get(name)
     if mod is not None and os.path.abspath(getattr(mod, "__file__", "")) == os.path.abspath(path):

@@ -25,6 +25,9 @@ __all__ = ["collect", "recommend", "render", "main"]
 
 _GiB = 1024 ** 3
 _MiB = 1024 ** 2
+# what the memory prediction assumes unless told: an ImageNet training batch
+DEFAULT_SETTINGS = {"batch_size": 64, "prefetch_factor": 2, "sample_bytes": 3 * 224 * 224 * 4,
+                    "worker_mode": "thread", "worker_mib": None}
 
 
 # ----------------------------------------------------------------------------
@@ -190,6 +193,215 @@ def check_world():
 
 
 # ----------------------------------------------------------------------------
+# the traps: thread oversubscription, the memory of the user's settings, a cold page cache
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _torch_threads():
+    """torch.get_num_threads(), or None without torch (never raises)."""
+    try:
+        import torch
+
+        return int(torch.get_num_threads())
+    except Exception:
+        return None
+
+
+def check_threads(usable, workers, env=None, torch_threads=None):
+    """The thread pools that share the usable CPUs: torch's intra-op pool
+    (sized by OMP_NUM_THREADS / torch.set_num_threads, else the CPUs the
+    machine has), the BLAS pools numpy and torch call (MKL_NUM_THREADS,
+    OPENBLAS_NUM_THREADS) and the loader's worker threads.  ``env`` and
+    ``torch_threads`` default to this process's."""
+    env = os.environ if env is None else env
+    raw = {k: env.get(k) for k in THREAD_VARS}
+    vals = {}
+    for k, v in raw.items():
+        try:
+            vals[k] = int(v) if v not in (None, "") else None
+        except ValueError:
+            vals[k] = None
+    t = _torch_threads() if torch_threads is None else torch_threads
+    return {"env": raw, "env_threads": vals, "torch_threads": t, "usable_cpus": usable, "loader_workers": workers,
+            "online_cpus": os.cpu_count()}
+
+
+def thread_fix(usable, workers):
+    """Threads the training loop's own pools should use so that they and the
+    loader's worker threads fit the usable CPUs (at least 1)."""
+    return max(1, usable - workers)
+
+
+def check_settings_memory(settings, limit_bytes, base_mib=None):
+    """Predicted peak host memory of a training process with these DataLoader
+    settings: what the process holds now (``base_mib``, default its RSS: the
+    interpreter, torch, fastloader) + the batches in flight (batch_size x
+    sample_bytes x (prefetch_factor x num_workers + 2)) + for worker processes
+    one base each (``worker_mib`` overrides it).  The same line tune fits,
+    with slope 1 (fastloader/tuning.py)."""
+    from .tuning import predict_peak_mib
+
+    if base_mib is None:
+        try:
+            with open("/proc/self/status") as f:
+                base_mib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024.0
+        except (OSError, StopIteration, ValueError):
+            base_mib = 0.0
+    s = settings
+    procs = s.get("worker_mode") == "process"
+    peak = predict_peak_mib(base_mib, s["sample_bytes"], s["batch_size"], s["num_workers"], s["prefetch_factor"],
+                            process_workers=procs, per_process_mib=s.get("worker_mib"))
+    return {"settings": dict(s), "base_mib": base_mib, "batch_mib": s["batch_size"] * s["sample_bytes"] / _MiB,
+            "predicted_mib": peak, "limit_bytes": limit_bytes,
+            "share": (peak * _MiB / limit_bytes) if limit_bytes else None}
+
+
+def page_cache_verdict(first_s, second_s, nbytes):
+    """'cold' when the first read of the files took over twice as long as the
+    second (and long enough to matter: 20 ms), else 'warm'."""
+    if second_s <= 0 or first_s <= 0:
+        return "warm"
+    return "cold" if first_s > 2.0 * second_s and first_s - second_s > 0.02 else "warm"
+
+
+def check_page_cache(root, n=64, max_bytes=64 * _MiB, seed=0, read=None):
+    """Read up to ``n`` files (at most ``max_bytes``) picked at random under
+    ``root`` and time it: the first pass comes from storage for the files not
+    in the page cache, the passes after it (the fastest of three) from memory.  ``read(path)``
+    (default: read the whole file) is injectable for tests."""
+    import random
+    import time
+
+    files, total, seen = [], 0, 0
+    for dp, dns, fns in os.walk(root):
+        dns.sort()
+        for fn in sorted(fns):
+            p = os.path.join(dp, fn)
+            try:
+                sz = os.path.getsize(p)
+            except OSError:
+                continue
+            files.append((p, sz))
+            total += sz
+            seen += 1
+        if seen >= 200000:
+            break
+    if not files:
+        return {"root": root, "files": 0, "error": "no files"}
+
+    def _read(p):
+        with open(p, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+    read = read or _read
+    rng = random.Random(seed)
+    pick, nbytes = [], 0
+    for p, sz in rng.sample(files, min(n, len(files))):
+        if pick and nbytes + sz > max_bytes:
+            break
+        pick.append(p)
+        nbytes += sz
+    times = []
+    for _ in range(4):  # the first pass, then the best of three from the cache (the machine may be busy)
+        t0 = time.perf_counter()
+        for p in pick:
+            read(p)
+        times.append(time.perf_counter() - t0)
+    times = [times[0], min(times[1:])]
+    return {"root": root, "files": len(pick), "bytes": nbytes, "first_s": times[0], "second_s": times[1],
+            "first_mb_s": nbytes / 1e6 / times[0] if times[0] > 0 else None,
+            "second_mb_s": nbytes / 1e6 / times[1] if times[1] > 0 else None,
+            "verdict": page_cache_verdict(times[0], times[1], nbytes),
+            "dataset_files": len(files), "dataset_bytes": total, "walk_capped": seen >= 200000}
+
+
+def trap_findings(rep):
+    """The findings of the three traps (threads, settings memory, page cache)."""
+    out = []
+    add = lambda *a: out.append(list(a))  # noqa: E731
+    th = rep.get("threads")
+    if th:
+        u, w, t = th["usable_cpus"], th["loader_workers"], th["torch_threads"]
+        k = thread_fix(u, w)
+        fix = (f"Fix: export OMP_NUM_THREADS={k} MKL_NUM_THREADS={k} OPENBLAS_NUM_THREADS={k} before starting "
+               f"Python (or torch.set_num_threads({k}) first thing in the script).")
+        env = th["env_threads"]
+        parts = [f"torch intra-op {t if t is not None else 'n/a (no torch)'}"]
+        parts += [f"{name}={th['env'][name]}" for name in THREAD_VARS if th["env"][name] not in (None, "")]
+        parts.append(f"{w} loader worker thread(s), {u} usable CPUs")
+        val = ", ".join(parts)
+        too_many = [name for name in THREAD_VARS if env[name] is not None and env[name] > u]
+        if (t is not None and t > u) or too_many:
+            what = []
+            if t is not None and t > u:
+                what.append(f"torch's intra-op pool has {t} threads for {u} usable CPUs (it counts the "
+                            f"{th['online_cpus']} CPUs the machine shows, not the affinity or cgroup quota)")
+            if too_many:
+                what.append(", ".join(f"{n}={env[n]}" for n in too_many) + f" is more than the {u} usable CPUs")
+            add("warn", "thread oversubscription", val,
+                "; ".join(what) + f". With {w} loader worker thread(s) as well, threads wait for each other and "
+                "the model step slows down. " + fix)
+        elif t is not None and t + w > u:
+            add("note", "thread oversubscription", val,
+                f"torch's {t} intra-op threads plus {w} loader worker thread(s) are more than the {u} usable CPUs: "
+                "a model step that runs on the CPU competes with loading (on a GPU the intra-op pool is mostly "
+                "idle and this matters little). " + fix + " A Python dataset calling numpy/BLAS in its "
+                "__getitem__ runs that pool in every worker thread: OPENBLAS_NUM_THREADS=1 there.")
+        else:
+            add("ok", "thread oversubscription", val,
+                "The training loop's thread pools and the loader's workers fit the usable CPUs.")
+    sm = rep.get("settings_memory")
+    if sm:
+        s = sm["settings"]
+        lim = sm["limit_bytes"]
+        pk = sm["predicted_mib"] * _MiB
+        inflight = s["batch_size"] * s["sample_bytes"]
+        from .tuning import inflight_batches
+
+        nb = inflight_batches(s["num_workers"], s["prefetch_factor"])
+        inflight_note = (f"{nb} batches in flight x {_fmt_bytes(inflight)} (batch_size {s['batch_size']} x "
+                         f"{_fmt_bytes(s['sample_bytes'])} per sample)")
+        val = (f"{_fmt_bytes(pk)} for batch_size={s['batch_size']}, num_workers={s['num_workers']}, "
+               f"prefetch_factor={s['prefetch_factor']}" + (", worker processes" if s.get("worker_mode") == "process"
+                                                            else "") + f" (limit {_fmt_bytes(lim)})")
+        adv = (f"= this process now ({sm['base_mib']:.0f} MiB: Python, torch, fastloader) + {inflight_note}"
+               + (f" + {s['num_workers']} worker processes" if s.get("worker_mode") == "process" else "")
+               + ". Your model, optimizer and other data come on top. ")
+        if lim and pk > 0.8 * lim:
+            add("warn", "predicted peak memory", val, adv + "That is over 80% of the limit: lower prefetch_factor or "
+                "num_workers (or batch_size) before the kernel's OOM killer ends the run; `python -m fastloader "
+                "tune` measures it.")
+        else:
+            add("ok", "predicted peak memory", val, adv + "Well under the limit. `python -m fastloader tune` "
+                "measures the real peak for your dataset.")
+    pc = rep.get("page_cache")
+    if pc:
+        if pc.get("error"):
+            add("note", "page cache", f"{pc['root']}: {pc['error']}", "Nothing to read there.")
+        else:
+            val = (f"{pc['files']} files ({_fmt_bytes(pc['bytes'])}) read twice: {pc['first_mb_s']:.0f} MB/s, "
+                   f"then {pc['second_mb_s']:.0f} MB/s")
+            big = ""
+            avail = rep.get("memory", {}).get("mem_available_bytes")
+            if avail and pc["dataset_bytes"] > avail:
+                big = (f" The data set ({_fmt_bytes(pc['dataset_bytes'])}) is larger than the memory available "
+                       f"({_fmt_bytes(avail)}): every epoch, not only the first, reads from storage.")
+            if pc["verdict"] == "cold":
+                add("warn", "cold page cache", val,
+                    f"The first read was {pc['first_s'] / pc['second_s']:.1f}x slower than the second: files not "
+                    "yet in the page cache come from storage, so the first epoch will be slower than the next ones "
+                    "(and a benchmark's first configuration looks worse than it is). Warm the cache before timing "
+                    "(cat the files > /dev/null, or vmtouch -t), or keep the data on local SSD." + big)
+            else:
+                add("ok", "page cache", val,
+                    "These files were already in the page cache (both reads at memory speed): the first epoch "
+                    "reads like the later ones." + big)
+    return out
+
+
+# ----------------------------------------------------------------------------
 # assembling
 
 
@@ -205,8 +417,12 @@ def recommend(usable_cpus, cuda_devices, local_world_size=None):
             "per_ranks": ranks}
 
 
-def collect():
-    """Run every check; return the JSON-able report."""
+def collect(settings=None, data=None):
+    """Run every check; return the JSON-able report.  ``settings`` (dict:
+    batch_size, num_workers, prefetch_factor, sample_bytes, worker_mode,
+    worker_mib) are the DataLoader settings whose memory is predicted
+    (default: the recommended ones, batch 64 of 3x224x224 float32); ``data``
+    a folder whose page-cache state is measured."""
     info, import_error, cuda = check_build_and_cuda()
     cpus = check_cpus()
     world = check_world()
@@ -225,6 +441,11 @@ def collect():
         "local_world_size": world["local_world_size"],
     }
     rep["recommended"] = recommend(cpus["usable_cpus"], cuda.get("devices") or 0, world["local_world_size"])
+    st = dict(DEFAULT_SETTINGS, num_workers=rep["recommended"]["num_workers"])
+    st.update({k: v for k, v in (settings or {}).items() if v is not None})
+    rep["threads"] = check_threads(cpus["usable_cpus"], st["num_workers"])
+    rep["settings_memory"] = check_settings_memory(st, rep["memory"]["limit_bytes"])
+    rep["page_cache"] = check_page_cache(data) if data else None
     rep["findings"] = findings(rep)
     return rep
 
@@ -359,6 +580,7 @@ def findings(rep):
     else:
         add("ok", "LOCAL_WORLD_SIZE", "not set",
             "Single process per machine assumed; under torchrun each rank's share is divided by LOCAL_WORLD_SIZE.")
+    out.extend(trap_findings(rep))
     return out
 
 
@@ -388,15 +610,43 @@ def render(rep, width=100):
     lines.append("With fastloader.DataLoader, num_workers='auto' starts with every usable CPU and parks the workers")
     lines.append("your training loop does not need (it settles within seconds; see stats()['num_workers_auto']).")
     lines.append("Measure before and after: python -m fastloader bench --workers 0,1,2,4 --step-ms <your model step>")
+    lines.append("or search them for your own dataset and step: python -m fastloader tune --dataset mypkg.data:make "
+                 "--step mypkg.train:step")
     return "\n".join(lines)
 
 
 def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    g = p.add_argument_group("the settings whose peak memory is predicted (default: the recommended ones)")
+    g.add_argument("--batch-size", type=int, default=None, help="default 64")
+    g.add_argument("--num-workers", type=int, default=None, help="default: the recommended num_workers")
+    g.add_argument("--prefetch-factor", type=int, default=None, help="default 2")
+    g.add_argument("--sample-bytes", default=None, metavar="SIZE",
+                   help="bytes of one collated sample, e.g. 588KiB (default 3x224x224 float32 = 588 KiB)")
+    g.add_argument("--worker-processes", action="store_true",
+                   help="the workers are processes (torch's DataLoader, worker_mode='process'): each holds its own "
+                        "copy of the interpreter")
+    g.add_argument("--worker-mib", type=float, default=None,
+                   help="memory of one worker process in MiB (default: what this process holds)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="also read a sample of the files under DIR twice, to see whether the first epoch will "
+                        "wait for storage (cold page cache)")
+
+
+def _settings_from_args(args):
+    sb = getattr(args, "sample_bytes", None)
+    if sb is not None:
+        from .pack import parse_size
+
+        sb = parse_size(sb)
+    return {"batch_size": getattr(args, "batch_size", None), "num_workers": getattr(args, "num_workers", None),
+            "prefetch_factor": getattr(args, "prefetch_factor", None), "sample_bytes": sb,
+            "worker_mode": "process" if getattr(args, "worker_processes", False) else None,
+            "worker_mib": getattr(args, "worker_mib", None)}
 
 
 def run(args) -> int:
-    rep = collect()
+    rep = collect(_settings_from_args(args), getattr(args, "data", None))
     if args.json:
         print(json.dumps(rep, indent=1, default=str))
     else:
