@@ -56,6 +56,8 @@ fl_exec(PyObject *m)
         fl_register_array(m) < 0 || fl_register_lmdb(m) < 0 || fl_register_stream(m) < 0 ||
         fl_register_shards(m) < 0)
         return -1;
+    if (fl_register_shmring(m) < 0)
+        return -1;
     return 0;
 }
 
@@ -74,6 +76,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->DeviceTensorType);
     Py_VISIT(st->SourceType);
     Py_VISIT(st->LMDBWriterType);
+    Py_VISIT(st->ShmRingType);
     return 0;
 }
 
@@ -92,6 +95,7 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->DeviceTensorType);
     Py_CLEAR(st->SourceType);
     Py_CLEAR(st->LMDBWriterType);
+    Py_CLEAR(st->ShmRingType);
     return 0;
 }
 
