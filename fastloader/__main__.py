@@ -5,6 +5,9 @@ Commands:
   bench [DIR]       fastloader vs torch DataLoader for num_workers 0,1,2,4: time, images/s,
                     time to first batch, peak memory, consumer wait %; writes a PNG plot
   doctor            what limits data loading on this machine, and recommended settings
+  doctor DATASET_SCRIPT | --dataset MOD:ATTR
+                    measure a dataset and say which path it should take: native dataset,
+                    native call in __getitem__, or process workers
   pack FORMAT SRC OUT
                     convert an ImageFolder: `pack shards SRC_DIR OUT_DIR --shard-size 256MB`
                     writes tar shards in the WebDataset layout (fastloader/pack.py)

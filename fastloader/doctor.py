@@ -1,4 +1,5 @@
-"""``python -m fastloader doctor``: what limits data loading on this machine.
+"""``python -m fastloader doctor``: what limits data loading on this machine
+(``doctor DATASET_SCRIPT``: which path a dataset should take, doctor_dataset.py).
 
 Every check reads what the kernel / runtime says (CPU affinity, cgroup quotas,
 /proc, /sys, rlimits, the CUDA runtime) and prints one line per finding with
@@ -347,8 +348,9 @@ def findings(rep):
         val = f"{py['version']} ({py['implementation']}, with GIL)"
         adv = ("fastloader's native ImageFolder/ImageList pipeline decodes and transforms without the GIL, so "
                "threads scale; a dataset whose __getitem__ is heavy Python code is serialized by the GIL on "
-               "threads (fastloader warns when that happens) -- use torch's process workers or a free-threaded "
-               "Python (3.13t+) for such datasets.")
+               "threads (fastloader warns when that happens) -- use worker_mode='process' (or 'auto') or a "
+               "free-threaded Python (3.13t+) for such datasets; `python -m fastloader doctor DATASET_SCRIPT` "
+               "measures which path a dataset should take.")
     add("ok", "Python", val, adv)
 
     lws = rep["local_world_size"]
@@ -392,10 +394,17 @@ def render(rep, width=100):
 
 
 def add_arguments(p):
+    from . import doctor_dataset
+
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    doctor_dataset.add_arguments(p)  # doctor DATASET_SCRIPT / --dataset mod:attr
 
 
 def run(args) -> int:
+    if getattr(args, "script", None) or getattr(args, "dataset", None):
+        from . import doctor_dataset
+
+        return doctor_dataset.run(args)
     rep = collect()
     if args.json:
         print(json.dumps(rep, indent=1, default=str))
