@@ -223,6 +223,28 @@ def _set_parent_death_signal():
         pass
 
 
+def _raise_mmap_threshold(nbytes=16 << 20):
+    """glibc: malloc and free one block of `nbytes` (<= 32 MiB), which raises
+    malloc's mmap threshold to it (and its trim threshold to twice that).
+
+    A worker process's batches go to shared memory, so unlike a worker
+    thread (whose collation frees a large malloc'ed batch now and then) it
+    never frees a large block, and the threshold stays at 128 KiB: every
+    large temporary of a NumPy __getitem__ is then mmapped and faulted in
+    afresh (~550 page faults a sample in benchmarks/bench_python.py's numpy
+    dataset, 2x its time).  The cost: up to 2 x nbytes of freed heap kept
+    per worker.  Elsewhere (another libc) nothing happens."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        p = libc.malloc(nbytes)
+        if p:
+            libc.free(p)
+    except Exception:  # pragma: no cover - no C library to ask
+        pass
+
+
 def _seed_like_torch(base_seed, wid):
     """What torch's _worker_loop does: random and torch get base_seed + id,
     NumPy's global generator a state derived from both."""
@@ -307,6 +329,7 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         os.close(ring_fd.fd)
     if torch is not None:
         torch.set_num_threads(1)
+    _raise_mmap_threshold()
     seed = _seed_like_torch(spec["base_seed"], wid)
     info = WorkerInfo(wid, num_workers, seed, spec["dataset"], spec["epoch"], spec["base_seed"])
     info.worker_method = "process"
