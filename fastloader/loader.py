@@ -149,6 +149,11 @@ class _Iter:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
                 if wire is not None:  # uint8 over the wire, float on the device
                     ds, self._convert = wire, conv
+            if getattr(loader, "worker_mode", "thread") == "process" and not getattr(loader, "_fl_mode_warned", 0):
+                loader._fl_mode_warned = True
+                warnings.warn("fastloader: worker_mode='process' does not apply to a native dataset with default "
+                              "collation: its workers are C threads that never hold the GIL", UserWarning,
+                              stacklevel=4)
             return NativeBackend(self._num_workers, ds)
         mode = getattr(loader, "worker_mode", "thread")
         if self._num_workers and mode != "thread":  # worker processes (backends.py, _procworkers.py)

@@ -402,6 +402,39 @@ def test_parent_killed_leaves_no_processes_and_no_shared_memory():
         assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if "fastloader" in n}
 
 
+EXIT_LIVE = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {here!r})
+    import fastloader
+    from test_process_workers import SlowAfter
+
+    dl = fastloader.DataLoader(SlowAfter(64, fast=4), batch_size=1, num_workers=2, worker_mode="process",
+                               persistent_workers=True)
+    it = iter(dl)
+    next(it)
+    print("PIDS", *it._backend.engine.pids(), flush=True)
+    time.sleep(0.3)  # the workers are now inside a 30 s sample
+    print("END", time.time(), flush=True)
+    """
+)
+
+
+def test_interpreter_exit_with_a_live_iterator_does_not_hang():
+    import fastloader
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastloader.__file__)))
+    proc = subprocess.run([sys.executable, "-c", EXIT_LIVE.format(here=HERE)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    done = time.time()
+    assert proc.returncode == 0, proc.stderr
+    end = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("END")]
+    assert end and done - end[0] < 3.0, f"exit took {done - end[0]:.1f} s"
+    pids = [int(p) for line in proc.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
+    assert len(pids) == 2 and not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------
 # worker_mode="auto"
 
