@@ -162,10 +162,13 @@ class _SlotUnpickler(pickle.Unpickler):
     def __init__(self, file, ring):
         super().__init__(file)
         self.ring = ring
+        self.pinned = set()  # addresses of the views in page-locked slot memory
 
     def persistent_load(self, pid):
         kind, slot, off, n, dtype, shape = pid
         buf = self.ring.buffer(slot, off, n)
+        if buf.pinned:
+            self.pinned.add(buf.ptr)
         if kind == "t":
             return torch.from_dlpack(buf).view(getattr(torch, dtype)).view(shape)
         return np.from_dlpack(buf).view(np.dtype(dtype)).reshape(shape)
@@ -438,6 +441,7 @@ class ProcPool:
         self.pin_error = None
         self.jobs = {}          # (gen, seq) -> (worker, slot, indices): sent, no result yet
         self.ready = {}         # seq -> (worker, (status, value)): results of this generation
+        self.pinned_ptrs = {}   # seq -> addresses of its tensors in page-locked slots (pin_memory)
         self.busy_s = [0.0] * num_workers
         self.jobs_done = [0] * num_workers
         self.stage_s = None     # the epoch's stage_s (dataset/collate/pin seconds per worker)
@@ -497,6 +501,7 @@ class ProcPool:
         once they see the next epoch)."""
         self.gen += 1
         self.ready.clear()
+        self.pinned_ptrs.clear()
         return self.gen
 
     def outstanding(self):
@@ -562,7 +567,10 @@ class ProcPool:
                 if slot >= 0 and used and self.pin_device >= 0 and self.pin_error is None:
                     self._pin(slot, used)
                 try:
-                    value = _SlotUnpickler(io.BytesIO(body), self.ring).load()
+                    up = _SlotUnpickler(io.BytesIO(body), self.ring)
+                    value = up.load()
+                    if up.pinned:
+                        self.pinned_ptrs[seq] = frozenset(up.pinned)
                 except Exception as e:
                     status, value = _ERR, _annotate(e, f"batch {seq} from worker process {wid}, unpickling it")
                 if rest and rest[0] and not self.pickled_warned:

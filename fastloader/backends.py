@@ -309,13 +309,14 @@ class ProcessBackend(PythonBackend):
         return True
 
     def finish(self, seq, wid, result):
+        pinned = self.engine.pinned_ptrs.pop(seq, ()) if self.engine is not None else ()
         batch = super().finish(seq, wid, result)
         if batch is not AGAIN and self.ep.pin:
             from .cuda_delivery import pin_batch
 
-            # tensors in the page-locked slots are pinned already (is_pinned);
-            # anything pickled is copied, here, once per batch
-            batch = pin_batch(batch)
+            # tensors in the page-locked slots are left alone; anything
+            # pickled is copied, here, once per batch
+            batch = pin_batch(batch, pinned)
         return batch
 
     def pin_error(self):

@@ -504,3 +504,52 @@ def test_shm_ring_contract():
     with pytest.raises(ValueError):
         ring.buffer(0, (1 << 20) - 8, 16)
     del ring, worker, buf
+
+
+# --------------------------------------------------------------------------
+# pin_memory, against the stand-in CUDA runtime (tests/fakecuda)
+
+
+def _fake_pin_child():
+    """Runs in a child process with FASTLOADER_CUDART = the fake runtime;
+    prints FAKECUDA-PROC {json}."""
+    import json
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.current_device = lambda: 0
+    copied = []  # what is still pinned with a copy (torch's pin_memory, stubbed)
+    torch.Tensor.pin_memory = lambda self, *a, **k: copied.append(list(self.shape)) or self.clone()
+    torch.Tensor.is_pinned = lambda self, *a, **k: False
+    fl = _fl()
+    out = {}
+    dl = fl.DataLoader(Images(), batch_size=8, num_workers=2, worker_mode="process", pin_memory=True)
+    it = iter(dl)
+    got = [next(it)]
+    ring = it._backend.engine.ring
+    got += list(it)
+    out["pinned_slots"] = [ring.pinned_bytes(s) for s in range(ring.nslots)]
+    out["batch_bytes"] = 8 * 3 * 8 * 8 * 4 + 8 * 8
+    out["copied"] = copied[:]
+    out["values_ok"] = all(float(x[j, 0, 0, 0]) == 8 * k + j and y.tolist() == list(range(8 * k, 8 * k + 8))
+                           for k, (x, y) in enumerate(got) for j in range(8))
+    del it, dl, got
+    copied.clear()
+    # batches kept beyond the ring are pickled: only those are pinned with a copy
+    kept = list(fl.DataLoader(Images(), batch_size=2, num_workers=2, worker_mode="process", pin_memory=True))
+    out["kept_copied"] = len(copied)
+    out["kept_ok"] = [y.tolist() for _, y in kept] == [[2 * k, 2 * k + 1] for k in range(20)]
+    print("FAKECUDA-PROC " + json.dumps(out), flush=True)
+
+
+def test_pin_memory_page_locks_the_slots_once(tmp_path_factory):
+    from helpers_fakecuda import build_fake_cudart, run_on_fake_cudart
+
+    lib = build_fake_cudart(tmp_path_factory)
+    r = run_on_fake_cudart(lib, ["-c", "import test_process_workers as t; t._fake_pin_child()"], devices=1,
+                           marker="FAKECUDA-PROC", timeout=120, extra_path=[HERE], cwd=os.path.dirname(HERE))
+    assert r["values_ok"] and r["kept_ok"], r
+    # every slot locked, sized from the first batch (a quarter more, whole pages)
+    assert all(b >= r["batch_bytes"] for b in r["pinned_slots"]), r
+    assert r["copied"] == [], r  # nothing pinned twice: every tensor lives in a locked slot
+    assert r["kept_copied"] > 0, r  # the pickled ones are copied
