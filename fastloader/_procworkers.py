@@ -448,6 +448,7 @@ class ProcPool:
         self.active_n = num_workers
         self.error = None       # message of a dead worker: every later wait raises it
         self.pickled_warned = False
+        self.unslotted = 0      # jobs sent without a slot (every slot held by batches the loop keeps)
         self.conns, self.procs = [], []
         method = self.start_method
         parent_pid = os.getpid() if method in ("fork", "spawn") else None
@@ -475,6 +476,8 @@ class ProcPool:
     # -- jobs ------------------------------------------------------------------
     def submit(self, seq, indices, worker):
         slot = self.ring.acquire()
+        if slot < 0:  # the loop keeps more batches alive than the ring holds: this one is pickled
+            self.unslotted += 1
         self.jobs[(self.gen, seq)] = (worker, slot, indices)
         if worker in self.dead:
             return

@@ -331,7 +331,8 @@ class ProcessBackend(PythonBackend):
         if eng is not None:
             ring = eng.ring
             out["shared_memory"] = {"start_method": eng.start_method, "slots": ring.nslots,
-                                    "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak}
+                                    "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak,
+                                    "batches_pickled": eng.unslotted}
 
 
 class _ThreadEpoch:

@@ -257,7 +257,7 @@ def test_custom_collate_numpy_and_batches_kept_beyond_the_ring():
     fl = _fl()
     dl = fl.DataLoader(Images(), batch_size=2, num_workers=2, worker_mode="process", collate_fn=numpy_collate)
     kept = list(dl)  # 20 batches alive at once: more than the ring's slots, so some are pickled
-    assert len(kept) == 20
+    assert len(kept) == 20 and dl.stats()["shared_memory"]["batches_pickled"] > 0
     for k, (x, y) in enumerate(kept):
         assert isinstance(x, np.ndarray) and x.dtype == np.float32
         assert y.tolist() == [2 * k, 2 * k + 1] and float(x[1].mean()) == 2 * k + 1
