@@ -169,6 +169,19 @@ def main(argv=None):
             rows.append(row)
         rep.add(C.markdown_table(headers, rows))
         rep.add("")
+        # the same ratios per round (configurations of a round ran back to
+        # back, so a busy spell of the machine hits both sides of a pair)
+        paired = []
+        for w in workers:
+            if not w:
+                continue
+            r = {i: res.get(((d, w), i), []) for i in IMPLS}
+            paired.append(f"{w} workers: process/torch {C.fmt_ratio(C.paired_ratio(r['process'], r['torch'], 'rate'))}, "
+                          f"thread/torch {C.fmt_ratio(C.paired_ratio(r['thread'], r['torch'], 'rate'))}, "
+                          f"auto/thread {C.fmt_ratio(C.paired_ratio(r['auto'], r['thread'], 'rate'))}, "
+                          f"auto/process {C.fmt_ratio(C.paired_ratio(r['auto'], r['process'], 'rate'))}")
+        rep.add("- paired per-round ratios (median): " + "; ".join(paired))
+        rep.add("")
         best = {i: _best(res, d, i, workers) for i in IMPLS}
         moved = [r.get("moved") for w in workers for r in res.get(((d, w), "auto"), [])]
         bt = max((best["thread"][0] or 0), (best["process"][0] or 0))

@@ -308,7 +308,7 @@ def _superseded(conn, pending, gen):
             pending.append(conn.recv())
     except (EOFError, OSError):
         return True
-    return any(m[0] == "stop" or (m[0] == "epoch" and m[1] != gen) for m in pending)
+    return any(m[0] == "stop" or (m[0] in ("gen", "epoch") and m[1] != gen) for m in pending)
 
 
 def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, parent_pid, inherited, deathsig):
@@ -351,6 +351,9 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         msg = _next_message(conn, pending, watch)
         if msg is None or msg[0] == "stop":
             return
+        if msg[0] == "gen":  # the loader dropped what it had asked for (Ctrl-C, an abandoned epoch)
+            gen = msg[1]
+            continue
         if msg[0] == "epoch":  # persistent workers: a new epoch (torch's _ResumeIteration)
             _, gen, epoch, base_seed, native_seed = msg
             spec.update(epoch=epoch, base_seed=base_seed, native_seed=native_seed)
@@ -486,25 +489,30 @@ class ProcPool:
         except (OSError, EOFError):
             self._reap(worker)
 
-    def begin_epoch(self, spec):
-        """Persistent workers: a new epoch in a new generation (their
-        iterable datasets start over, as with torch's _ResumeIteration)."""
-        self.reset()
+    def _tell_all(self, msg):
         for wid, c in enumerate(self.conns):
             if wid in self.dead:
                 continue
             try:
-                c.send(("epoch", self.gen, spec["epoch"], spec["base_seed"], spec["native_seed"]))
+                c.send(msg)
             except (OSError, EOFError):
                 self._reap(wid)
 
+    def begin_epoch(self, spec):
+        """Persistent workers: a new epoch in a new generation (their
+        iterable datasets start over, as with torch's _ResumeIteration)."""
+        self.reset()
+        self._tell_all(("epoch", self.gen, spec["epoch"], spec["base_seed"], spec["native_seed"]))
+
     def reset(self):
         """A new generation: results of the current one are dropped when
-        they arrive (their slots freed then; the workers skip queued jobs
-        once they see the next epoch)."""
+        they arrive (their slots freed then); the workers skip the jobs of
+        the old one still queued."""
         self.gen += 1
         self.ready.clear()
         self.pinned_ptrs.clear()
+        if not self.closed:
+            self._tell_all(("gen", self.gen))
         return self.gen
 
     def outstanding(self):
