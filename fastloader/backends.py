@@ -403,8 +403,11 @@ class AutoBackend:
             return {"enabled": False}
         # decide from the first batches: the signal (the consumer's GIL
         # re-acquisition, ~5 ms vs ~0) is clear at once, and every batch
-        # loaded on threads before the move costs twice its time
-        return {"on_bound": self._gil_bound, "skip_s": 0.0, "window_s": 0.02}
+        # loaded on threads before the move costs twice its time.  The
+        # workers need only be busy 60% of the time: GIL-bound threads also
+        # slow the loop down, each of its GIL hand-offs costing a switch
+        # interval, and then the prefetch window runs dry now and then
+        return {"on_bound": self._gil_bound, "skip_s": 0.0, "window_s": 0.02, "busy_min": 0.6}
 
     def submit(self, seq, next_indices):
         if self.mode == "process":
