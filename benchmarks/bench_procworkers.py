@@ -83,9 +83,15 @@ def child(cfg):
     def make():
         return Loader(ds, batch_size=bs, shuffle=True, num_workers=w, **extra)
 
+    import gc
+    import resource
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r = C.H.time_loader(make, epochs=1, hold_batch=True, max_batches=n_batches)
+    gc.collect()  # the workers are reaped: their CPU time is in RUSAGE_CHILDREN
+    ru = [resource.getrusage(k) for k in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    r["cpu_s"] = sum(u.ru_utime + u.ru_stime for u in ru)  # the whole run, loader and workers
     r["moved"] = any("worker_mode='auto'" in str(x.message) for x in caught)
     r.update(cfg)
     return r
