@@ -23,8 +23,9 @@ A backend owns its engine (`engine`, None with num_workers=0 or once closed).
 from __future__ import annotations
 
 import itertools
+import time
 
-from . import _C
+from . import _C, sysinfo
 from ._worker import _CANCELLED, _ERR, _EXHAUSTED, _WorkerHost, _fetch
 from .collate import batch_len
 
@@ -364,6 +365,10 @@ class AutoBackend:
 
     native = False
     close_timeout = None
+    # CPUs of the machine that must have been idle while the threads were
+    # GIL-bound: processes only gain where there is CPU the GIL kept the
+    # threads from (on a machine other programs keep busy they would not)
+    IDLE_MIN = 0.5
 
     def __init__(self, num_workers, dataset, worker_init_fn, mp_context, nslots, loader_ref):
         self.num_workers = num_workers
@@ -396,6 +401,7 @@ class AutoBackend:
             self.threads.close(1.0)
             return self.procs.start_epoch(ep, base_seed)
         self.tep = _ThreadEpoch(ep)
+        self.idle0 = (time.perf_counter(), sysinfo.system_idle_s())
         return self.threads.start_epoch(self.tep, base_seed)
 
     def gil_watch(self):
@@ -433,8 +439,13 @@ class AutoBackend:
         return self.threads.finish(seq, wid, result)
 
     def _gil_bound(self, rep):
-        """GilMonitor's verdict: the threads are GIL-bound.  Move; True when
-        handled (no thread-mode warning then)."""
+        """GilMonitor's verdict: the threads are GIL-bound.  Move and return
+        True, or return False (asked again later) while the machine had no
+        idle CPU for processes to use."""
+        t1, idle1 = time.perf_counter(), sysinfo.system_idle_s()
+        t0, idle0 = self.idle0
+        if idle0 is not None and idle1 is not None and (idle1 - idle0) / max(t1 - t0, 1e-9) < self.IDLE_MIN:
+            return False
         loader = self.loader_ref()
         if loader is not None:
             loader._fl_auto_mode = "process"

@@ -100,9 +100,9 @@ class GilMonitor:
     EARLY_S = 1.0
 
     def __init__(self, t_start, stats0, *, enabled=True, on_bound=None, skip_s=None, window_s=None, busy_min=0.8):
-        """`on_bound(report)`, when given, is called instead of warning once
-        the workers are found GIL-bound (worker_mode="auto" moves to
-        processes then); `skip_s` of start-up is ignored (0: the first
+        """`on_bound(report)`, when given, is called instead of warning when
+        the workers are found GIL-bound: True when it acted (worker_mode=
+        "auto" moved to processes), False to be asked again later; `skip_s` of start-up is ignored (0: the first
         window starts with the epoch), then windows of `window_s`.
         enabled=False: nothing to watch (worker processes).  `busy_min`: the
         share of time the workers must spend in the dataset (below it the
@@ -181,11 +181,15 @@ class GilMonitor:
         if (rep is not None and rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > self.busy_min
                 and rep["python_cpu_cores"] < 1.3
                 and rep["gil_reacquire_ms"] > 300.0 * sys.getswitchinterval()):
+            if self.on_bound is not None:
+                if self.on_bound(rep):  # handled (worker_mode="auto" moved to processes)
+                    loader._fl_gil_warned = True
+                    self.checked = True
+                    self.enabled = False  # the workers are processes now: nothing left to watch
+                self._last = now + self.WINDOW_S  # declined for now: ask again in a while
+                return
             loader._fl_gil_warned = True
             self.checked = True
-            if self.on_bound is not None and self.on_bound(rep):
-                self.enabled = False  # the workers are processes now: nothing left to watch
-                return
             warnings.warn(
                 f"fastloader: the dataset's Python code holds the GIL, so its {num_workers} worker threads "
                 f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy; taking the GIL took "

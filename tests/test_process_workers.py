@@ -439,7 +439,17 @@ def test_interpreter_exit_with_a_live_iterator_does_not_hang():
 # worker_mode="auto"
 
 
-def test_auto_moves_a_gil_bound_dataset_to_processes_and_says_so_once():
+@pytest.fixture
+def any_idle(monkeypatch):
+    """auto moves only when the machine has idle CPU for processes; this
+    machine is shared with other jobs, so tests of the move itself do not
+    ask for it."""
+    from fastloader.backends import AutoBackend
+
+    monkeypatch.setattr(AutoBackend, "IDLE_MIN", -1.0)
+
+
+def test_auto_moves_a_gil_bound_dataset_to_processes_and_says_so_once(any_idle):
     fl = _fl()
     dl = fl.DataLoader(PurePython(), batch_size=16, num_workers=2, worker_mode="auto", persistent_workers=True)
     try:
@@ -458,7 +468,21 @@ def test_auto_moves_a_gil_bound_dataset_to_processes_and_says_so_once():
     del dl
 
 
-def test_auto_stays_on_threads_for_a_gil_releasing_dataset():
+def test_auto_stays_on_threads_without_idle_cpu_to_gain(monkeypatch):
+    from fastloader.backends import AutoBackend
+
+    monkeypatch.setattr(AutoBackend, "IDLE_MIN", 1e9)  # as if other programs kept every CPU busy
+    fl = _fl()
+    dl = fl.DataLoader(PurePython(), batch_size=16, num_workers=2, worker_mode="auto")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = [x for b in dl for x in b.tolist()]
+    assert got == list(range(320))
+    assert not [x for x in w if "worker_mode" in str(x.message) or "holds the GIL" in str(x.message)]
+    assert dl.stats()["worker_mode"] == "thread"
+
+
+def test_auto_stays_on_threads_for_a_gil_releasing_dataset(any_idle):
     fl = _fl()
     dl = fl.DataLoader(Sleepy(), batch_size=8, num_workers=2, worker_mode="auto")
     with warnings.catch_warnings(record=True) as w:
