@@ -267,11 +267,11 @@ def examine(ds, *, batch_size=32, collate_fn=None, num_workers=None, seconds=1.5
     elif bound:
         out["path"] = "process_workers"
         out["why"] = ("the dataset's own Python holds the GIL, so worker threads run it one at a time"
-                      + (f" (while it ran, another thread waited {hold:.1f} ms for the GIL each time it woke)"
+                      + (f": while it ran, another thread waited {hold:.1f} ms for the GIL each time it woke"
                          if hold is not None else "")
                       + (f"; worker processes loaded {speedup:.2f}x as fast here" if speedup and speedup >= 1 else "")
-                      + (" (other programs kept this machine's CPUs busy during the runs, so the rates above "
-                         "understate what processes gain)" if busy_machine else "")
+                      + (". Other programs kept this machine's CPUs busy during the runs, so the rates above "
+                         "understate what processes gain" if busy_machine else "")
                       + ". Use worker_mode='process' (or 'auto', which moves there by itself).")
     else:
         out["path"] = "threads"
