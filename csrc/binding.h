@@ -38,6 +38,7 @@ typedef struct {
     PyTypeObject *DeviceTensorType;   /* fastloader._C.DeviceTensor */
     PyTypeObject *SourceType;         /* fastloader._C.Source */
     PyTypeObject *LMDBWriterType;     /* fastloader._C.LMDBWriter */
+    PyTypeObject *ShmRingType;        /* fastloader._C.ShmRing */
 } fl_module_state;
 
 /* Return the module state of the fastloader._C module object `m`. */
@@ -56,6 +57,7 @@ int fl_register_shards(PyObject *m);   /* py_shards.c: shard_source, shards_* (t
 int fl_register_array(PyObject *m);    /* py_array.c: array_source, gather */
 int fl_register_lmdb(PyObject *m);     /* py_lmdb.c: lmdb_source, lmdb_get, LMDBWriter */
 int fl_register_arrow(PyObject *m);    /* py_arrow.c: arrow_source (Arrow image columns, Hugging Face datasets) */
+int fl_register_shmring(PyObject *m);  /* py_shmring.c: ShmRing (process workers' shared-memory batch slots) */
 
 /* py_source.c.  fl_py_source_wrap: a new Source owning the reference `src`
  * (consumed, also on failure; NULL src -> MemoryError), or NULL with an

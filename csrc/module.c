@@ -58,6 +58,8 @@ fl_exec(PyObject *m)
         return -1;
     if (fl_register_native_call(m) < 0)
         return -1;
+    if (fl_register_shmring(m) < 0)
+        return -1;
     return 0;
 }
 
@@ -76,6 +78,7 @@ fl_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->DeviceTensorType);
     Py_VISIT(st->SourceType);
     Py_VISIT(st->LMDBWriterType);
+    Py_VISIT(st->ShmRingType);
     return 0;
 }
 
@@ -94,6 +97,7 @@ fl_clear(PyObject *m)
     Py_CLEAR(st->DeviceTensorType);
     Py_CLEAR(st->SourceType);
     Py_CLEAR(st->LMDBWriterType);
+    Py_CLEAR(st->ShmRingType);
     return 0;
 }
 

@@ -563,11 +563,12 @@ describe_item(PyObject *obj, stack_item *it, DLDataType *dt, Py_ssize_t *itemsiz
     return 1;
 }
 
-/* Parse stack(items, pool=None).  0 with *items and *bp (NULL: no pool)
- * borrowed from the call, or -1 with TypeError. */
+/* Parse stack(items, pool=None).  0 with *items and *bp (NULL: no pool) or
+ * *ring (a ShmRing: a process worker's slot; NULL: none) borrowed from the
+ * call, or -1 with TypeError. */
 static int
 stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **items,
-           fl_batchpool **bp)
+           fl_batchpool **bp, PyObject **ring)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs < 1 || nargs + nkw > 2) {
@@ -581,9 +582,14 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     *items = args[0];
     PyObject *pool = nargs + nkw == 2 ? args[1] : Py_None;
     *bp = NULL;
+    *ring = NULL;
     if (pool != Py_None) {
+        if (PyObject_TypeCheck(pool, fl_get_state(module)->ShmRingType)) {
+            *ring = pool;
+            return 0;
+        }
         if (!PyObject_TypeCheck(pool, fl_get_state(module)->BatchPoolType)) {
-            PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool or None, not %.100s",
+            PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool, a ShmRing or None, not %.100s",
                          Py_TYPE(pool)->tp_name);
             return -1;
         }
@@ -598,6 +604,8 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
  * its buffers for that size (page-locked when the pool pins; Buffer.pinned
  * says whether it is), given back to the pool when the last consumer drops
  * it; without one, or when the pool's size table is full, a new allocation.
+ * With a ShmRing (a process worker's) the Buffer is the next bytes of the
+ * slot it is filling, or a new allocation when the slot is full.
  * The allocation (possibly cudaHostAlloc) and the copy run without the GIL.
  * Returns None when the inputs need torch's own path (mixed dtypes or
  * shapes, non-CPU tensors, tensors requiring grad): the caller then calls
@@ -605,9 +613,9 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
 static PyObject *
 fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *arg;
+    PyObject *arg, *ring;
     fl_batchpool *bp;
-    if (stack_args(module, args, nargs, kwnames, &arg, &bp) < 0)
+    if (stack_args(module, args, nargs, kwnames, &arg, &bp, &ring) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(arg, "stack() expects a sequence");
     if (!seq)
@@ -617,6 +625,8 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     stack_item *items = NULL;
     void *data = NULL;
     fl_pool *pool = NULL;  /* where data came from: borrowed from bp (NULL: fl_aligned_alloc) */
+    fl_buffer_free_fn ring_free = NULL; /* set when data lies in a ShmRing slot */
+    void *ring_ctx = NULL;
     int pinned = 0;
     if (n == 0) {
         Py_DECREF(seq);
@@ -662,9 +672,13 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         else
             bp->fresh++;
     }
+    /* a process worker's slot; a full slot falls back to a fresh buffer */
+    if (ring && total > 0)
+        fl_py_shmring_arena(module, ring, total, &data, &ring_free, &ring_ctx);
     /* the caller's reference to bp keeps `pool` alive through this call */
     Py_BEGIN_ALLOW_THREADS
-    data = pool ? fl_pool_get(pool) : fl_aligned_alloc(total);
+    if (!data)
+        data = pool ? fl_pool_get(pool) : fl_aligned_alloc(total);
     if (data && pool)
         pinned = fl_pool_is_pinned(data);
     if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
@@ -683,7 +697,8 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         shape[i + 1] = items[0].shape[i];
     DLDevice cpu = {kDLCPU, 0};
     result = fl_buffer_new(module, data, total, items[0].ndim + 1, shape, dt0, cpu,
-                           pool ? fl_py_pool_put : fl_aligned_free, pool);
+                           ring_free ? ring_free : pool ? fl_py_pool_put : fl_aligned_free,
+                           ring_free ? ring_ctx : pool);
     if (result) {
         ((fl_buffer *)result)->pinned = pinned;
         data = NULL; /* owned by the Buffer now */
@@ -693,7 +708,9 @@ fallback:
     result = Py_NewRef(Py_None);
 done:
     if (data) {
-        if (pool)
+        if (ring_free)
+            ring_free(ring_ctx, data);
+        else if (pool)
             fl_py_pool_put(pool, data);
         else
             free(data);
@@ -731,7 +748,7 @@ fl_empty_buffer(PyObject *module, PyObject *args)
 static PyMethodDef buffer_functions[] = {
     {"stack", (PyCFunction)(void (*)(void))fl_stack, METH_FASTCALL | METH_KEYWORDS,
      "stack(items, pool=None) -> Buffer | None: collate equally shaped arrays/CPU tensors, copying without the "
-     "GIL, into a buffer of `pool` (a BatchPool) when given."},
+     "GIL, into a buffer of `pool` (a BatchPool) when given, or into the slot a ShmRing is filling."},
     {"empty_buffer", (PyCFunction)fl_empty_buffer, METH_VARARGS, "empty_buffer(nbytes) -> zeroed uint8 Buffer"},
     {NULL, NULL, 0, NULL},
 };

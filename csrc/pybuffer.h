@@ -32,6 +32,13 @@ void fl_py_pool_put(void *pool, void *data);
 struct fl_pool;
 int fl_py_batchpool_for(PyObject *module, PyObject *pool, size_t nbytes, struct fl_pool **out);
 
+/* When `obj` is a ShmRing (py_shmring.c): nbytes of the slot its arena is
+ * filling, as memory a Buffer may own (*free_fn(*free_ctx, *data) releases
+ * it); *data is NULL when the slot is full.  Returns 1 for a ShmRing, 0 for
+ * anything else (nothing set, no exception).  GIL held. */
+int fl_py_shmring_arena(PyObject *module, PyObject *obj, size_t nbytes, void **data, fl_buffer_free_fn *free_fn,
+                        void **free_ctx);
+
 /* Mark a Buffer made by fl_buffer_new as page-locked memory (its `pinned`
  * attribute), as _C.stack does for pinned pool buffers. */
 void fl_buffer_set_pinned(PyObject *buffer, int pinned);

@@ -7,6 +7,9 @@ Commands:
   doctor            what limits data loading on this machine, and recommended settings
   tune              search batch_size, num_workers, prefetch_factor, persistent_workers (and pin_memory
                     on a GPU) for your dataset and step; table, heatmap PNG, JSON, recommendation
+  doctor DATASET_SCRIPT | --dataset MOD:ATTR
+                    measure a dataset and say which path it should take: native dataset,
+                    native call in __getitem__, or process workers
   pack FORMAT SRC OUT
                     convert an ImageFolder: `pack shards SRC_DIR OUT_DIR --shard-size 256MB`
                     writes tar shards in the WebDataset layout (fastloader/pack.py)

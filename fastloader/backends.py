@@ -12,14 +12,20 @@ the memory budget, delivery to a device, statistics and shutdown.
     PythonBackend   any other dataset: a job is (_Epoch, seq, indices); the
                     worker threads run __getitem__ / __getitems__ / next(it)
                     and collate_fn with the GIL (fastloader/_worker.py)
+    ProcessBackend  worker_mode="process": the same jobs run in worker
+                    processes, batches written into shared-memory slots
+                    (fastloader/_procworkers.py)
+    AutoBackend     worker_mode="auto": PythonBackend until the GIL report
+                    says the threads are held back, then ProcessBackend
 
 A backend owns its engine (`engine`, None with num_workers=0 or once closed).
 """
 from __future__ import annotations
 
 import itertools
+import time
 
-from . import _C
+from . import _C, sysinfo
 from ._worker import _CANCELLED, _ERR, _EXHAUSTED, _WorkerHost, _fetch
 from .collate import batch_len
 
@@ -63,6 +69,10 @@ class _Backend:
         """A forked child's copy: drop the parent's engine without touching it
         (its threads exist only in the parent; the C engine leaks itself)."""
         self.engine = None
+
+    def gil_watch(self):
+        """Keyword arguments of the iterator's GilMonitor (stats.py)."""
+        return {}
 
 
 class NativeBackend(_Backend):
@@ -241,3 +251,255 @@ class PythonBackend(_Backend):
             out["pool_bytes"] = self.ep.pool.bytes
         st = self.ep.stage_s
         out["stages_s"] = {k: sum(w[i] for w in st) for i, k in enumerate(("dataset_s", "collate_s", "pin_s"))}
+        out["worker_mode"] = "thread"
+
+
+class ProcessBackend(PythonBackend):
+    """worker_mode="process": the jobs of PythonBackend run in worker
+    processes (fastloader/_procworkers.py, the engine is its ProcPool), each
+    batch's arrays written into a shared-memory slot and handed over as
+    views of it.  As torch does: job k goes to the next worker in turn whose
+    iterable has not ended (so the draws from the global generators match
+    torch's), persistent_workers keeps the processes (and their copy of the
+    dataset) across epochs, and page-locking (pin_memory) happens here, in
+    the loader's process: the slots once, anything else per batch."""
+
+    def __init__(self, num_workers, dataset, worker_init_fn, mp_context, nslots):
+        super().__init__(num_workers, dataset, worker_init_fn)
+        self.mp_context = mp_context
+        self.nslots = nslots
+
+    def _spec(self, ep):
+        return dict(dataset=self.dataset, iterable=ep.iterable, auto_collation=ep.auto_collation,
+                    batch_size=ep.batch_size, drop_last=ep.drop_last, collate_fn=ep.collate_fn,
+                    base_seed=ep.base_seed, native_seed=ep.native_seed, epoch=ep.epoch,
+                    num_workers=self.num_workers, worker_init_fn=self.worker_init_fn)
+
+    def start_epoch(self, ep, base_seed):
+        self.ep = ep
+        if not self.num_workers:
+            return None
+        from ._procworkers import ProcPool
+
+        pool = self.engine
+        if pool is not None and not pool.closed and pool.error is None:
+            pool.begin_epoch(self._spec(ep))  # persistent workers
+        else:
+            if pool is not None:
+                pool.close(0.0)
+            pin_device = ep.pool.pin_device if ep.pin and ep.pool is not None else -1
+            self.engine = ProcPool(self.num_workers, self.mp_context, self._spec(ep), self.nslots, pin_device)
+        self.engine.stage_s = ep.stage_s
+        self.active = [True] * self.num_workers
+        self.cycle = itertools.cycle(range(self.num_workers))
+        return None
+
+    def _next_worker(self):
+        limit = self.engine.active_n
+        for _ in range(self.num_workers):
+            w = next(self.cycle)
+            if self.active[w] and w < limit:
+                return w
+        return None
+
+    def submit(self, seq, next_indices):
+        w = self._next_worker()
+        if w is None:
+            return False
+        indices = next_indices()
+        if indices is END:
+            return False
+        self.engine.submit(seq, indices, w)
+        return True
+
+    def finish(self, seq, wid, result):
+        pinned = self.engine.pinned_ptrs.pop(seq, ()) if self.engine is not None else ()
+        batch = super().finish(seq, wid, result)
+        if batch is not AGAIN and self.ep.pin:
+            from .cuda_delivery import pin_batch
+
+            # tensors in the page-locked slots are left alone; anything
+            # pickled is copied, here, once per batch
+            batch = pin_batch(batch, pinned)
+        return batch
+
+    def pin_error(self):
+        return self.engine.pin_error if self.engine is not None else None
+
+    def gil_watch(self):
+        return {"enabled": False}  # processes have a GIL each
+
+    def add_stats(self, out, workers, eng):
+        super().add_stats(out, workers, eng)
+        out["worker_mode"] = "process"
+        if eng is not None:
+            ring = eng.ring
+            out["shared_memory"] = {"start_method": eng.start_method, "slots": ring.nslots,
+                                    "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak,
+                                    "batches_pickled": eng.unslotted}
+
+
+class _ThreadEpoch:
+    """The epoch as AutoBackend's threads see it: the iterator's, plus a
+    `cancelled` of its own, so that moving to processes mid-epoch stops the
+    threads without cancelling the epoch."""
+
+    def __init__(self, ep):
+        self.__dict__["_ep"] = ep
+        self.__dict__["moved"] = False
+
+    def __getattr__(self, name):
+        return getattr(self._ep, name)
+
+    @property
+    def cancelled(self):
+        return self.moved or self._ep.cancelled
+
+
+class AutoBackend:
+    """worker_mode="auto": worker threads (PythonBackend) until the GIL
+    report (stats.py GilMonitor, watched from the first batch on) says the
+    dataset's Python holds them back, then worker processes
+    (ProcessBackend), once, with a warning.  A map-style dataset moves at
+    once: the thread jobs not yet handed out are cancelled and resubmitted,
+    in order, to the processes; an iterable one (whose workers each hold an
+    iterator) at its next epoch.  The decision is kept on the loader, so
+    later epochs start in processes."""
+
+    native = False
+    close_timeout = None
+    # CPUs of the machine that must have been idle while the threads were
+    # GIL-bound: processes only gain where there is CPU the GIL kept the
+    # threads from (on a machine other programs keep busy they would not)
+    IDLE_MIN = 0.5
+
+    def __init__(self, num_workers, dataset, worker_init_fn, mp_context, nslots, loader_ref):
+        self.num_workers = num_workers
+        self.threads = PythonBackend(num_workers, dataset, worker_init_fn)
+        self.procs = ProcessBackend(num_workers, dataset, worker_init_fn, mp_context, nslots)
+        self.loader_ref = loader_ref
+        loader = loader_ref()
+        self.mode = getattr(loader, "_fl_auto_mode", "thread") or "thread"
+        self.pending_move = False
+        self.moved_at = None      # the first batch the processes loaded, in the epoch of the move
+        self.inflight = {}        # seq -> indices of thread jobs not handed out yet
+        self.ep = self.tep = None
+
+    @property
+    def current(self):
+        return self.procs if self.mode == "process" else self.threads
+
+    @property
+    def engine(self):
+        return self.current.engine
+
+    def start_epoch(self, ep, base_seed):
+        self.ep = ep
+        self.base_seed = base_seed
+        self.inflight.clear()
+        if self.pending_move:
+            self.pending_move = False
+            self.mode = "process"
+        if self.mode == "process":
+            self.threads.close(1.0)
+            return self.procs.start_epoch(ep, base_seed)
+        self.tep = _ThreadEpoch(ep)
+        self.idle0 = (time.perf_counter(), sysinfo.system_idle_s())
+        return self.threads.start_epoch(self.tep, base_seed)
+
+    def gil_watch(self):
+        if self.mode == "process" or not self.num_workers:
+            return {"enabled": False}
+        # decide from the first batches: the signal (the consumer's GIL
+        # re-acquisition, ~5 ms vs ~0) is clear at once, and every batch
+        # loaded on threads before the move costs twice its time.  The
+        # workers need only be busy 60% of the time: GIL-bound threads also
+        # slow the loop down, each of its GIL hand-offs costing a switch
+        # interval, and then the prefetch window runs dry now and then
+        return {"on_bound": self._gil_bound, "skip_s": 0.0, "window_s": 0.02, "busy_min": 0.6}
+
+    def submit(self, seq, next_indices):
+        if self.mode == "process":
+            return self.procs.submit(seq, next_indices)
+        got = []
+
+        def take():
+            got.append(next_indices())
+            return got[-1]
+
+        ok = self.threads.submit(seq, take)
+        if ok and got and got[-1] is not END:
+            self.inflight[seq] = got[-1]
+        return ok
+
+    def load_inline(self, seq, next_indices):
+        return self.threads.load_inline(seq, next_indices)
+
+    def finish(self, seq, wid, result):
+        if self.mode == "process":
+            return self.procs.finish(seq, wid, result)
+        self.inflight.pop(seq, None)
+        return self.threads.finish(seq, wid, result)
+
+    def _gil_bound(self, rep):
+        """GilMonitor's verdict: the threads are GIL-bound.  Move and return
+        True, or return False (asked again later) while the machine had no
+        idle CPU for processes to use."""
+        t1, idle1 = time.perf_counter(), sysinfo.system_idle_s()
+        t0, idle0 = self.idle0
+        if idle0 is not None and idle1 is not None and (idle1 - idle0) / max(t1 - t0, 1e-9) < self.IDLE_MIN:
+            return False
+        loader = self.loader_ref()
+        if loader is not None:
+            loader._fl_auto_mode = "process"
+        n = self.num_workers
+        why = (f"the dataset's Python code holds the GIL, so its {n} worker threads ran it one at a time "
+               f"({rep['python_cpu_cores']:.2f} CPU cores busy, the GIL took {rep['gil_reacquire_ms']:.1f} ms to "
+               f"get back)")
+        if self.ep.iterable:
+            self.pending_move = True
+            when = "from the next epoch on (an IterableDataset's workers keep their iterators until then)"
+        else:
+            self._move_now()
+            when = "from the next batch on" if self.moved_at is None else f"from batch {self.moved_at} on"
+        import warnings
+
+        from .stats import PerformanceWarning
+
+        warnings.warn(f"fastloader: worker_mode='auto': {why}; loading moves to {n} worker processes {when}. "
+                      "Pass worker_mode='process' to start there.", PerformanceWarning, stacklevel=6)
+        return True
+
+    def _move_now(self):
+        # the threads stop at their next sample; what they loaded but the
+        # loop has not taken yet is loaded again by the processes, in order
+        self.tep.__dict__["moved"] = True
+        self.threads.close(1.0)
+        self.mode = "process"
+        self.procs.start_epoch(self.ep, self.base_seed)
+        pending = sorted(self.inflight.items())
+        self.inflight.clear()
+        self.moved_at = pending[0][0] if pending else None
+        for seq, indices in pending:
+            self.procs.submit(seq, lambda indices=indices: indices)
+
+    def count(self, batch):
+        return batch_len(batch)
+
+    def pool_bytes_out(self):
+        return self.current.pool_bytes_out()
+
+    def pin_error(self):
+        return self.current.pin_error()
+
+    def add_stats(self, out, workers, eng):
+        self.current.add_stats(out, workers, eng)
+        out["worker_mode_auto"] = {"now": self.mode, "moved_at_batch": self.moved_at}
+
+    def close(self, timeout=None):
+        self.threads.close(timeout)
+        self.procs.close(timeout)
+
+    def forget(self):
+        self.threads.forget()
+        self.procs.forget()

@@ -1,4 +1,5 @@
-"""``python -m fastloader doctor``: what limits data loading on this machine.
+"""``python -m fastloader doctor``: what limits data loading on this machine
+(``doctor DATASET_SCRIPT``: which path a dataset should take, doctor_dataset.py).
 
 Every check reads what the kernel / runtime says (CPU affinity, cgroup quotas,
 /proc, /sys, rlimits, the CUDA runtime) and prints one line per finding with
@@ -568,8 +569,9 @@ def findings(rep):
         val = f"{py['version']} ({py['implementation']}, with GIL)"
         adv = ("fastloader's native ImageFolder/ImageList pipeline decodes and transforms without the GIL, so "
                "threads scale; a dataset whose __getitem__ is heavy Python code is serialized by the GIL on "
-               "threads (fastloader warns when that happens) -- use torch's process workers or a free-threaded "
-               "Python (3.13t+) for such datasets.")
+               "threads (fastloader warns when that happens) -- use worker_mode='process' (or 'auto') or a "
+               "free-threaded Python (3.13t+) for such datasets; `python -m fastloader doctor DATASET_SCRIPT` "
+               "measures which path a dataset should take.")
     add("ok", "Python", val, adv)
 
     lws = rep["local_world_size"]
@@ -616,6 +618,8 @@ def render(rep, width=100):
 
 
 def add_arguments(p):
+    from . import doctor_dataset
+
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     g = p.add_argument_group("the settings whose peak memory is predicted (default: the recommended ones)")
     g.add_argument("--batch-size", type=int, default=None, help="default 64")
@@ -631,6 +635,7 @@ def add_arguments(p):
     p.add_argument("--data", default=None, metavar="DIR",
                    help="also read a sample of the files under DIR twice, to see whether the first epoch will "
                         "wait for storage (cold page cache)")
+    doctor_dataset.add_arguments(p)  # doctor DATASET_SCRIPT / --dataset mod:attr
 
 
 def _settings_from_args(args):
@@ -646,6 +651,10 @@ def _settings_from_args(args):
 
 
 def run(args) -> int:
+    if getattr(args, "script", None) or getattr(args, "dataset", None):
+        from . import doctor_dataset
+
+        return doctor_dataset.run(args)
     rep = collect(_settings_from_args(args), getattr(args, "data", None))
     if args.json:
         print(json.dumps(rep, indent=1, default=str))

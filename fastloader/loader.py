@@ -150,9 +150,24 @@ class _Iter:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
                 if wire is not None:  # uint8 over the wire, float on the device
                     ds, self._convert = wire, conv
+            if getattr(loader, "worker_mode", "thread") == "process" and not getattr(loader, "_fl_mode_warned", 0):
+                loader._fl_mode_warned = True
+                warnings.warn("fastloader: worker_mode='process' does not apply to a native dataset with default "
+                              "collation: its workers are C threads that never hold the GIL", UserWarning,
+                              stacklevel=4)
             backend = NativeBackend(self._num_workers, ds)
             backend.batch_size = loader.batch_size
             return backend
+        mode = getattr(loader, "worker_mode", "thread")
+        if self._num_workers and mode != "thread":  # worker processes (backends.py, _procworkers.py)
+            from .backends import AutoBackend, ProcessBackend
+
+            nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
+            if mode == "process":
+                return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
+                                      loader.multiprocessing_context, nslots)
+            return AutoBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
+                               loader.multiprocessing_context, nslots, self._loader_ref)
         return PythonBackend(self._num_workers, loader.dataset, loader.worker_init_fn)
 
     @property
@@ -251,7 +266,7 @@ class _Iter:
                 pin or loader._fl_pool_unpinned) else None
             stats0 = self._backend.start_epoch(self._ep, self._base_seed)
             if self._num_workers:
-                self._gil = GilMonitor(self._t_start, stats0)
+                self._gil = GilMonitor(self._t_start, stats0, **self._backend.gil_watch())
         if self._num_workers == 0:
             return
         self._prefetch_factor = loader.prefetch_factor
@@ -521,17 +536,25 @@ class DataLoader(_Base):
     workers are threads of this process (nothing is pickled or copied; the
     dataset object is shared), `multiprocessing_context` is accepted and
     ignored, and batches of arrays/tensors are stacked in C without the GIL.
+    `worker_mode="process"` runs a Python dataset in worker processes instead
+    (torch's semantics: per-worker seeds, `multiprocessing_context`, a copy
+    of the dataset per worker), its batches written into shared memory;
+    `"auto"` starts with threads and moves to processes, once, when the
+    dataset's Python holds the threads back (README, "The GIL trade-off").
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None, max_memory=None, device=None, convert_on_device=False):
-        if multiprocessing_context is not None:
+                 seed=None, max_memory=None, device=None, convert_on_device=False, worker_mode="thread"):
+        if worker_mode not in ("thread", "process", "auto"):
+            raise ValueError(f"worker_mode must be 'thread', 'process' or 'auto', got {worker_mode!r}")
+        self.worker_mode = worker_mode
+        if multiprocessing_context is not None and worker_mode == "thread":
             warnings.warn(
-                "fastloader.DataLoader ignores multiprocessing_context: its workers are threads of this "
-                "process, so there is no start method to choose.", UserWarning, stacklevel=2)
+                "fastloader.DataLoader ignores multiprocessing_context with worker_mode='thread': its workers "
+                "are threads of this process, so there is no start method to choose.", UserWarning, stacklevel=2)
         auto = isinstance(num_workers, str)
         if auto:
             if num_workers != "auto":

@@ -96,24 +96,40 @@ class GilMonitor:
     of CPU."""
 
     WINDOW_S = 0.3
+    SKIP_S = 0.1
+    EARLY_S = 1.0
 
-    def __init__(self, t_start, stats0):
+    def __init__(self, t_start, stats0, *, enabled=True, on_bound=None, skip_s=None, window_s=None, busy_min=0.8):
+        """`on_bound(report)`, when given, is called instead of warning when
+        the workers are found GIL-bound: True when it acted (worker_mode=
+        "auto" moved to processes), False to be asked again later; `skip_s` of start-up is ignored (0: the first
+        window starts with the epoch), then windows of `window_s`.
+        enabled=False: nothing to watch (worker processes).  `busy_min`: the
+        share of time the workers must spend in the dataset (below it the
+        loop, not the loading, is what waits)."""
         self.t_start = t_start
         self.stats0 = stats0    # the engine's worker_stats() at the epoch's start
-        self.checked = False    # decided (warned, or nothing to watch)
+        self.enabled = enabled
+        self.checked = not enabled  # decided (warned, or nothing to watch)
+        self.on_bound = on_bound
+        self.skip_s = self.SKIP_S if skip_s is None else skip_s
+        self.window_s = self.WINDOW_S if window_s is None else window_s
         self._snap = None
+        self._last = t_start    # the last early check
+        self.busy_min = busy_min
 
     @staticmethod
-    def snapshot(wait_s, eng):
-        return (time.perf_counter(), wait_s, eng.worker_stats(), sysinfo.system_idle_s(), eng.consumer_gil_wait())
+    def snapshot(wait_s, eng, idle=True):
+        return (time.perf_counter(), wait_s, eng.worker_stats(), sysinfo.system_idle_s() if idle else None,
+                eng.consumer_gil_wait())
 
-    def report(self, wait_s, eng, since=None):
+    def report(self, wait_s, eng, since=None, idle=True):
         """How the workers spent their time since `since` (a snapshot) or the
         start of the epoch; None when the engine is gone."""
-        if eng is None or eng.closed:
+        if not self.enabled or eng is None or eng.closed:
             return None
         try:
-            t1, wait1, now, idle1, (g1, n1) = self.snapshot(wait_s, eng)
+            t1, wait1, now, idle1, (g1, n1) = self.snapshot(wait_s, eng, idle)
         except RuntimeError:  # closed by the consumer meanwhile
             return None
         if since is None:
@@ -136,21 +152,42 @@ class GilMonitor:
     def maybe_warn(self, wait_s, eng, loader, num_workers):
         """Called after each batch; warns once per loader when the workers
         are held back by the GIL."""
+        if not self.enabled:
+            self.checked = True
+            return
         now = time.perf_counter()
-        if self._snap is None:
-            if now - self.t_start >= 0.1:  # skip start-up
+        # skip_s=0 (worker_mode="auto"): judge the epoch so far after every
+        # batch for its first EARLY_S, then in windows as the warning does
+        early = self.skip_s == 0 and now - self.t_start < self.EARLY_S
+        if early:
+            # every window_s at most, and without reading /proc: while the
+            # threads hold the GIL, each call that lets it go here costs the
+            # consumer a switch interval to get it back
+            if now - self._last < self.window_s:
+                return
+            self._last = now
+        elif self._snap is None:
+            if now - self.t_start >= self.skip_s:  # skip start-up
                 self._snap = self.snapshot(wait_s, eng)
             return
-        if now - self._snap[0] < self.WINDOW_S:
+        elif now - self._snap[0] < max(self.window_s, self.WINDOW_S if self.skip_s == 0 else 0.0):
             return
         if loader is None or loader._fl_gil_warned or num_workers < 2 or sysinfo.usable_cpus() < 2:
             self.checked = True
             return
-        rep = self.report(wait_s, eng, since=self._snap)
-        self._snap = self.snapshot(wait_s, eng)
-        if (rep is not None and rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > 0.8
+        rep = self.report(wait_s, eng, since=None if early else self._snap, idle=not early)
+        if not early:
+            self._snap = self.snapshot(wait_s, eng)
+        if (rep is not None and rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > self.busy_min
                 and rep["python_cpu_cores"] < 1.3
                 and rep["gil_reacquire_ms"] > 300.0 * sys.getswitchinterval()):
+            if self.on_bound is not None:
+                if self.on_bound(rep):  # handled (worker_mode="auto" moved to processes)
+                    loader._fl_gil_warned = True
+                    self.checked = True
+                    self.enabled = False  # the workers are processes now: nothing left to watch
+                self._last = now + self.WINDOW_S  # declined for now: ask again in a while
+                return
             loader._fl_gil_warned = True
             self.checked = True
             warnings.warn(
@@ -159,5 +196,5 @@ class GilMonitor:
                 f"{rep['gil_reacquire_ms']:.1f} ms; the training loop waited "
                 f"{100 * rep['consumer_wait_fraction']:.0f}% of the time). Remedies: do the per-sample work in "
                 "NumPy/torch/PIL calls that release the GIL, use fastloader.ImageFolder/ImageList (native, no "
-                "Python per sample), or use torch.utils.data.DataLoader, whose worker processes each have their "
-                "own GIL.", PerformanceWarning, stacklevel=5)
+                "Python per sample), or worker processes, each with a GIL of its own: worker_mode='process' "
+                "(or 'auto', which moves there when it sees this).", PerformanceWarning, stacklevel=5)
