@@ -324,8 +324,13 @@ def add_arguments(p):
                    help="a Python file defining `dataset` (or make_dataset()): measure it and say which path it "
                         "should take (native dataset, native call in __getitem__, process workers)")
     p.add_argument("--dataset", metavar="MODULE:ATTR", help="the dataset (or a function returning it) to examine")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size of the measured runs (default 32)")
-    p.add_argument("--num-workers", type=int, default=None, help="workers of the measured runs (default: CPUs, 2-4)")
+    # `doctor` already has --batch-size / --num-workers (the settings whose
+    # memory it predicts); with a dataset they are the measured runs' too
+    if "--batch-size" not in p._option_string_actions:
+        p.add_argument("--batch-size", type=int, default=None, help="batch size of the measured runs (default 32)")
+    if "--num-workers" not in p._option_string_actions:
+        p.add_argument("--num-workers", type=int, default=None,
+                       help="workers of the measured runs (default: CPUs, 2-4)")
     p.add_argument("--seconds", type=float, default=1.5, help="length of each measured run (default %(default)s)")
 
 
