@@ -11,7 +11,7 @@
 #            portable resample kernels); it shares the render corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/*.c but
-# module.c and py_*.c; -ljpeg -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# module.c and py_*.c; -ljpeg -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -85,7 +85,7 @@ for t in "${targets[@]}"; do
     case " ${bins[*]:-} " in *" $b "*) continue ;; esac
     bins+=("$b")
     clang "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -Icsrc "fuzz/fuzz_$b.c" "${objs[@]}" \
-        -ljpeg -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
+        -ljpeg -llmdb -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
 done
 
 # --- seed corpus
