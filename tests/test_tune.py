@@ -19,7 +19,10 @@ from fastloader import sysinfo, tuning
 
 pytestmark = pytest.mark.fastloader_only
 
-FAST = dict(prefetch_factors=[2], persistent_workers=[False], epochs=1, confirm=False, device="cpu")
+# worker_mode pinned to threads: these tests are about the other axes (the
+# worker_mode axis has its own test below)
+FAST = dict(prefetch_factors=[2], persistent_workers=[False], epochs=1, confirm=False, device="cpu",
+            worker_modes=["thread"])
 
 
 def _rec(res):
@@ -109,7 +112,8 @@ def _fake_tune(**kw):
     from fastloader.loader import auto_worker_limit
 
     args = dict(batch_sizes=[16, 32, 64, 128, 256], num_workers=list(range(9)) + ["auto"], device="cpu",
-                isolate=False, runner=_fake_runner(auto_worker_limit()), memory_limit=64 << 30)
+                isolate=False, runner=_fake_runner(auto_worker_limit()), memory_limit=64 << 30,
+                worker_modes=["thread"])
     args.update(kw)
     return tuning.tune("made.up:dataset", **args)
 
@@ -173,7 +177,7 @@ def test_worker_mode_is_an_axis_only_when_the_dataloader_has_it(monkeypatch):
 
     monkeypatch.setattr(fastloader, "DataLoader", WithModes)
     assert tuning.available_worker_modes() == ["process", "thread"]  # its default first
-    res = _fake_tune(batch_sizes=[32], num_workers=[1, 2, 4],
+    res = _fake_tune(batch_sizes=[32], num_workers=[1, 2, 4], worker_modes=None,
                      runner=_fake_runner(auto_worker_limit(), mode_speed={"thread": 1.0, "process": 0.8}))
     assert res["grid"]["worker_mode"] == ["process", "thread"]
     # the walk up to it ran the default (process); the worker_mode phase adds thread
