@@ -848,8 +848,10 @@ fl_shards_take_skipped(fl_source *s, char (*urls)[512], char (*reasons)[320], in
         memcpy(urls[i], ss->skipped[i].url, 512);
         memcpy(reasons[i], ss->skipped[i].reason, 320);
     }
-    memmove(ss->skipped, ss->skipped + n, (size_t)(ss->nskipped - n) * sizeof *ss->skipped);
-    ss->nskipped -= n;
+    if (n > 0) {   /* (an empty list has no array: memmove's pointers must not be NULL) */
+        memmove(ss->skipped, ss->skipped + n, (size_t)(ss->nskipped - n) * sizeof *ss->skipped);
+        ss->nskipped -= n;
+    }
     pthread_mutex_unlock(&ss->mu);
     return n;
 }
