@@ -49,7 +49,14 @@ if [ ${#tests[@]} -eq 0 ]; then
     # support: /bin/sh dies of SIGSEGV there.  They run in the other passes.
     args+=(--deselect tests/test_webdataset.py::test_torchrun_two_ranks_disjoint_covering_equal
            --deselect tests/test_webdataset.py::test_brace_patterns_and_pipe_urls
-           --deselect tests/test_arrays.py::test_two_ranks_with_distributed_sampler)
+           --deselect tests/test_arrays.py::test_two_ranks_with_distributed_sampler
+           --deselect tests/test_webdataset.py::test_http_reset_mid_shard_resumes_with_range
+           --deselect tests/test_webdataset.py::test_http_stall_resumes)
+    # (the last two: the tests' own TCP fault proxy, tests/nginx_server.py,
+    # closes a socket on one Python thread while another recv()s on it to
+    # cut the connection; TSan reports that race inside CPython's socket
+    # module, not in csrc/.  The resume paths they test run in the other
+    # passes; the stream's C side runs here through the other HTTP tests.)
 fi
 
 # TSan cannot follow fork() of a process that already runs threads: a forked
