@@ -31,14 +31,13 @@ past a shrunk file's end kills the process with SIGBUS).
 """
 from __future__ import annotations
 
-import collections.abc
 import operator
 import os
 
 import numpy as np
 
 from . import _C
-from .datasets import NativeImageDataset, _to_output
+from .datasets import LazySamples, NativeImageDataset, _to_output
 
 try:
     import torch
@@ -265,27 +264,19 @@ def _as_index_list(index):
     return arr.tolist()
 
 
-class _Rows(collections.abc.Sequence):
+class _Rows(LazySamples):
     """The (name, label) pairs NativeImageDataset keeps as `samples`, made on
     demand ("images.npy[12]"), so a dataset of millions of rows holds no
     million tuples."""
 
     __slots__ = ("_name", "_targets")
+    _noun = "row"
 
     def __init__(self, name, targets):
         self._name = name
         self._targets = targets
 
-    def __len__(self):
-        return len(self._targets)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self._targets)
-        if not -n <= i < n:
-            raise IndexError(f"row {i} out of range for {n} rows")
-        i = i + n if i < 0 else i
+    def _pair(self, i):
         return (f"{self._name}[{i}]", self._targets[i])
 
 

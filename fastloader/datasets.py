@@ -59,6 +59,29 @@ def _user_stacklevel():
     return level
 
 
+class LazySamples(collections.abc.Sequence):
+    """`samples` of a source with many rows: (name, label) pairs made on
+    demand, so a dataset of millions of rows holds no million tuples.  A
+    subclass keeps `_targets` and says what sample i is called (`_pair`)."""
+
+    __slots__ = ()
+    _noun = "sample"   # what the out-of-range message calls an index
+
+    def __len__(self):
+        return len(self._targets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self._targets)
+        if not -n <= i < n:
+            raise IndexError(f"{self._noun} {i} out of range for {n} {self._noun}s")
+        return self._pair(i + n if i < 0 else i)
+
+    def _pair(self, i):  # pragma: no cover - every subclass says
+        raise NotImplementedError
+
+
 class _Finished:
     """A batch finished by NativeImageDataset._post (on a worker thread, or
     on the calling thread with num_workers=0): the batch, what the consumer

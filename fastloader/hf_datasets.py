@@ -25,19 +25,18 @@ fastloader[datasets]`).
 """
 from __future__ import annotations
 
-import collections.abc
 import os
 import warnings
 
 import numpy as np
 
 from . import _C
-from .datasets import NativeImageDataset, _user_stacklevel
+from .datasets import LazySamples, NativeImageDataset, _user_stacklevel
 
 INSTALL_HINT = "pip install 'fastloader[datasets]' (or pip install datasets)"
 
 
-class _Rows(collections.abc.Sequence):
+class _Rows(LazySamples):
     """The (name, label) pairs NativeImageDataset keeps as `samples`, made on
     demand -- "NAME row 17 (cat.jpg)", with the row's `path` when it has
     one -- so a dataset of millions of rows holds no million tuples (the
@@ -51,16 +50,7 @@ class _Rows(collections.abc.Sequence):
         self._targets = targets
         self._paths = paths        # the column's `path` field (a ChunkedArray) or None
 
-    def __len__(self):
-        return len(self._targets)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self._targets)
-        if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for {n} samples")
-        i = i + n if i < 0 else i
+    def _pair(self, i):
         row = int(self._rows[i]) if self._rows is not None else i
         name = f"{self._name} row {row}"
         if self._paths is not None:
