@@ -1057,6 +1057,16 @@ FORK_SCRIPT = PRELUDE + textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def fork_results(tmp_path_factory, jpeg):
+    if os.environ.get("FASTLOADER_UNDER_ASAN") == "1":
+        # Seen with gdb in a hung child: its new worker threads wait forever on
+        # libasan's primary-allocator mutex for one size class, which a parent
+        # worker held (inside malloc, called by libjpeg) at the instant of the
+        # fork.  GCC 12's libasan takes no locks around fork, so a fork while
+        # threads allocate can leave any of its allocator locks held in the
+        # child; glibc's malloc (the release build) does take them.  These
+        # scenarios run in the release pass.
+        pytest.skip("libasan (GCC 12) does not lock its allocator around fork(): a child forked while "
+                    "worker threads allocate can deadlock inside malloc")
     tmp = tmp_path_factory.mktemp("fork")
     listfile = _write_list(tmp, _tree(str(tmp / "train"), jpeg, n=16))
     proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT, listfile], capture_output=True, text=True,
