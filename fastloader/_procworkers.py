@@ -268,6 +268,11 @@ def _make_epoch(spec):
                 batch_size=spec["batch_size"], drop_last=spec["drop_last"], collate_fn=spec["collate_fn"],
                 base_seed=spec["base_seed"], epoch=spec["epoch"], num_workers=spec["num_workers"])
     ep.native_seed = spec["native_seed"]
+    # resume (state.py): the place after each batch travels back with it;
+    # a resumed epoch's iterators are put back where they were
+    ep.snapshot = spec.get("snapshot")
+    ep.resume = spec.get("resume")
+    ep.ds_resume = spec.get("ds_resume")
     hook = ep.batch_hook
     if hook is not None:  # a batch hook gathers into the loader's BatchPool: here into fresh buffers
         ep.batch_hook = lambda indices, pool, _h=hook: _h(indices, None)
@@ -345,6 +350,7 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         except Exception as e:
             init_error = _annotate(e, f"worker_init_fn({wid}) in worker process {wid}")
     ep = _make_epoch(spec)
+    init_error = init_error or _load_dataset_state(ep, wid)
     gen = spec["gen"]
     pending = collections.deque()
     while True:
@@ -355,10 +361,12 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
             gen = msg[1]
             continue
         if msg[0] == "epoch":  # persistent workers: a new epoch (torch's _ResumeIteration)
-            _, gen, epoch, base_seed, native_seed = msg
-            spec.update(epoch=epoch, base_seed=base_seed, native_seed=native_seed)
+            _, gen, epoch, base_seed, native_seed, snapshot, resume, ds_resume = msg
+            spec.update(epoch=epoch, base_seed=base_seed, native_seed=native_seed, snapshot=snapshot,
+                        resume=resume, ds_resume=ds_resume)
             info.epoch = epoch
             ep = _make_epoch(spec)
+            init_error = _load_dataset_state(ep, wid) or init_error
             continue
         _, g, seq, indices, slot = msg
         if g != gen or _superseded(conn, pending, g):
@@ -388,8 +396,33 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         used = ring.used if slot >= 0 else 0
         busy = time.perf_counter() - t0
         stage = [a - b for a, b in zip(st, st0)]
-        if not _send(conn, ("res", g, seq, wid, busy, stage, status, used, body, value, pickled)):
+        snap = _portable_snapshot(ep.snaps.pop(seq, None), wid)
+        if not _send(conn, ("res", g, seq, wid, busy, stage, status, used, body, value, pickled, snap)):
             return
+
+
+def _load_dataset_state(ep, wid):
+    """A resumed epoch: this worker's copy of the dataset gets the state it
+    had (state.Tracker, "dataset_workers").  Returns None, or the exception
+    load_state_dict raised (annotated), which every job then reports."""
+    states = ep.ds_resume
+    if not states or wid not in states:
+        return None
+    try:
+        ep.dataset.load_state_dict(states[wid])
+    except Exception as e:
+        return _annotate(e, f"dataset.load_state_dict() in worker process {wid}, resuming")
+    return None
+
+
+def _portable_snapshot(snap, wid):
+    """A worker's place after a batch (state.WorkerSnapshot's entry), with
+    any state_dict() failure in it made picklable."""
+    if snap is None:
+        return None
+    from .state import _Failed
+
+    return tuple(_Failed(_portable_exception(x.exc, wid)) if isinstance(x, _Failed) else x for x in snap)
 
 
 def _send(conn, msg):
@@ -445,6 +478,7 @@ class ProcPool:
         self.jobs = {}          # (gen, seq) -> (worker, slot, indices): sent, no result yet
         self.ready = {}         # seq -> (worker, (status, value)): results of this generation
         self.pinned_ptrs = {}   # seq -> addresses of its tensors in page-locked slots (pin_memory)
+        self.snaps = {}         # seq -> the worker's place after it (resume; state.WorkerSnapshot)
         self.busy_s = [0.0] * num_workers
         self.jobs_done = [0] * num_workers
         self.stage_s = None     # the epoch's stage_s (dataset/collate/pin seconds per worker)
@@ -502,7 +536,8 @@ class ProcPool:
         """Persistent workers: a new epoch in a new generation (their
         iterable datasets start over, as with torch's _ResumeIteration)."""
         self.reset()
-        self._tell_all(("epoch", self.gen, spec["epoch"], spec["base_seed"], spec["native_seed"]))
+        self._tell_all(("epoch", self.gen, spec["epoch"], spec["base_seed"], spec["native_seed"],
+                        spec.get("snapshot"), spec.get("resume"), spec.get("ds_resume")))
 
     def reset(self):
         """A new generation: results of the current one are dropped when
@@ -511,6 +546,7 @@ class ProcPool:
         self.gen += 1
         self.ready.clear()
         self.pinned_ptrs.clear()
+        self.snaps.clear()
         if not self.closed:
             self._tell_all(("gen", self.gen))
         return self.gen
@@ -589,6 +625,8 @@ class ProcPool:
                     warnings.warn(f"fastloader: a batch of {used + rest[0]} bytes does not fit in a shared-memory "
                                   f"slot ({self.ring.slot_bytes >> 20} MiB); what did not fit is pickled",
                                   RuntimeWarning, stacklevel=2)
+            if len(rest) > 1 and rest[1] is not None:
+                self.snaps[seq] = rest[1]
             self.ready[seq] = (wid, (status, value))
         finally:
             if slot >= 0:

@@ -61,6 +61,7 @@ class _Epoch:
         self.snapshot = None
         self.snaps = {}
         self.resume = None
+        self.ds_resume = None  # worker processes: wid -> the dataset state each loads first
         self.stream_start = (0, None)
         # seconds per worker (last slot: the main thread) in the dataset,
         # in collate_fn and in pinning; each thread writes only its own slot

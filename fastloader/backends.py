@@ -273,7 +273,8 @@ class ProcessBackend(PythonBackend):
         return dict(dataset=self.dataset, iterable=ep.iterable, auto_collation=ep.auto_collation,
                     batch_size=ep.batch_size, drop_last=ep.drop_last, collate_fn=ep.collate_fn,
                     base_seed=ep.base_seed, native_seed=ep.native_seed, epoch=ep.epoch,
-                    num_workers=self.num_workers, worker_init_fn=self.worker_init_fn)
+                    num_workers=self.num_workers, worker_init_fn=self.worker_init_fn,
+                    snapshot=ep.snapshot, resume=ep.resume, ds_resume=ep.ds_resume)
 
     def start_epoch(self, ep, base_seed):
         self.ep = ep
@@ -292,6 +293,8 @@ class ProcessBackend(PythonBackend):
         self.engine.stage_s = ep.stage_s
         self.active = [True] * self.num_workers
         self.cycle = itertools.cycle(range(self.num_workers))
+        if ep.resume is not None:  # a resumed iterable: ended workers idle, the round robin where it was
+            ep.resume.restore_workers(self)
         return None
 
     def _next_worker(self):
@@ -303,9 +306,16 @@ class ProcessBackend(PythonBackend):
         return None
 
     def submit(self, seq, next_indices):
-        w = self._next_worker()
-        if w is None:
-            return False
+        if not self.ep.iterable and self.engine.active_n == self.num_workers:
+            # map-style, every worker active: batch k goes to worker k mod n,
+            # as torch's round robin gives it, also from the middle of a
+            # resumed epoch (whose batches keep their numbers), so that each
+            # worker's copy of the dataset sees the batches it saw before
+            w = seq % self.num_workers
+        else:
+            w = self._next_worker()
+            if w is None:
+                return False
         indices = next_indices()
         if indices is END:
             return False
@@ -313,6 +323,10 @@ class ProcessBackend(PythonBackend):
         return True
 
     def finish(self, seq, wid, result):
+        if self.engine is not None:
+            snap = self.engine.snaps.pop(seq, None)
+            if snap is not None:  # the worker's place after this batch, for state.Tracker.yielded
+                self.ep.snaps[seq] = (*snap, True)  # True: from a process, its own copy of the dataset
         pinned = self.engine.pinned_ptrs.pop(seq, ()) if self.engine is not None else ()
         batch = super().finish(seq, wid, result)
         if batch is not AGAIN and self.ep.pin:

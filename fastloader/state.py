@@ -56,6 +56,14 @@ they drew), `attach` once its _Epoch exists (the sampler put back in place),
 backends read `_Epoch.stream_start` and `_Epoch.resume`, and the worker side
 of Python datasets calls `_Epoch.snapshot` after each batch and
 `_Epoch.resume.restore_iter` when it makes its iterator.
+
+Worker processes (worker_mode="process", _procworkers.py) run the same
+worker side in their own process: `snapshot` and `resume` are pickled into
+each worker's epoch, a worker's place after a batch travels back with the
+batch, and since each process reads its own copy of the dataset, a Stateful
+dataset's state is kept per worker ("dataset_workers") and given back to the
+same worker on resume, the loader's own copy left as it was (torchdata's
+StatefulDataLoader does the same).
 """
 from __future__ import annotations
 
@@ -216,6 +224,41 @@ class _Failed:
         self.exc = exc
 
 
+class WorkerSnapshot:
+    """_Epoch.snapshot: the worker's place right after batch `seq` (its
+    iterator's state, the dataset's state) into ep.snaps; never raises.
+    Runs on the worker thread, or in the worker process (process mode
+    pickles it into the worker's epoch; the entry travels back with the
+    batch, _procworkers.py).  Holds only a bool, so it pickles."""
+
+    __slots__ = ("ds_stateful",)
+
+    def __init__(self, ds_stateful):
+        self.ds_stateful = ds_stateful
+
+    def __reduce__(self):
+        return (WorkerSnapshot, (self.ds_stateful,))
+
+    def __call__(self, ep, wid, seq):
+        # a state_dict() that raises is kept and raised again by the
+        # loader's state_dict(), each in its own place (the iterator's or
+        # the dataset's), so neither failure is lost
+        st = ds_st = None
+        if ep.iterable:
+            itr = ep.iters.get(wid)
+            if itr is not None and _stateful(itr):
+                try:
+                    st = itr.state_dict()
+                except Exception as e:
+                    st = _Failed(e)
+        if self.ds_stateful:
+            try:
+                ds_st = ep.dataset.state_dict()
+            except Exception as e:
+                ds_st = _Failed(e)
+        ep.snaps[seq] = (wid, st, ds_st)
+
+
 # -- what a resumed epoch hands to the workers and the backend ----------------------------
 
 class _Resume:
@@ -326,8 +369,18 @@ class Tracker:
         if pending is not None and pending.get("base_seed") is None and not pending["finished"]:
             loader._fl_epochs = pending["epoch"]   # saved before its epoch began: nothing else to put back
             pending = None
+        self.ds_resume = None
         if pending is not None:
-            if self.ds_stateful and pending.get("dataset") is not None:
+            per_worker = pending.get("dataset_workers")
+            if self.ds_stateful and per_worker and _in_processes(loader):
+                # each worker process held its own copy of the dataset's
+                # state: each gets its own back (in the worker, before it
+                # loads anything), the loader's copy stays as it is, for the
+                # worker processes of later epochs (torch's semantics).  A
+                # finished epoch's states matter only to persistent workers
+                if not pending["finished"] or persistent:
+                    self.ds_resume = {int(w): st for w, st in per_worker}
+            elif self.ds_stateful and pending.get("dataset") is not None:
                 ds.load_state_dict(pending["dataset"])   # before any iterator is made
             if pending["finished"]:
                 # a fresh epoch, after the generators drew what the saved epoch drew
@@ -358,6 +411,8 @@ class Tracker:
         self.snap_lo = self.num_yielded
         self.workers, self.ended, self.last_wid = {}, set(), -1
         self.ds_state = self._restore.get("dataset") if self._restore is not None else None
+        self.ds_workers = {int(w): st for w, st in (self._restore.get("dataset_workers") or [])} \
+            if self._restore is not None else {}
         self.target, self.pulls, self.global_rng, self.dist_epoch = None, None, None, None
         self.rngs, self.global_want = [], False
         if not iterable:
@@ -404,7 +459,8 @@ class Tracker:
         sampler back in place (loaded, or drawn again without loading any
         data), and hands the workers their hooks."""
         restore = self._restore
-        ep.snapshot = self._worker_snapshot if self.worker_snaps else None
+        ep.snapshot = WorkerSnapshot(self.ds_stateful) if self.worker_snaps else None
+        ep.ds_resume, self.ds_resume = self.ds_resume, None
         if self.iterable:
             if restore is not None:
                 self._restore_python(restore, ep)
@@ -529,7 +585,7 @@ class Tracker:
         entry = ep.snaps.pop(seq, None)
         if entry is None:
             return
-        wid, st, ds_st = entry
+        wid, st, ds_st, *in_process = entry
         if self.iterable:
             rec = self.workers.setdefault(wid, [0, None])
             rec[0] += 1
@@ -537,20 +593,8 @@ class Tracker:
             self.last_wid = wid
         if self.ds_stateful:
             self.ds_state = ds_st
-
-    def _worker_snapshot(self, ep, wid, seq):
-        """_Epoch.snapshot: on the worker, right after batch `seq` (never raises)."""
-        st = ds_st = None
-        try:
-            if ep.iterable:
-                itr = ep.iters.get(wid)
-                if itr is not None and _stateful(itr):
-                    st = itr.state_dict()
-            if self.ds_stateful:
-                ds_st = ep.dataset.state_dict()
-        except Exception as e:  # raised by state_dict()
-            st = _Failed(e)
-        ep.snaps[seq] = (wid, st, ds_st)
+            if in_process:  # the state of that worker process's copy of the dataset
+                self.ds_workers[wid] = ds_st
 
     # -- the state ------------------------------------------------------------------------
     def state_dict(self, loader):
@@ -589,11 +633,19 @@ class Tracker:
             ds_state = self.ds_state
             if isinstance(ds_state, _Failed):
                 raise ds_state.exc
+            ds_workers = None
+            if self.ds_workers:
+                ds_workers = []
+                for wid in sorted(self.ds_workers):
+                    st = self.ds_workers[wid]
+                    if isinstance(st, _Failed):
+                        raise st.exc
+                    ds_workers.append([wid, st])
             return {"format": FORMAT, "version": VERSION, "epoch": self.epoch, "num_yielded": k,
                     "finished": self.finished, "base_seed": self.base_seed, "seed": self.seed,
                     "batch_size": self.batch_size, "num_workers": self.num_workers,
                     "dataset_len": self.dataset_len, "drew_seed": self.drew_seed, "sampler": sampler,
-                    "workers": workers, "dataset": ds_state,
+                    "workers": workers, "dataset": ds_state, "dataset_workers": ds_workers,
                     "stream": None if self.stream_order is None else {"order": self.stream_order}}
 
     def load(self, loader, state):
@@ -635,6 +687,14 @@ def _check(state, loader, iterable):
         raise ValueError(f"fastloader: an iterable dataset's state holds the place of each of its "
                          f"{state['num_workers']} workers; resume it with num_workers={state['num_workers']} "
                          f"(this loader has {loader.num_workers})")
+
+
+def _in_processes(loader):
+    """Does the loader run its Python dataset in worker processes (now)?"""
+    mode = getattr(loader, "worker_mode", "thread")
+    if mode == "auto":
+        mode = getattr(loader, "_fl_auto_mode", None) or "thread"
+    return mode == "process" and loader.num_workers > 0
 
 
 def _dataset_len(loader):

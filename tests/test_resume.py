@@ -428,14 +428,16 @@ class Stream(IterableDataset):
 
 
 @pytest.mark.parametrize("stateful", [True, False])
-@pytest.mark.parametrize("nw", [0, 3])
-def test_iterable_per_worker(stateful, nw):
+@pytest.mark.parametrize("nw,mode", [(0, "thread"), (3, "thread"), (3, "process")])
+def test_iterable_per_worker(stateful, nw, mode):
     """Each worker's iterator is put back where the loop's last batch from it
     left it (its state_dict, or, without one, its delivered samples drawn
     again with a warning), and the workers take turns as before; at every
-    point, including after a worker ran dry."""
+    point, including after a worker ran dry.  In worker processes the
+    iterators live in the workers: their states travel back with the
+    batches, and the saved ones go to the new workers."""
     def make(n):
-        return fastloader.DataLoader(Stream(stateful), batch_size=3, num_workers=n)
+        return fastloader.DataLoader(Stream(stateful), batch_size=3, num_workers=n, worker_mode=mode)
 
     ref = _epochs(make(nw), 2)
     for k in range(len(ref[0]) + 2):
@@ -485,6 +487,43 @@ def test_stateful_map_dataset(nw):
                                      generator=torch.Generator().manual_seed(2))
 
     _check_resume(make, nw, nw, epochs=2, points=[(0, 0), (0, 2), (0, 6), (1, 3)])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stateful_map_dataset_in_worker_processes(persistent):
+    """worker_mode="process": each worker process reads its own copy of the
+    dataset, so each copy's state is saved ("dataset_workers") and given
+    back to the same worker on resume, while the loader's own copy stays as
+    it was: later epochs' fresh workers start from it, as in the run that
+    never stopped (persistent workers keep theirs)."""
+    def make(n):
+        return fastloader.DataLoader(Curriculum(), batch_size=2, num_workers=n, shuffle=True,
+                                     generator=torch.Generator().manual_seed(2), worker_mode="process",
+                                     persistent_workers=persistent)
+
+    ref = _check_resume(make, 2, 2, epochs=3, points=[(0, 0), (0, 3), (0, 11), (0, 12), (1, 5)])
+    # the per-worker counts are in the batches: worker 0 read 1, 2, ... and so did worker 1
+    assert [b[0][1] for b in ref[0][:4]] == [1, 1, 3, 3], ref[0][:4]
+    _, state, _ = _interrupt(make(2), 0, 5)
+    assert [w for w, _ in state["dataset_workers"]] == [0, 1]
+    assert state["dataset_workers"] == [[0, {"reads": 6}], [1, {"reads": 4}]]
+
+
+class _BadState(Curriculum):
+    def state_dict(self):
+        raise KeyError("no state today")
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_dataset_state_dict_that_raises_is_raised_by_state_dict(mode):
+    """A map-style dataset's state_dict() that raises in the worker is not
+    lost: the loader's state_dict() raises it (it used to be dropped)."""
+    dl = fastloader.DataLoader(_BadState(), batch_size=2, num_workers=1, worker_mode=mode)
+    it = iter(dl)
+    next(it)
+    with pytest.raises(KeyError, match="no state today"):
+        dl.state_dict()
+    del it
 
 
 # -- the state itself ----------------------------------------------------------------------
