@@ -634,6 +634,8 @@ class DataLoader(_Base):
         return pool
 
     def _get_iterator(self):
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()
         it = _Iter(self)
         self._fl_last_iter = weakref.ref(it)
         return it
@@ -682,6 +684,9 @@ class DataLoader(_Base):
         _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):
-        # torch warns about too many worker *processes*; threads share one
-        # process and fastloader's own advice lives in stats()/doctor.
-        return None
+        """torch's warning when the loader would start more worker
+        processes than the CPUs it may use: given in process mode (as torch
+        gives it, at each iterator); threads share one process, and
+        fastloader's advice about them lives in stats() and doctor."""
+        if _state._in_processes(self) and hasattr(_Base, "check_worker_number_rationality"):
+            _Base.check_worker_number_rationality(self)

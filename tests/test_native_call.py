@@ -301,3 +301,22 @@ def test_without_torch_returns_numpy_arrays(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_in_worker_processes_samples_equal_imagefolders(folder, context):
+    """worker_mode="process": the native call inside a worker process keys
+    its draws by (seed, epoch, index) as in threads, so a custom dataset's
+    batches are ImageFolder's under fastloader's loader (spawn pickles the
+    callable into the workers)."""
+    ref = fastloader.ImageFolder(folder, transform=_train_v2())
+    ours = Custom(ref.samples, _train_v2())
+    kw = dict(batch_size=8, shuffle=True, num_workers=2, seed=13)
+    want = [list(fastloader.DataLoader(ref, generator=torch.Generator().manual_seed(2), **kw))]
+    dl = fastloader.DataLoader(ours, generator=torch.Generator().manual_seed(2), worker_mode="process",
+                               multiprocessing_context=context, **kw)
+    got = [list(dl)]
+    assert dl.stats()["worker_mode"] == "process"
+    assert len(got[0]) == len(want[0]) == 3
+    for (xa, ya), (xb, yb) in zip(want[0], got[0]):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)

@@ -580,3 +580,17 @@ def test_pin_memory_page_locks_the_slots_once(tmp_path_factory):
     assert all(b >= r["batch_bytes"] for b in r["pinned_slots"]), r
     assert r["copied"] == [], r  # nothing pinned twice: every tensor lives in a locked slot
     assert r["kept_copied"] > 0, r  # the pickled ones are copied
+
+
+def test_more_worker_processes_than_cpus_warns_as_torch_does():
+    """torch's check_worker_number_rationality warning: given for worker
+    processes (one per iterator, as torch gives it), not for threads."""
+    fl = _fl()
+    n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) + 1
+    for mode, want in (("process", 1), ("thread", 0)):
+        dl = fl.DataLoader(list(range(4)), batch_size=2, num_workers=n, worker_mode=mode)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
+        got = [x for x in w if "This DataLoader will create" in str(x.message)]
+        assert len(got) == want, (mode, [str(x.message) for x in w])
