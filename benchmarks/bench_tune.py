@@ -53,11 +53,14 @@ def main(argv=None):
     grid = dict(batch_sizes=_csv(a.batch_sizes), num_workers=_csv(a.workers, True),
                 prefetch_factors=_csv(a.prefetch), persistent_workers=(False, True), device="cpu")
     per = dict(epochs=2, samples=a.samples, min_batches=8)
-    n_grid = len(tuning.Grid(grid["batch_sizes"], grid["num_workers"], grid["prefetch_factors"]).configs())
+    modes = tuning.available_worker_modes()   # tune() searches worker_mode too, so the sweep covers it
+    n_grid = len(tuning.Grid(grid["batch_sizes"], grid["num_workers"], grid["prefetch_factors"],
+                             modes=modes).configs())
     lines = ["# fastloader.tune vs an exhaustive sweep of the same grid", ""]
     lines += C.environment_lines()
     lines += [f"- data: {root} (fastloader.ImageFolder, train pipeline); grid: batch_size {a.batch_sizes}, "
-              f"num_workers {a.workers}, prefetch_factor {a.prefetch}, persistent_workers False,True "
+              f"num_workers {a.workers}, prefetch_factor {a.prefetch}, persistent_workers False,True, "
+              f"worker_mode {','.join(modes)} (with workers) "
               f"= {n_grid} configurations; each measured in a fresh process, 2 epochs of {a.samples} samples", ""]
     summary = []
 
