@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run for a machine with a CUDA GPU (the device tool's H200):
-# build the extension against libjpeg-turbo unpacked from Debian's .deb files
-# (that machine has no libjpeg-turbo), run the GPU tests, take the GPU
+# build the extension against libjpeg-turbo, liblmdb and libcurl unpacked from
+# Debian's .deb files (that machine has none of them), run the GPU tests, take the GPU
 # measurements.  A few minutes at most.
 #
 # Here, once:  bash scripts/gpu_prep.sh   (fills the git-ignored .debs/)
