@@ -163,6 +163,12 @@ class _Iter:
             from .backends import AutoBackend, ProcessBackend
 
             nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
+            if mode == "process" or getattr(loader, "_fl_auto_mode", None) == "process":
+                # torch's warning about more worker processes than CPUs, where
+                # torch gives it: when an iterator starts worker processes
+                check = getattr(_Base, "check_worker_number_rationality", None)
+                if check is not None:
+                    check(loader)
             if mode == "process":
                 return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
                                       loader.multiprocessing_context, nslots)
@@ -634,8 +640,6 @@ class DataLoader(_Base):
         return pool
 
     def _get_iterator(self):
-        if self.num_workers > 0:
-            self.check_worker_number_rationality()
         it = _Iter(self)
         self._fl_last_iter = weakref.ref(it)
         return it
@@ -684,9 +688,8 @@ class DataLoader(_Base):
         _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):
-        """torch's warning when the loader would start more worker
-        processes than the CPUs it may use: given in process mode (as torch
-        gives it, at each iterator); threads share one process, and
-        fastloader's advice about them lives in stats() and doctor."""
-        if _state._in_processes(self) and hasattr(_Base, "check_worker_number_rationality"):
-            _Base.check_worker_number_rationality(self)
+        # torch warns about too many worker *processes*: an iterator that
+        # starts them gives torch's warning (_Iter._make_backend); threads
+        # share one process, and fastloader's advice about them lives in
+        # stats() and doctor.
+        return None

@@ -594,3 +594,19 @@ def test_more_worker_processes_than_cpus_warns_as_torch_does():
             assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
         got = [x for x in w if "This DataLoader will create" in str(x.message)]
         assert len(got) == want, (mode, [str(x.message) for x in w])
+
+
+def test_native_dataset_in_process_mode_gives_no_process_warning(tmp_path):
+    """A native dataset ignores worker_mode="process" (its workers are C
+    threads), so torch's warning about worker processes is not given."""
+    fl = _fl()
+    from fastloader.sample import make_sample
+
+    make_sample(str(tmp_path / "train"), n=4, classes=2, seed=1, progress=False, processes=1)
+    n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) + 1
+    ds = fl.ImageFolder(str(tmp_path / "train"), transform=fl.transforms.Compose(
+        [fl.transforms.Resize((8, 8)), fl.transforms.PILToTensor()]))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert sum(len(y) for _, y in fl.DataLoader(ds, batch_size=2, num_workers=n, worker_mode="process")) == 4
+    assert not [x for x in w if "This DataLoader will create" in str(x.message)], [str(x.message) for x in w]
