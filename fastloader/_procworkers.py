@@ -54,6 +54,7 @@ import numpy as np
 
 from . import _C
 from ._worker import _CANCELLED, _ERR, _OK, _Epoch, _annotate, _fetch
+from .state import _Failed
 from .worker_info import WorkerInfo, _tls, patch_torch_worker_info
 
 try:
@@ -350,7 +351,7 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         except Exception as e:
             init_error = _annotate(e, f"worker_init_fn({wid}) in worker process {wid}")
     ep = _make_epoch(spec)
-    init_error = init_error or _load_dataset_state(ep, wid)
+    resume_error = _load_dataset_state(ep, wid)  # this epoch's jobs only
     gen = spec["gen"]
     pending = collections.deque()
     while True:
@@ -366,7 +367,7 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
                         resume=resume, ds_resume=ds_resume)
             info.epoch = epoch
             ep = _make_epoch(spec)
-            init_error = _load_dataset_state(ep, wid) or init_error
+            resume_error = _load_dataset_state(ep, wid)
             continue
         _, g, seq, indices, slot = msg
         if g != gen or _superseded(conn, pending, g):
@@ -380,8 +381,8 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
             ep.pool = ring
         else:
             ep.pool = None
-        if init_error is not None:
-            status, value = _ERR, init_error
+        if init_error is not None or resume_error is not None:
+            status, value = _ERR, init_error or resume_error
         else:
             status, value = _fetch(ep, wid, seq, indices)
         body, pickled = b"", 0
@@ -420,8 +421,6 @@ def _portable_snapshot(snap, wid):
     any state_dict() failure in it made picklable."""
     if snap is None:
         return None
-    from .state import _Failed
-
     return tuple(_Failed(_portable_exception(x.exc, wid)) if isinstance(x, _Failed) else x for x in snap)
 
 
