@@ -60,6 +60,23 @@ def _loader(impl):
     return fl.DataLoader, {"worker_mode": impl}
 
 
+def _bare(ds, n):
+    """The dataset alone: __getitem__ for `n` samples in this thread, no
+    loader, no collate.  Its rate times the usable CPUs is the most any
+    loader can reach on this machine (the CPU ceiling)."""
+    bs = BP.BATCH_SIZE
+    held = [ds[i] for i in range(bs)]  # warm-up, as time_loader skips the first batch
+    t = time.perf_counter()
+    for i in range(bs, n, bs):
+        # a batch's samples live until the next batch, as in a loader (freeing
+        # each 768 KiB array at once would have malloc return it to the kernel
+        # and fault it in again, every sample)
+        held = [ds[j] for j in range(i, min(i + bs, n))]
+    el = time.perf_counter() - t
+    del held
+    return {"rate": (n - bs) / el}
+
+
 def child(cfg):
     """One measured configuration (a fresh process, see C.run_child)."""
     import warnings
@@ -67,6 +84,10 @@ def child(cfg):
     import torch
 
     torch.set_num_threads(1)
+    if cfg["impl"] == "bare":
+        r = _bare(BP.DATASETS[cfg["dataset"]](cfg["batches"] * BP.BATCH_SIZE), cfg["batches"] * BP.BATCH_SIZE)
+        r.update(cfg)
+        return r
     Loader, extra = _loader(cfg["impl"])
     w = cfg["workers"]
     if cfg["dataset"] == "strings":
@@ -118,7 +139,8 @@ def main(argv=None):
     p.add_argument("--workers", default="0,1,2,4", help="comma-separated num_workers list (default 0,1,2,4)")
     p.add_argument("--datasets", default="python,numpy", help="throughput datasets: python,numpy")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
-    p.add_argument("--batches", type=int, default=None, help="batches per throughput run (default 60; --quick 30)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="batches per throughput run (default 200, about 2-7 s: the steady state; --quick 30)")
     p.add_argument("--no-memory", action="store_true", help="skip the 1M-strings memory comparison")
     p.add_argument("--mem-rounds", type=int, default=1, help="rounds of the memory comparison (default 1)")
     a = p.parse_args(argv)
@@ -128,14 +150,14 @@ def main(argv=None):
         sys.exit(f"bench_procworkers: {e}")
     workers = [int(x) for x in a.workers.split(",")]
     rounds = a.rounds or (1 if a.quick else 3)
-    batches = a.batches or (30 if a.quick else 60)
+    batches = a.batches or (30 if a.quick else 200)
     datasets = [d for d in a.datasets.split(",") if d]
     script = os.path.abspath(__file__)
 
     groups = []
     for d in datasets:
         for w in workers:
-            impls = IMPLS if w else ["torch", "thread"]
+            impls = IMPLS if w else ["torch", "thread", "bare"]
             groups.append(((d, w), [(i, dict(impl=i, dataset=d, workers=w, batches=batches)) for i in impls]))
     mem_groups = [] if (a.quick or a.no_memory) else [
         (("strings", 4), [(i, dict(impl=i, dataset="strings", workers=4)) for i in ("torch", "process", "thread")])]
@@ -152,8 +174,12 @@ def main(argv=None):
             "round(s), each run in a fresh process; samples/s after the first batch, median (min-max); "
             "'total' = peak of main RSS + workers' private memory")
     rep.add(f"- benchmark wall time {elapsed:.0f} s")
+    rep.add("- 'bare' runs (num_workers 0 group): the dataset's __getitem__ alone in one thread, for the CPU ceiling")
     rep.add("")
     summary = []
+    from fastloader import sysinfo
+
+    ncpu = sysinfo.usable_cpus()
     for d in datasets:
         rep.add(f"## {d}")
         rep.add("")
@@ -202,6 +228,15 @@ def main(argv=None):
                 + f"; auto moved to processes in {sum(bool(m) for m in moved)} of {len(moved)} runs")
         summary.append(line)
         rep.add(line)
+        bare = C.median_of(res.get(((d, 0), "bare"), []), "rate")
+        if bare and best["torch"][0]:
+            # no loader can beat the dataset itself on every usable CPU
+            ceil = bare * ncpu
+            t = best["torch"][0]
+            rep.add(f"- {d}: CPU ceiling: the dataset alone runs {C.fmt(bare)} samples/s in one thread (no loader, "
+                    f"no collate), so {ncpu} usable CPUs allow at most {C.fmt(ceil)}; torch's best is "
+                    f"{100 * t / ceil:.0f}% of that, fl process's {100 * (best['process'][0] or 0) / ceil:.0f}%; "
+                    f"1.2x torch would be {100 * 1.2 * t / ceil:.0f}%")
         rep.add("")
     if mem_groups:
         rep.add(f"## memory: {N_STRINGS:,} Python strings, num_workers=4, batch_size {MEM_BATCH}, one shuffled epoch")

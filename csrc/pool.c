@@ -86,6 +86,39 @@ buf_free(void *data)
     }
 }
 
+/* glibc's malloc serves a block of at least its mmap threshold (128 KiB at
+ * start) with a fresh mmap, which is faulted in page by page and unmapped
+ * again on free.  It adapts: freeing such a block raises the threshold to
+ * the block's size (at most 32 MiB, DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
+ * and the trim threshold to twice that, so a program that frees large
+ * blocks gets its next large temporaries from the heap, already faulted in.
+ * A batch collated into a pool buffer is never freed, so without the pool
+ * the first freed batch raises the threshold and with it nothing does:
+ * every large temporary of a Python __getitem__ (a NumPy array per step)
+ * then costs an mmap, its page faults and an munmap, 2.6x slower in
+ * benchmarks/bench_python.py's numpy dataset.  So a new pooled buffer of n
+ * bytes frees one ordinary block of that size (up to the 32 MiB cap),
+ * which is what the first batch of that size would have done without the
+ * pool.  Once per size raised (settled_to): a block below the threshold
+ * never was an mmap, and its free changes nothing.  Any thread, no GIL;
+ * a no-op for other allocators (the block just comes and goes). */
+#define FL_MMAP_THRESHOLD_MAX ((size_t)32 << 20)
+
+static void
+settle_mmap_threshold(size_t nbytes)
+{
+    static size_t settled_to; /* accessed atomically */
+    size_t n = nbytes < FL_MMAP_THRESHOLD_MAX - 65536 ? nbytes : FL_MMAP_THRESHOLD_MAX - 65536;
+    if (n <= __atomic_load_n(&settled_to, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&settled_to, n, __ATOMIC_RELAXED);
+    volatile char *block = malloc(n); /* volatile: the pair must not be optimised away */
+    if (block) {
+        block[0] = 0;
+        free((void *)block);
+    }
+}
+
 static void *
 buf_alloc(fl_pool *p)
 {
@@ -107,6 +140,7 @@ buf_alloc(fl_pool *p)
     }
     if (!base && posix_memalign(&base, 64, p->nbytes + FL_POOL_HDR) != 0)
         return NULL;
+    settle_mmap_threshold(p->nbytes); /* page-locked buffers are not malloc's either */
     *(int *)base = pinned ? p->pinned_device + 1 : 0;
     return (char *)base + FL_POOL_HDR;
 }

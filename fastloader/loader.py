@@ -260,16 +260,15 @@ class _Iter:
             self._backend.start_epoch(self._ep, self._ep.native_seed, dev if pin else -1)
         else:
             self._ep.pin = pin  # what collation did not stack into the pool is pinned in the worker
-            # Pooled collation only when pinning, where it saves pin_memory's
-            # second copy.  Without pinning, keeping batch buffers idle in a
-            # pool stops glibc from raising its mmap threshold (it does when
-            # a large mmapped block is freed), so every large temporary a
-            # NumPy __getitem__ allocates is mmapped and faulted in afresh:
-            # benchmarks/bench_python.py's numpy dataset ran 2.6x slower at
-            # num_workers=0 (1553 -> 598 samples/s) with an unpinned pool.
-            # (_fl_pool_unpinned forces the pool on, for tests of the pool itself.)
-            self._ep.pool = loader._fl_batch_pool(dev if pin else -1) if (
-                pin or loader._fl_pool_unpinned) else None
+            # Collation stacks into the loader's pool of batch buffers (page-
+            # locked when pinning, which saves pin_memory's second copy): a
+            # batch is written into memory already faulted in, where a fresh
+            # tensor of a large batch is a new mmap every time (pages faulted
+            # in and zeroed, then unmapped: 1.5x the throughput of a native
+            # call in __getitem__ with 38 MB batches, benchmarks/RESULTS.md
+            # §15).  pool.c keeps glibc's mmap threshold adapting as without
+            # the pool, which a NumPy __getitem__'s temporaries depend on.
+            self._ep.pool = loader._fl_batch_pool(dev if pin else -1)
             stats0 = self._backend.start_epoch(self._ep, self._base_seed)
             if self._num_workers:
                 self._gil = GilMonitor(self._t_start, stats0, **self._backend.gil_watch())
@@ -618,8 +617,6 @@ class DataLoader(_Base):
                     "memory won't be used.", UserWarning, stacklevel=4)
             return False
         return want
-
-    _fl_pool_unpinned = False   # pooled collation without pinning too (see _Iter._reset)
 
     def _fl_batch_pool(self, pin_device):
         """The buffers Python datasets' default collation stacks into

@@ -226,9 +226,8 @@ def test_gather_into_a_pool_and_its_refusals(arrays):
     del toks, labs
     toks, _ = _C.gather(ds._sources, [1, 0], pool)  # the same buffer back from the pool
     assert toks.ptr == ptr and pool.stats()["pooled"] == 4
-    # a loader that pools without pinning gives the same batches
+    # a loader (which pools its collation) gives the same batches
     dl = fastloader.DataLoader(ds, batch_size=64, num_workers=2)
-    dl._fl_pool_unpinned = True
     _assert_same(list(dl), list(torch.utils.data.DataLoader(_tensors(arrs, ["tokens", "labels"]), batch_size=64)))
     assert dl._fl_pool.stats()["pooled"] > 0
     with pytest.raises(TypeError, match="array Sources"):

@@ -58,14 +58,6 @@ class Nested(torch.utils.data.Dataset):
         }
 
 
-@pytest.fixture(autouse=True)
-def _pool_without_pinning(monkeypatch):
-    """The loader pools collation only when pinning (an unpinned pool keeps
-    glibc's mmap threshold low; see loader.py); these tests exercise the pool
-    itself on a machine without CUDA, so they turn it on."""
-    monkeypatch.setattr(fastloader.DataLoader, "_fl_pool_unpinned", True)
-
-
 def _loader(ds, **kw):
     return fastloader.DataLoader(ds, batch_size=4, **kw)
 
@@ -332,3 +324,68 @@ def test_pin_memory_stacks_into_page_locked_buffers_once(fake_results, num_worke
 
 def test_pin_memory_still_pins_a_user_collate_fns_tensors(fake_results):
     assert fake_results["user_collate_copies"] == 2 and fake_results["user_collate_ok"] is True, fake_results
+
+
+# ---- glibc's mmap threshold (csrc/pool.c settle_mmap_threshold) ------------------------
+
+_THRESHOLD_CHILD = r"""
+import ctypes, json
+import numpy as np
+from fastloader import _C
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+libc.mallinfo2.restype = MallInfo2
+
+
+def mmapped(nbytes):
+    # is a new block of nbytes served by an mmap of its own (glibc's hblks)?
+    # The block is kept: freeing it would itself raise the threshold.
+    before = libc.mallinfo2().hblks
+    libc.malloc(nbytes)
+    return libc.mallinfo2().hblks > before
+
+out = {"before": mmapped(4 << 20)}
+pool = _C.BatchPool()
+batch = _C.stack([np.zeros((1 << 20,), np.uint8)] * 8, pool=pool)  # an 8 MiB pooled buffer, kept
+out["after"] = mmapped(4 << 20)
+out["above"] = mmapped(16 << 20)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("FASTLOADER_UNDER_ASAN") == "1", reason="ASan's allocator replaces glibc's")
+def test_a_pooled_buffer_raises_glibcs_mmap_threshold_as_a_freed_batch_would():
+    """After its imports a fresh process mmaps a 4 MiB malloc (glibc's
+    threshold is then about 1 MiB).  Without the pool, the first freed 8 MiB
+    batch would raise the threshold to 8 MiB, so that a NumPy __getitem__'s
+    large temporaries come from the heap; a pooled batch is never freed, so
+    the pool does it when it allocates the buffer.  Blocks above the batch
+    size stay mmapped, as they would."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _THRESHOLD_CHILD], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"before": True, "after": False, "above": True}
+
+
+def test_loaders_pool_their_collation_without_pinning():
+    ds = [np.full(4, i, np.float32) for i in range(64)]
+    dl = fastloader.DataLoader(ds, batch_size=16, num_workers=2)
+    batches = list(dl)
+    assert dl._fl_pool.stats()["classes"] == [{"nbytes": 16 * 4 * 4, "buffers": 4, "buffers_out": 4}]
+    assert len({b.data_ptr() for b in batches}) == 4  # alive: each in its own buffer
+    assert torch.equal(torch.cat(batches), torch.arange(64, dtype=torch.float32).repeat_interleave(4).view(64, 4))
+    del batches
+    assert dl._fl_pool.stats()["classes"][0]["buffers_out"] == 0
