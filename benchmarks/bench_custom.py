@@ -12,12 +12,14 @@ C with the GIL released) under fastloader.DataLoader (worker threads)::
     img = self.load(path)                                      # after
 
 With --unchanged, a third column runs the "before" class under
-fastloader.DataLoader (the import swap alone).  Each configuration runs in a
+fastloader.DataLoader (the import swap alone); with --before PATH, another
+runs "after" on the fastloader checkout at PATH (built in place), for a
+before/after of a change to the loader in the same run.  Each configuration runs in a
 fresh process (fastloader/_harness.py), all interleaved over the rounds, on
 the sample images (``python -m fastloader make-sample``, cached).  The figure
 that matters is "after" at its best num_workers over "before" at its best.
 
-    python benchmarks/bench_custom.py [--workers 0,1,2,4] [--rounds 2] [--out FILE]
+    python benchmarks/bench_custom.py [--workers 0,1,2,4] [--rounds 2] [--unchanged] [--before PATH] [--out FILE]
 """
 from __future__ import annotations
 
@@ -90,11 +92,13 @@ IMPLS = {
     "torch": (PillowDataset, "torch"),
     "fastloader": (NativeCallDataset, "fastloader"),
     "unchanged": (PillowDataset, "fastloader"),
+    "before": (NativeCallDataset, "fastloader"),  # on the --before checkout
 }
 LABELS = {
     "torch": "before: Pillow+v2, torch DataLoader",
     "fastloader": "after: NativeTransform, fastloader.DataLoader",
     "unchanged": "Pillow+v2, fastloader.DataLoader",
+    "before": "after, on the --before checkout",
 }
 
 
@@ -124,6 +128,8 @@ def child(cfg):
 
     r = C.H.time_loader(make, epochs=1, max_batches=cfg["max_batches"], hold_batch=True)
     r.update(cfg)
+    if loader != "torch":
+        r["fastloader_file"] = sys.modules["fastloader"].__file__
     return r
 
 
@@ -147,6 +153,7 @@ def main(argv=None):
     p.add_argument("--max-batches", type=int, default=16, help="batches of 64 per run")
     p.add_argument("--unchanged", action="store_true",
                    help="also run the Pillow dataset under fastloader.DataLoader (the import swap alone)")
+    p.add_argument("--before", help="also run the native call on the fastloader checkout at this path")
     p.add_argument("--mem-interval", type=float, default=0.5,
                    help="seconds between memory samples of the worker processes (0 disables)")
     p.add_argument("--out", help="also write the Markdown report to this file")
@@ -157,14 +164,20 @@ def main(argv=None):
         sys.exit(f"bench_custom: {e}")
 
     workers = [int(x) for x in a.workers.split(",")]
-    impls = ["torch", "fastloader"] + (["unchanged"] if a.unchanged else [])
+    impls = ["torch", "fastloader"] + (["unchanged"] if a.unchanged else []) + (["before"] if a.before else [])
     sample = C.load_sample_module()
     root = sample.ensure_sample(a.n, a.root)
     script = os.path.abspath(__file__)
     groups = [(("custom", w), [(impl, dict(impl=impl, workers=w, root=root, max_batches=a.max_batches))
                                for impl in impls]) for w in workers]
     t0 = time.perf_counter()
-    res = C.run_interleaved(groups, a.rounds, lambda cfg: C.run_child(script, cfg, mem_interval=a.mem_interval))
+    def runner(cfg):
+        if cfg["impl"] == "before":
+            return C.H.run_child(script, "child", cfg, mem_interval=a.mem_interval, env={"PYTHONPATH": a.before},
+                                 sys_path0=os.path.dirname(script))
+        return C.run_child(script, cfg, mem_interval=a.mem_interval)
+
+    res = C.run_interleaved(groups, a.rounds, runner)
     elapsed = time.perf_counter() - t0
 
     rep = C.Report("A custom Dataset: Pillow + torchvision v2 vs the native call (fastloader.NativeTransform)")
@@ -196,6 +209,10 @@ def main(argv=None):
     if "unchanged" in impls and tb:
         ub, uw = _best(res, "unchanged", workers)
         line += f"; the import swap alone: {ub:.0f} samples/s (num_workers={uw}) = {ub / tb:.2f}x"
+    if "before" in impls:
+        bb, bw = _best(res, "before", workers)
+        line += (f"; the native call on {a.before}: {bb:.0f} samples/s (num_workers={bw}), this checkout / that "
+                 f"one {fb / bb:.2f}x" if bb else "")
     rep.add(line)
     return rep.finish(res, a.out)
 

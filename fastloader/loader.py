@@ -266,7 +266,7 @@ class _Iter:
             # tensor of a large batch is a new mmap every time (pages faulted
             # in and zeroed, then unmapped: 1.5x the throughput of a native
             # call in __getitem__ with 38 MB batches, benchmarks/RESULTS.md
-            # §15).  pool.c keeps glibc's mmap threshold adapting as without
+            # §9).  pool.c keeps glibc's mmap threshold adapting as without
             # the pool, which a NumPy __getitem__'s temporaries depend on.
             self._ep.pool = loader._fl_batch_pool(dev if pin else -1)
             stats0 = self._backend.start_epoch(self._ep, self._base_seed)
