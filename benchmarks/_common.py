@@ -50,11 +50,12 @@ def log(msg):
 # running the measured processes
 
 
-def run_child(script, config, *, mem_interval=0.5, timeout=600):
+def run_child(script, config, *, mem_interval=0.5, timeout=600, env=None):
     """Run ``child(config)`` of the benchmark ``script`` in a fresh process
-    (with the script's folder first on sys.path, as ``python script`` has it)."""
+    (with the script's folder first on sys.path, as ``python script`` has it;
+    ``env``: variables to set there, e.g. PYTHONPATH of another checkout)."""
     return H.run_child(script, "child", config, timeout=timeout, mem_interval=mem_interval,
-                       sys_path0=os.path.dirname(os.path.abspath(script)))
+                       sys_path0=os.path.dirname(os.path.abspath(script)), env=env)
 
 
 def short_result(res):

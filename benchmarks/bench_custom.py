@@ -128,8 +128,6 @@ def child(cfg):
 
     r = C.H.time_loader(make, epochs=1, max_batches=cfg["max_batches"], hold_batch=True)
     r.update(cfg)
-    if loader != "torch":
-        r["fastloader_file"] = sys.modules["fastloader"].__file__
     return r
 
 
@@ -171,13 +169,8 @@ def main(argv=None):
     groups = [(("custom", w), [(impl, dict(impl=impl, workers=w, root=root, max_batches=a.max_batches))
                                for impl in impls]) for w in workers]
     t0 = time.perf_counter()
-    def runner(cfg):
-        if cfg["impl"] == "before":
-            return C.H.run_child(script, "child", cfg, mem_interval=a.mem_interval, env={"PYTHONPATH": a.before},
-                                 sys_path0=os.path.dirname(script))
-        return C.run_child(script, cfg, mem_interval=a.mem_interval)
-
-    res = C.run_interleaved(groups, a.rounds, runner)
+    res = C.run_interleaved(groups, a.rounds, lambda cfg: C.run_child(
+        script, cfg, mem_interval=a.mem_interval, env={"PYTHONPATH": a.before} if cfg["impl"] == "before" else None))
     elapsed = time.perf_counter() - t0
 
     rep = C.Report("A custom Dataset: Pillow + torchvision v2 vs the native call (fastloader.NativeTransform)")

@@ -102,13 +102,13 @@ buf_free(void *data)
  * pool.  Once per size raised (settled_to): a block below the threshold
  * never was an mmap, and its free changes nothing.  Any thread, no GIL;
  * a no-op for other allocators (the block just comes and goes). */
-#define FL_MMAP_THRESHOLD_MAX ((size_t)32 << 20)
+#define FL_MMAP_SETTLE_MAX (((size_t)32 << 20) - 65536) /* a block glibc's cap still admits */
 
 static void
 settle_mmap_threshold(size_t nbytes)
 {
     static size_t settled_to; /* accessed atomically */
-    size_t n = nbytes < FL_MMAP_THRESHOLD_MAX - 65536 ? nbytes : FL_MMAP_THRESHOLD_MAX - 65536;
+    size_t n = nbytes < FL_MMAP_SETTLE_MAX ? nbytes : FL_MMAP_SETTLE_MAX;
     if (n <= __atomic_load_n(&settled_to, __ATOMIC_RELAXED))
         return;
     __atomic_store_n(&settled_to, n, __ATOMIC_RELAXED);
