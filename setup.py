@@ -87,7 +87,9 @@ if sanitize:
     cflags = [f for f in cflags if f != "-O3"] + ["-O1", "-g"] + san
     ldflags += san
 
-sources = sorted(glob.glob(os.path.join("csrc", "*.c")))
+# csrc/ is one folder per layer (docs/architecture.md); every .c of every layer
+# goes into the one extension.
+sources = sorted(glob.glob(os.path.join("csrc", "*", "*.c")))
 
 setup(
     ext_modules=[
@@ -98,7 +100,7 @@ setup(
             libraries=["jpeg", "lmdb", "curl", "dl", "m"],
             extra_compile_args=cflags,
             extra_link_args=ldflags,
-            depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),
+            depends=sorted(glob.glob(os.path.join("csrc", "*", "*.h"))),
         )
     ],
     cmdclass={"build_ext": BuildExt},

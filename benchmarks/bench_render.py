@@ -1,10 +1,10 @@
-"""Per-image cost of the native transform renderer (csrc/render.c: fl_render).
+"""Per-image cost of the native transform renderer (csrc/image/render.c: fl_render).
 
 Two measurements, both single-threaded, on a realistic decode size (default a
 470 x 386 RGB photo, ImageNet's typical size):
 
   * ``C``: a small C harness compiled here against the transform stage's
-    units (csrc/plan.c, resample.c, render.c, convert.c; or the single
+    units (csrc/image/plan.c, resample.c, render.c, convert.c; or the single
     imgops.c of older trees) with the extension's flags, calling
     fl_plan_sample + fl_render in a loop with one reused fl_scratch --
     exactly what a loader worker does per sample.  It also prints a
@@ -140,9 +140,11 @@ def run_c(src_dir: str, w: int, h: int, n: int) -> str:
             f.write(HARNESS)
         exe = os.path.join(d, "harness")
         cc = os.environ.get("CC", "gcc")
-        units = [os.path.join(src_dir, u) for u in STAGE_UNITS if os.path.exists(os.path.join(src_dir, u))]
+        # csrc/image/ in trees laid out by layer, csrc/ itself in older ones
+        stage = os.path.join(src_dir, "image") if os.path.isdir(os.path.join(src_dir, "image")) else src_dir
+        units = [os.path.join(stage, u) for u in STAGE_UNITS if os.path.exists(os.path.join(stage, u))]
         cmd = [cc, "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-std=c11", "-D_GNU_SOURCE",
-               "-I", src_dir, c, *units, "-o", exe, "-lm"]
+               "-I", src_dir, "-I", stage, c, *units, "-o", exe, "-lm"]
         subprocess.run(cmd, check=True)
         return subprocess.run([exe, str(w), str(h), str(n)], check=True, capture_output=True, text=True).stdout
 
@@ -179,7 +181,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="plans per configuration")
     ap.add_argument("--size", default="470x386", help="source WxH")
-    ap.add_argument("--src", default=os.path.join(REPO, "csrc"), help="directory holding the stage's units, imgops.h and rng.h")
+    ap.add_argument("--src", default=os.path.join(REPO, "csrc"), help="csrc/ of a checkout (its image/ layer, or the stage's units directly in older trees)")
     ap.add_argument("--no-py", action="store_true", help="skip the _C._render measurement")
     a = ap.parse_args()
     w, h = (int(x) for x in a.size.lower().split("x"))

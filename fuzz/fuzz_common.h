@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jpeg.h"
+#include "image/jpeg.h"
 
 /* Pixel limit set on every decoder in the harnesses (FL_JPEG_DEFAULT_MAX_PIXELS
  * is 179 Mpx, whose buffers would exceed libFuzzer's 2 GB RSS limit and take

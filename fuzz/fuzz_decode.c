@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "jpeg.h"
+#include "image/jpeg.h"
 #include "primer.h"
 
 static fl_jpeg *reused;   /* lives across inputs, as a worker's decoder does */

@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "jpeg.h"
+#include "image/jpeg.h"
 
 /* v in [0, 65536) scaled into [0, n) */
 static int

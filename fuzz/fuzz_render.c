@@ -48,10 +48,10 @@
 #include <unistd.h>
 
 #include "fuzz_common.h"
-#include "imgops.h"
-#include "jpeg.h"
-#include "native.h"
-#include "pool.h"
+#include "image/imgops.h"
+#include "image/jpeg.h"
+#include "native/native.h"
+#include "core/pool.h"
 
 static fl_native_worker *worker;   /* a native worker, fresh per input (see below) */
 static fl_native_ds ds;

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "fuzz_common.h"
-#include "tar.h"
+#include "sources/tar.h"
 
 static void
 fix_checksums(uint8_t *d, size_t n)

@@ -10,8 +10,8 @@
 #            render-noavx2 is the render binary with FASTLOADER_NO_AVX2=1 (the
 #            portable resample kernels); it shares the render corpus.
 #
-# Builds fuzz/fuzz_<target>.c against the core sources (every csrc/*.c but
-# module.c and py_*.c; -ljpeg -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# Builds fuzz/fuzz_<target>.c against the core sources (every csrc/<layer>/*.c but
+# csrc/binding/; -ljpeg -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -61,23 +61,23 @@ CFLAGS=(-g -O1 -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -pthread -Wall -We
 # FUZZ_SKIP_KNOWN=1: the harnesses steer clear of the findings recorded in
 # HARDENING.md that csrc/ does not fix yet, so a run can look for new ones.
 [ "${FUZZ_SKIP_KNOWN:-0}" = 1 ] && CFLAGS+=(-DFZ_SKIP_KNOWN)
-# The core: every csrc/*.c but the Python binding (module.c, py_*.c), so a
-# split or a new core file needs no change here.
+# The core: every csrc/<layer>/*.c but the Python binding (csrc/binding/), so a
+# split or a new core file needs no change here.  Objects are named
+# layer_file.o, so two layers may hold files of the same name.
 CORE=()
-for f in csrc/*.c; do
-    f=$(basename "$f" .c)
-    case $f in module|py_*) ;; *) CORE+=("$f") ;; esac
+for f in csrc/*/*.c; do
+    case $f in csrc/binding/*) ;; *) f=${f#csrc/}; CORE+=("${f%.c}") ;; esac
 done
 echo "fuzz: building into $B ($(clang --version | head -1)): ${CORE[*]}"
 rm -f "$B"/obj/*.o
 for f in "${CORE[@]}"; do
-    clang "${CFLAGS[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "csrc/$f.c" -o "$B/obj/$f.o" &
+    clang "${CFLAGS[@]}" -fsanitize=fuzzer-no-link,address,undefined -Icsrc -c "csrc/$f.c" -o "$B/obj/${f//\//_}.o" &
 done
 wait
 objs=()
 for f in "${CORE[@]}"; do
-    [ -f "$B/obj/$f.o" ] || { echo "fuzz: building csrc/$f.c failed" >&2; exit 1; }
-    objs+=("$B/obj/$f.o")
+    [ -f "$B/obj/${f//\//_}.o" ] || { echo "fuzz: building csrc/$f.c failed" >&2; exit 1; }
+    objs+=("$B/obj/${f//\//_}.o")
 done
 bins=()
 for t in "${targets[@]}"; do

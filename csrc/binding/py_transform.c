@@ -1,0 +1,460 @@
+/* py_transform.c: Python binding of the transform core (imgops.h).
+ *
+ * Module-level functions for tests and benchmarks (fastloader/ itself does
+ * not call them, hence the underscore), registered by fl_register_transform:
+ *   _plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
+ *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))
+ *   _render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
+ *           view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
+ *       image: uint8 [H, W] or [H, W, 1|3], the decoded buffer.  view_scale /
+ *       view_origin describe it as a DCT-scaled / region-decoded view of a
+ *       src_size (w, h) source (default: image size / view_scale).  The
+ *       plan (a _plan_sample dict) is drawn from (seed, epoch, index) when None.
+ *       Output: [C, H, W] (CHW) or [H, W, C] (HWC) of the spec's dtype;
+ *       float16 as numpy float16, bfloat16 as uint16 raw bits.
+ * Plus fl_tspec_from_pydict (py_transform.h) for the engine binding.
+ *
+ * All functions run with the GIL held; it is released only around
+ * fl_render, while this call holds references to the input and output
+ * arrays.  The scratch is plain malloc memory (no GIL needed to free).
+ */
+#define NO_IMPORT_ARRAY
+#include "binding/binding.h"
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+#include "image/imgops.h"
+#include "binding/py_transform.h"
+
+/* ------------------------------------------------------------------------ */
+/* spec dict -> fl_tspec                                                    */
+
+/* key -> int (bools accepted).  Returns 0 or -1 with ValueError/TypeError. */
+static int
+fl_get_int(PyObject *v, const char *key, int *out)
+{
+    int overflow = 0;
+    long x;
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "transform spec: '%s' must be an int, not %.100s", key, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || x < INT_MIN || x > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "transform spec: '%s' is out of range", key);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int
+fl_get_double(PyObject *v, const char *key, double *out)
+{
+    double x = PyFloat_AsDouble(v);
+    if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "transform spec: '%s' must be a number, not %.100s", key,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* key -> index of v in names[] (strings).  Returns 0 or -1 with ValueError. */
+static int
+fl_get_choice(PyObject *v, const char *key, const char *const *names, int n, int *out)
+{
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (s == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "transform spec: '%s' must be a string", key);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "transform spec: '%s' has an unknown value '%s'", key, s);
+    return -1;
+}
+
+/* key -> 1 or 3 floats.  Returns the count, or -1 with an exception. */
+static int
+fl_get_floats3(PyObject *v, const char *key, float out[3])
+{
+    PyObject *seq = PySequence_Fast(v, "");
+    if (seq == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "transform spec: '%s' must be a sequence of floats", key);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != 1 && n != 3) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: '%s' needs 1 or 3 values, not %zd", key, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x;
+        if (fl_get_double(PySequence_Fast_GET_ITEM(seq, i), key, &x) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        out[i] = (float)x;   /* torch.as_tensor(mean, dtype=float32) */
+    }
+    Py_DECREF(seq);
+    if (n == 1)
+        out[1] = out[2] = out[0];
+    return (int)n;
+}
+
+int
+fl_tspec_from_pydict(PyObject *d, fl_tspec *out)
+{
+    static const char *const geoms[] = {"none", "rrc", "resize_crop"};
+    static const char *const dtypes[] = {"uint8", "float16", "bfloat16", "float32"};
+    static const char *const layouts[] = {"CHW", "HWC"};
+    fl_tspec t;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    int have_norm = 0, nmean = 0, nstd = 0;
+    char msg[256];
+
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "transform spec must be a dict");
+        return -1;
+    }
+    memset(&t, 0, sizeof t);
+    t.geom = FL_GEOM_NONE;
+    t.scale_lo = 0.08;
+    t.scale_hi = 1.0;
+    t.ratio_lo = 3.0 / 4.0;
+    t.ratio_hi = 4.0 / 3.0;
+    t.out_channels = 3;
+    t.dtype = FL_DT_U8;
+    t.layout = FL_LAYOUT_CHW;
+    t.std[0] = t.std[1] = t.std[2] = 1.0f;
+
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int rc;
+        if (k == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "transform spec: keys must be strings");
+            return -1;
+        }
+#define INT_FIELD(name) else if (strcmp(k, #name) == 0) rc = fl_get_int(value, k, &t.name)
+#define DBL_FIELD(name) else if (strcmp(k, #name) == 0) rc = fl_get_double(value, k, &t.name)
+        if (strcmp(k, "geom") == 0)
+            rc = fl_get_choice(value, k, geoms, 3, &t.geom);
+        else if (strcmp(k, "dtype") == 0)
+            rc = fl_get_choice(value, k, dtypes, 4, &t.dtype);
+        else if (strcmp(k, "layout") == 0)
+            rc = fl_get_choice(value, k, layouts, 2, &t.layout);
+        else if (strcmp(k, "normalize") == 0) {
+            rc = PyObject_IsTrue(value);
+            if (rc >= 0) {
+                t.normalize = rc;
+                have_norm = 1;
+                rc = 0;
+            }
+        } else if (strcmp(k, "mean") == 0)
+            rc = nmean = fl_get_floats3(value, k, t.mean);
+        else if (strcmp(k, "std") == 0)
+            rc = nstd = fl_get_floats3(value, k, t.std);
+        INT_FIELD(out_h);
+        INT_FIELD(out_w);
+        DBL_FIELD(scale_lo);
+        DBL_FIELD(scale_hi);
+        DBL_FIELD(ratio_lo);
+        DBL_FIELD(ratio_hi);
+        INT_FIELD(resize_short);
+        INT_FIELD(resize_h);
+        INT_FIELD(resize_w);
+        INT_FIELD(max_size);
+        INT_FIELD(crop_h);
+        INT_FIELD(crop_w);
+        DBL_FIELD(flip_p);
+        INT_FIELD(out_channels);
+        INT_FIELD(scale_to_unit);
+        else {
+            PyErr_Format(PyExc_ValueError, "transform spec: unknown key '%s'", k);
+            return -1;
+        }
+#undef INT_FIELD
+#undef DBL_FIELD
+        if (rc < 0)
+            return -1;
+    }
+    if (!have_norm)
+        t.normalize = nmean > 0 || nstd > 0;
+    if (t.normalize && ((nmean == 3 && t.out_channels == 1) || (nstd == 3 && t.out_channels == 1))) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'mean'/'std' have 3 values for 1 output channel");
+        return -1;
+    }
+    if (fl_tspec_check(&t, msg, sizeof msg) < 0) {
+        PyErr_Format(PyExc_ValueError, "transform spec: %s", msg);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* plan <-> dict                                                            */
+
+static PyObject *
+fl_plan_to_dict(const fl_plan *p)
+{
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii)}", "box", p->box_x, p->box_y, p->box_w, p->box_h,
+                         "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
+                         p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h);
+}
+
+/* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
+ * or -1 with an exception. */
+static int
+fl_plan_ints(PyObject *d, const char *key, int n, int *out, int optional)
+{
+    PyObject *v = PyDict_GetItemString(d, key);   /* borrowed */
+    if (v == NULL) {
+        if (optional)
+            return 1;
+        PyErr_Format(PyExc_ValueError, "plan: missing key '%s'", key);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(v, "");
+    if (seq == NULL || PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_XDECREF(seq);
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "plan: '%s' must be a sequence of %d ints", key, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (fl_get_int(PySequence_Fast_GET_ITEM(seq, i), key, &out[i]) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static int
+fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
+{
+    int box[4], rs[2], win[2], o[2];
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a dict (as returned by _plan_sample)");
+        return -1;
+    }
+    if (fl_plan_ints(d, "box", 4, box, 0) < 0 || fl_plan_ints(d, "resized", 2, rs, 0) < 0
+        || fl_plan_ints(d, "window", 2, win, 0) < 0)
+        return -1;
+    int rc = fl_plan_ints(d, "out", 2, o, 1);
+    if (rc < 0)
+        return -1;
+    if (rc == 1) {   /* default: the spec's size, else the resized size */
+        o[0] = t->out_w ? t->out_w : rs[0];
+        o[1] = t->out_w ? t->out_h : rs[1];
+    }
+    PyObject *f = PyDict_GetItemString(d, "flip");
+    int flip = f ? PyObject_IsTrue(f) : 0;
+    if (flip < 0)
+        return -1;
+    memset(p, 0, sizeof *p);
+    p->box_x = box[0];
+    p->box_y = box[1];
+    p->box_w = box[2];
+    p->box_h = box[3];
+    p->rs_w = rs[0];
+    p->rs_h = rs[1];
+    p->win_x = win[0];
+    p->win_y = win[1];
+    p->flip = flip;
+    p->out_w = o[0];
+    p->out_h = o[1];
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* module functions                                                         */
+
+static PyObject *
+fl_py_plan_sample(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"spec", "src_w", "src_h", "seed", "epoch", "index", NULL};
+    PyObject *spec;
+    int w, h;
+    unsigned long long seed = 0, epoch = 0, index = 0;
+    fl_tspec t;
+    fl_plan p;
+    char msg[256];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oii|KKK:_plan_sample", kwlist, &spec, &w, &h, &seed, &epoch,
+                                     &index))
+        return NULL;
+    if (fl_tspec_from_pydict(spec, &t) < 0)
+        return NULL;
+    if (fl_plan_sample(&t, w, h, seed, epoch, index, &p, msg, sizeof msg) < 0) {
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    return fl_plan_to_dict(&p);
+}
+
+/* Parse an optional pair of floats; returns 0 or -1 with an exception. */
+static int
+fl_pair(PyObject *v, const char *name, double out[2])
+{
+    if (v == NULL || v == Py_None)
+        return 0;
+    if (!PyArg_ParseTuple(v, "dd", &out[0], &out[1])) {
+        PyErr_Format(PyExc_TypeError, "render: '%s' must be a pair of floats", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"spec", "image", "plan", "seed", "epoch", "index",
+                             "view_scale", "view_origin", "src_size", NULL};
+    PyObject *spec, *image, *plan_obj = Py_None, *vscale = NULL, *vorigin = NULL, *srcsize = NULL;
+    unsigned long long seed = 0, epoch = 0, index = 0;
+    PyArrayObject *arr = NULL, *res = NULL;
+    double scale[2] = {1.0, 1.0}, origin[2] = {0.0, 0.0};
+    fl_tspec t;
+    fl_plan p;
+    fl_view v;
+    fl_scratch scratch = {NULL, 0};
+    char msg[256];
+    int rc;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OKKK$OOO:_render", kwlist, &spec, &image, &plan_obj, &seed,
+                                     &epoch, &index, &vscale, &vorigin, &srcsize))
+        return NULL;
+    if (fl_tspec_from_pydict(spec, &t) < 0)
+        return NULL;
+    if (fl_pair(vscale, "view_scale", scale) < 0 || fl_pair(vorigin, "view_origin", origin) < 0)
+        return NULL;
+    if (!(scale[0] > 0 && scale[1] > 0)) {
+        PyErr_SetString(PyExc_ValueError, "render: view_scale must be positive");
+        return NULL;
+    }
+    arr = (PyArrayObject *)PyArray_FROM_OF(image, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (arr == NULL)
+        return NULL;
+    if (PyArray_TYPE(arr) != NPY_UINT8) {
+        PyErr_SetString(PyExc_TypeError, "render: image must be a uint8 array");
+        goto error;
+    }
+    if (!(PyArray_NDIM(arr) == 2 || (PyArray_NDIM(arr) == 3 && (PyArray_DIM(arr, 2) == 1 || PyArray_DIM(arr, 2) == 3)))
+        || PyArray_DIM(arr, 0) <= 0 || PyArray_DIM(arr, 1) <= 0 || PyArray_DIM(arr, 0) > FL_MAX_DIM
+        || PyArray_DIM(arr, 1) > FL_MAX_DIM) {
+        PyErr_SetString(PyExc_ValueError, "render: image must be a non-empty [H, W] or [H, W, 1|3] array");
+        goto error;
+    }
+    memset(&v, 0, sizeof v);
+    v.data = (const uint8_t *)PyArray_DATA(arr);
+    v.h = (int)PyArray_DIM(arr, 0);
+    v.w = (int)PyArray_DIM(arr, 1);
+    v.channels = PyArray_NDIM(arr) == 3 ? (int)PyArray_DIM(arr, 2) : 1;
+    v.stride = (size_t)PyArray_STRIDE(arr, 0);
+    v.scale_x = scale[0];
+    v.scale_y = scale[1];
+    v.origin_x = origin[0];
+    v.origin_y = origin[1];
+
+    if (plan_obj == Py_None) {
+        int sw, sh;
+        if (srcsize != NULL && srcsize != Py_None) {
+            if (!PyArg_ParseTuple(srcsize, "ii", &sw, &sh)) {
+                PyErr_SetString(PyExc_TypeError, "render: 'src_size' must be (w, h)");
+                goto error;
+            }
+        } else {
+            double dw = (v.w + origin[0]) / scale[0] + 0.5, dh = (v.h + origin[1]) / scale[1] + 0.5;
+            if (!(dw >= 1.0 && dw <= FL_MAX_DIM && dh >= 1.0 && dh <= FL_MAX_DIM)) {
+                PyErr_Format(PyExc_ValueError, "render: the view implies a source of %g x %g pixels", dw, dh);
+                goto error;
+            }
+            sw = (int)dw;
+            sh = (int)dh;
+        }
+        if (fl_plan_sample(&t, sw, sh, seed, epoch, index, &p, msg, sizeof msg) < 0) {
+            PyErr_SetString(PyExc_ValueError, msg);
+            goto error;
+        }
+    } else if (fl_plan_from_dict(plan_obj, &t, &p) < 0) {
+        goto error;
+    }
+
+    {
+        int ow = t.out_w ? t.out_w : p.out_w, oh = t.out_w ? t.out_h : p.out_h;
+        static const int npy_types[4] = {NPY_UINT8, NPY_FLOAT16, NPY_UINT16, NPY_FLOAT32};
+        npy_intp dims[3];
+        if (ow <= 0 || oh <= 0 || ow > FL_MAX_DIM || oh > FL_MAX_DIM) {
+            PyErr_Format(PyExc_ValueError, "render: invalid output size %d x %d", ow, oh);
+            goto error;
+        }
+        if (t.layout == FL_LAYOUT_CHW) {
+            dims[0] = t.out_channels;
+            dims[1] = oh;
+            dims[2] = ow;
+        } else {
+            dims[0] = oh;
+            dims[1] = ow;
+            dims[2] = t.out_channels;
+        }
+        res = (PyArrayObject *)PyArray_SimpleNew(3, dims, npy_types[t.dtype]);
+        if (res == NULL)
+            goto error;
+    }
+    /* Only fl_render runs without the GIL; arr and res stay referenced. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_render(&t, &p, &v, PyArray_DATA(res), &scratch, msg, sizeof msg);
+    fl_scratch_free(&scratch);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        fl_err e = {rc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID, "", 0};
+        snprintf(e.msg, sizeof e.msg, "%s", msg);
+        fl_py_raise(m, &e, NULL, NULL);
+        goto error;
+    }
+    Py_DECREF(arr);
+    return (PyObject *)res;
+
+error:
+    Py_XDECREF(arr);
+    Py_XDECREF(res);
+    return NULL;
+}
+
+static PyMethodDef fl_transform_methods[] = {
+    {"_plan_sample", (PyCFunction)(void (*)(void))fl_py_plan_sample, METH_VARARGS | METH_KEYWORDS,
+     "_plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict\n\n"
+     "For tests and benchmarks.\n"
+     "One sample's crop box, resize, window and flip, drawn as the native loader draws them\n"
+     "(torchvision's algorithms, keyed by (seed, epoch, index)):\n"
+     "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))."},
+    {"_render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
+     "_render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"
+     "        view_origin=(0, 0), src_size=None) -> ndarray\n\n"
+     "For tests and benchmarks.\n"
+     "Run the native transform on one uint8 [H, W] / [H, W, C] image. Returns [C, H, W] or\n"
+     "[H, W, C] in the spec's dtype (bfloat16 as uint16 raw bits)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+fl_register_transform(PyObject *m)
+{
+    return PyModule_AddFunctions(m, fl_transform_methods);
+}

@@ -1,0 +1,26 @@
+/* py_transform.h: the transform-spec parser shared by the binding files.
+ *
+ * Include after binding.h (needs Python.h).  Used by py_transform.c and by
+ * the engine binding, so both read spec dicts the same way.
+ */
+#ifndef FL_PY_TRANSFORM_H
+#define FL_PY_TRANSFORM_H
+
+#include "image/imgops.h"
+
+/* Fill *out from a spec dict whose keys are fl_tspec's field names:
+ *   geom "none" | "rrc" | "resize_crop"; out_h, out_w; scale_lo, scale_hi,
+ *   ratio_lo, ratio_hi; resize_short; resize_h, resize_w; max_size;
+ *   crop_h, crop_w; flip_p; out_channels 1 | 3;
+ *   dtype "uint8" | "float16" | "bfloat16" | "float32";
+ *   scale_to_unit 0 | 1 (x / 255, ToTensor) | 2 (x * (1/255), v2 ToDtype) (bools: True = 1);
+ *   normalize (bool; defaults to True when mean or std is given);
+ *   mean, std: sequences of out_channels floats (or one, broadcast);
+ *   layout "CHW" | "HWC".
+ * Missing keys take defaults (geom none, RRC scale (0.08, 1), ratio (3/4, 4/3),
+ * 3 channels, uint8, CHW, no resize/crop/flip/normalize).  The result is
+ * checked with fl_tspec_check.  GIL held.  Returns 0, or -1 with ValueError
+ * (naming the key; also for unknown keys) or TypeError set.  Borrows d. */
+int fl_tspec_from_pydict(PyObject *d, fl_tspec *out);
+
+#endif

@@ -1,0 +1,397 @@
+/* shmring.c: the shared-memory slot ring of process workers (see shmring.h
+ * for the contract: who writes a slot, who counts its references, why the
+ * file has no name and why it is sparse). */
+#include "core/shmring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda/cuda.h"
+
+struct fl_shmring {
+    pthread_mutex_t mu;
+    int refs;              /* creator + views handed out */
+    int fd;                /* the shared file, owned */
+    char *base;            /* this process's mapping of nslots * slot_bytes */
+    size_t map_bytes;
+    int nslots;
+    size_t slot_bytes;
+    int owner;             /* 1: created here; slot references are counted here */
+    int *slot_refs;        /* owner: nslots entries, 0 = free */
+    int in_use, peak;      /* owner: slots referenced now / at most */
+    size_t *pinned;        /* nslots entries: bytes page-locked at the slot's start */
+    int *pinned_dev;       /* nslots entries: the device each lock was made for */
+    int arena_slot;        /* the slot being filled, -1 before arena_begin */
+    size_t arena_used;
+};
+
+static void
+set_err(fl_err *err, int code, int errnum, const char *what)
+{
+    if (!err)
+        return;
+    err->code = code;
+    err->errnum = errnum;
+    if (errnum)
+        snprintf(err->msg, sizeof err->msg, "%s: %s", what, strerror(errnum));
+    else
+        snprintf(err->msg, sizeof err->msg, "%s", what);
+}
+
+/* A new anonymous shared file, close-on-exec (spawned workers get it passed
+ * explicitly).  memfd_create first: it has no name and lives in no mounted
+ * file system, so a small /dev/shm (containers) does not limit it.  Where it
+ * is refused (old kernels, seccomp filters), a file created in /dev/shm or
+ * $TMPDIR and unlinked at once.  Returns the descriptor or -1 with errno. */
+static int
+anon_file(void)
+{
+#ifdef MFD_CLOEXEC
+    int fd = memfd_create("fastloader-batches", MFD_CLOEXEC);
+    if (fd >= 0)
+        return fd;
+#endif
+    const char *dirs[3] = {"/dev/shm", getenv("TMPDIR"), "/tmp"};
+    int saved = errno;
+    for (int i = 0; i < 3; i++) {
+        if (!dirs[i] || !*dirs[i])
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/fastloader-batches-XXXXXX", dirs[i]);
+        int fd = mkostemp(path, O_CLOEXEC);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        unlink(path); /* nameless from here on */
+        return fd;
+    }
+    errno = saved;
+    return -1;
+}
+
+static fl_shmring *
+ring_new(int fd, int nslots, size_t slot_bytes, int owner, fl_err *err)
+{
+    fl_shmring *r = calloc(1, sizeof *r);
+    if (r) {
+        r->pinned = calloc((size_t)nslots, sizeof *r->pinned);
+        r->pinned_dev = calloc((size_t)nslots, sizeof *r->pinned_dev);
+        r->slot_refs = owner ? calloc((size_t)nslots, sizeof *r->slot_refs) : NULL;
+    }
+    if (!r || !r->pinned || !r->pinned_dev || (owner && !r->slot_refs)) {
+        if (r) {
+            free(r->pinned);
+            free(r->pinned_dev);
+            free(r->slot_refs);
+            free(r);
+        }
+        set_err(err, FL_ERR_NOMEM, 0, "out of memory for the shared-memory ring");
+        return NULL;
+    }
+    size_t map_bytes = (size_t)nslots * slot_bytes;
+    /* MAP_NORESERVE: the reservation is address space; pages come as written */
+    void *base = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (base == MAP_FAILED) {
+        set_err(err, FL_ERR_IO, errno, "mmap of the shared-memory batch ring");
+        free(r->pinned);
+        free(r->pinned_dev);
+        free(r->slot_refs);
+        free(r);
+        return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    r->refs = 1;
+    r->fd = fd;
+    r->base = base;
+    r->map_bytes = map_bytes;
+    r->nslots = nslots;
+    r->slot_bytes = slot_bytes;
+    r->owner = owner;
+    r->arena_slot = -1;
+    return r;
+}
+
+static int
+check_sizes(int nslots, size_t *slot_bytes, fl_err *err)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        page = 4096;
+    if (nslots < 1 || nslots > FL_SHMRING_MAX_SLOTS || *slot_bytes == 0) {
+        set_err(err, FL_ERR_INVALID, 0, "a shared-memory ring needs 1..4096 slots of at least one byte");
+        return -1;
+    }
+    size_t rounded = (*slot_bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    if (rounded < *slot_bytes || rounded > (SIZE_MAX / 2) / (size_t)nslots) {
+        set_err(err, FL_ERR_INVALID, 0, "shared-memory ring too large for the address space");
+        return -1;
+    }
+    *slot_bytes = rounded;
+    return 0;
+}
+
+fl_shmring *
+fl_shmring_create(int nslots, size_t slot_bytes, fl_err *err)
+{
+    if (check_sizes(nslots, &slot_bytes, err) < 0)
+        return NULL;
+    int fd = anon_file();
+    if (fd < 0) {
+        set_err(err, FL_ERR_IO, errno, "creating the shared-memory batch ring (memfd_create)");
+        return NULL;
+    }
+    if (ftruncate(fd, (off_t)((size_t)nslots * slot_bytes)) != 0) {
+        set_err(err, FL_ERR_IO, errno, "sizing the shared-memory batch ring (ftruncate)");
+        close(fd);
+        return NULL;
+    }
+    fl_shmring *r = ring_new(fd, nslots, slot_bytes, 1, err);
+    if (!r)
+        close(fd);
+    return r;
+}
+
+fl_shmring *
+fl_shmring_attach(int fd, int nslots, size_t slot_bytes, fl_err *err)
+{
+    if (check_sizes(nslots, &slot_bytes, err) < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        set_err(err, FL_ERR_IO, errno, "the shared-memory batch ring's descriptor");
+        return NULL;
+    }
+    if ((size_t)st.st_size < (size_t)nslots * slot_bytes) {
+        set_err(err, FL_ERR_INVALID, 0, "the shared-memory batch ring is smaller than its slots");
+        return NULL;
+    }
+    return ring_new(fd, nslots, slot_bytes, 0, err);
+}
+
+int
+fl_shmring_fd(const fl_shmring *r)
+{
+    return r->fd;
+}
+
+int
+fl_shmring_nslots(const fl_shmring *r)
+{
+    return r->nslots;
+}
+
+size_t
+fl_shmring_slot_bytes(const fl_shmring *r)
+{
+    return r->slot_bytes;
+}
+
+int
+fl_shmring_is_owner(const fl_shmring *r)
+{
+    return r->owner;
+}
+
+char *
+fl_shmring_slot_base(const fl_shmring *r, int slot)
+{
+    return r->base + (size_t)slot * r->slot_bytes;
+}
+
+int
+fl_shmring_slot_of(const fl_shmring *r, const void *p)
+{
+    const char *c = p;
+    if (c < r->base || c >= r->base + r->map_bytes)
+        return -1;
+    return (int)((size_t)(c - r->base) / r->slot_bytes);
+}
+
+/* ---- slots ---------------------------------------------------------------- */
+
+int
+fl_shmring_acquire(fl_shmring *r)
+{
+    if (!r->owner)
+        return -1;
+    int got = -1;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->nslots; i++) {
+        if (r->slot_refs[i] == 0) {
+            r->slot_refs[i] = 1;
+            got = i;
+            if (++r->in_use > r->peak)
+                r->peak = r->in_use;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return got;
+}
+
+void
+fl_shmring_slot_ref(fl_shmring *r, int slot)
+{
+    if (!r->owner || slot < 0 || slot >= r->nslots)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (r->slot_refs[slot]++ == 0 && ++r->in_use > r->peak)
+        r->peak = r->in_use;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void
+fl_shmring_slot_unref(fl_shmring *r, int slot)
+{
+    if (!r->owner || slot < 0 || slot >= r->nslots)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (r->slot_refs[slot] > 0 && --r->slot_refs[slot] == 0)
+        r->in_use--;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int
+fl_shmring_slots_in_use(fl_shmring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = r->in_use;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+int
+fl_shmring_slots_peak(fl_shmring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = r->peak;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---- arena ---------------------------------------------------------------- */
+
+void
+fl_shmring_arena_begin(fl_shmring *r, int slot)
+{
+    pthread_mutex_lock(&r->mu);
+    r->arena_slot = slot >= 0 && slot < r->nslots ? slot : -1;
+    r->arena_used = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void *
+fl_shmring_arena_alloc(fl_shmring *r, size_t nbytes, size_t *offset)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->arena_slot >= 0) {
+        size_t start = (r->arena_used + FL_SHMRING_ALIGN - 1) / FL_SHMRING_ALIGN * FL_SHMRING_ALIGN;
+        if (start <= r->slot_bytes && nbytes <= r->slot_bytes - start) {
+            p = fl_shmring_slot_base(r, r->arena_slot) + start;
+            r->arena_used = start + nbytes;
+            if (offset)
+                *offset = start;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return p;
+}
+
+size_t
+fl_shmring_arena_used(fl_shmring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->arena_slot >= 0 ? r->arena_used : 0;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---- page-locking ----------------------------------------------------------- */
+
+int
+fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, char *msg, size_t msglen)
+{
+    if (slot < 0 || slot >= r->nslots || nbytes == 0)
+        return 0;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        page = 4096;
+    size_t want = (nbytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    if (want > r->slot_bytes)
+        want = r->slot_bytes;
+    pthread_mutex_lock(&r->mu);
+    size_t have = r->pinned[slot];
+    pthread_mutex_unlock(&r->mu);
+    if (have) /* locked once; a later, larger batch is not re-locked */
+        return 0;
+    if (fl_cuda_host_register(device, fl_shmring_slot_base(r, slot), want, msg, msglen) != FL_CUDA_OK)
+        return -1;
+    pthread_mutex_lock(&r->mu);
+    r->pinned[slot] = want;
+    r->pinned_dev[slot] = device;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+size_t
+fl_shmring_pinned_bytes(fl_shmring *r, int slot)
+{
+    if (slot < 0 || slot >= r->nslots)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->pinned[slot];
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---- references -------------------------------------------------------------- */
+
+void
+fl_shmring_ref(fl_shmring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int
+fl_shmring_unref(fl_shmring *r)
+{
+    if (!r)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    return last;
+}
+
+void
+fl_shmring_destroy(fl_shmring *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->nslots; i++) {
+        if (r->pinned[i]) {
+            char msg[128];
+            /* nothing to report to: the memory goes away next either way */
+            (void)fl_cuda_host_unregister(r->pinned_dev[i], fl_shmring_slot_base(r, i), msg, sizeof msg);
+        }
+    }
+    munmap(r->base, r->map_bytes);
+    close(r->fd);
+    pthread_mutex_destroy(&r->mu);
+    free(r->pinned);
+    free(r->pinned_dev);
+    free(r->slot_refs);
+    free(r);
+}

@@ -1,0 +1,279 @@
+/* plan.c: one sample's random and geometric decisions (imgops.h's planning
+ * half): spec checks, torchvision's RandomResizedCrop.get_params, Resize's
+ * output size (max_size included) and CenterCrop's offsets, with Python's
+ * round-half-even, drawn from rng.h keyed by (seed, epoch, index).  Also the
+ * message helper the other imgops units share (imgops_internal.h).
+ *
+ * No Python, no GIL: plain C on caller-owned memory, re-entrant.
+ */
+#include "image/imgops.h"
+#include "image/imgops_internal.h"
+#include "core/rng.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Contract: imgops_internal.h. */
+void
+fl_imgops_msg(char *msg, size_t msglen, const char *fmt, ...)
+{
+    if (msg == NULL || msglen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+}
+
+/* Python's round() on a double: half to even. */
+static double
+fl_round_half_even(double x)
+{
+    double r = floor(x);
+    double d = x - r;
+    if (d > 0.5 || (d == 0.5 && fmod(r, 2.0) != 0.0))
+        r += 1.0;
+    return r;
+}
+
+/* 1 when x is neither NaN nor infinite.  Pure. */
+static int
+fl_finite(double x)
+{
+    return x == x && x - x == 0.0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Spec checks                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Contract: imgops.h. */
+int
+fl_tspec_check(const fl_tspec *t, char *msg, size_t msglen)
+{
+#define FAIL(...) do { fl_imgops_msg(msg, msglen, __VA_ARGS__); return -1; } while (0)
+    if (t->geom < FL_GEOM_NONE || t->geom > FL_GEOM_RESIZE_CROP)
+        FAIL("geom: unknown geometry %d", t->geom);
+    if (t->out_channels != 1 && t->out_channels != 3)
+        FAIL("out_channels: must be 1 or 3, not %d", t->out_channels);
+    if (t->dtype < FL_DT_U8 || t->dtype > FL_DT_F32)
+        FAIL("dtype: unknown dtype %d", t->dtype);
+    if (t->layout != FL_LAYOUT_CHW && t->layout != FL_LAYOUT_HWC)
+        FAIL("layout: unknown layout %d", t->layout);
+    if (t->scale_to_unit < FL_SCALE_NONE || t->scale_to_unit > FL_SCALE_MUL)
+        FAIL("scale_to_unit: must be 0, 1 (x / 255) or 2 (x * (1 / 255)), not %d", t->scale_to_unit);
+    if (t->out_h < 0 || t->out_w < 0 || t->out_h > FL_MAX_DIM || t->out_w > FL_MAX_DIM
+        || ((t->out_h == 0) != (t->out_w == 0)))
+        FAIL("out_h/out_w: %d x %d is not a valid size", t->out_h, t->out_w);
+    int has_resize = t->resize_short || t->resize_h || t->resize_w || t->max_size;
+    int has_crop = t->crop_h || t->crop_w;
+    if (t->geom == FL_GEOM_RRC) {
+        if (t->out_h <= 0 || t->out_w <= 0)
+            FAIL("out_h/out_w: RandomResizedCrop needs an output size");
+        if (!fl_finite(t->scale_lo) || !fl_finite(t->scale_hi) || t->scale_lo < 0 || t->scale_hi <= 0)
+            FAIL("scale_lo/scale_hi: invalid RandomResizedCrop scale (%g, %g)", t->scale_lo, t->scale_hi);
+        if (!fl_finite(t->ratio_lo) || !fl_finite(t->ratio_hi) || t->ratio_lo <= 0 || t->ratio_hi <= 0)
+            FAIL("ratio_lo/ratio_hi: invalid RandomResizedCrop ratio (%g, %g)", t->ratio_lo, t->ratio_hi);
+        if (has_resize || has_crop)
+            FAIL("resize_*/crop_*: not used with geom rrc (set them to 0)");
+    }
+    if (t->geom == FL_GEOM_NONE && (has_resize || has_crop))
+        FAIL("resize_*/crop_*: not used with geom none (use resize_crop)");
+    if (t->resize_short < 0 || t->resize_short > FL_MAX_DIM)
+        FAIL("resize_short: %d out of range", t->resize_short);
+    if (t->resize_h < 0 || t->resize_w < 0 || t->resize_h > FL_MAX_DIM || t->resize_w > FL_MAX_DIM
+        || ((t->resize_h == 0) != (t->resize_w == 0)))
+        FAIL("resize_h/resize_w: %d x %d is not a valid size", t->resize_h, t->resize_w);
+    if (t->resize_short && t->resize_h)
+        FAIL("resize_short: give either resize_short or resize_h/resize_w");
+    if (t->max_size < 0 || t->max_size > FL_MAX_DIM)
+        FAIL("max_size: %d out of range", t->max_size);
+    if (t->max_size && t->resize_h)
+        FAIL("max_size: only allowed with a shorter-side resize (resize_short)");
+    if (t->max_size && t->resize_short && t->max_size <= t->resize_short)
+        FAIL("max_size: %d must be strictly greater than the requested size %d", t->max_size, t->resize_short);
+    if (t->crop_h < 0 || t->crop_w < 0 || t->crop_h > FL_MAX_DIM || t->crop_w > FL_MAX_DIM
+        || ((t->crop_h == 0) != (t->crop_w == 0)))
+        FAIL("crop_h/crop_w: %d x %d is not a valid size", t->crop_h, t->crop_w);
+    if (t->geom == FL_GEOM_RESIZE_CROP && t->out_w) {
+        if (has_crop && (t->out_w != t->crop_w || t->out_h != t->crop_h))
+            FAIL("out_h/out_w: %d x %d differs from the crop %d x %d", t->out_h, t->out_w, t->crop_h, t->crop_w);
+        if (!has_crop && t->resize_h && (t->out_w != t->resize_w || t->out_h != t->resize_h))
+            FAIL("out_h/out_w: %d x %d differs from the resize %d x %d", t->out_h, t->out_w, t->resize_h,
+                 t->resize_w);
+    }
+    if (!fl_finite(t->flip_p) || t->flip_p < 0 || t->flip_p > 1)
+        FAIL("flip_p: %g is not a probability", t->flip_p);
+    if (t->normalize) {
+        if (t->dtype == FL_DT_U8)
+            FAIL("normalize: needs a floating-point dtype (Normalize rejects uint8 tensors)");
+        for (int c = 0; c < t->out_channels; c++) {
+            if (!fl_finite(t->mean[c]) || !fl_finite(t->std[c]))
+                FAIL("mean/std: channel %d is not finite", c);
+            if (t->std[c] == 0.0f)
+                FAIL("std: channel %d is zero (division by zero)", c);
+        }
+    }
+    return 0;
+#undef FAIL
+}
+
+/* Contract: imgops.h. */
+size_t
+fl_tspec_sample_bytes(const fl_tspec *t)
+{
+    static const size_t elsize[4] = {1, 2, 2, 4};
+    size_t es = (t->dtype >= FL_DT_U8 && t->dtype <= FL_DT_F32) ? elsize[t->dtype] : 0;
+    if (t->out_h <= 0 || t->out_w <= 0 || (t->out_channels != 1 && t->out_channels != 3))
+        return 0;
+    return (size_t)t->out_h * (size_t)t->out_w * (size_t)t->out_channels * es;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Planning                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* torchvision RandomResizedCrop.get_params on a W x H image.  Writes the box
+ * (x, y, w, h); always a valid non-empty box inside the image. */
+static void
+fl_rrc_box(const fl_tspec *t, int W, int H, fl_rng *rng, fl_plan *p)
+{
+    double area = (double)W * (double)H;
+    double log_lo = log(t->ratio_lo), log_hi = log(t->ratio_hi);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target_area = area * fl_rng_uniform(rng, t->scale_lo, t->scale_hi);
+        double aspect = exp(fl_rng_uniform(rng, log_lo, log_hi));
+        double wd = fl_round_half_even(sqrt(target_area * aspect));
+        double hd = fl_round_half_even(sqrt(target_area / aspect));
+        if (wd > 0 && wd <= W && hd > 0 && hd <= H) {
+            int w = (int)wd, h = (int)hd;
+            p->box_y = (int)fl_rng_below(rng, (uint64_t)(H - h + 1));
+            p->box_x = (int)fl_rng_below(rng, (uint64_t)(W - w + 1));
+            p->box_w = w;
+            p->box_h = h;
+            return;
+        }
+    }
+    /* Central fallback. */
+    double rmin = fmin(t->ratio_lo, t->ratio_hi), rmax = fmax(t->ratio_lo, t->ratio_hi);
+    double in_ratio = (double)W / (double)H;
+    int w = W, h = H;
+    if (in_ratio < rmin) {
+        h = (int)fl_round_half_even((double)w / rmin);
+    } else if (in_ratio > rmax) {
+        w = (int)fl_round_half_even((double)h * rmax);
+    }
+    /* torchvision can produce an empty box here for 1-pixel-wide images;
+     * keep at least one pixel (and never more than the image). */
+    if (h < 1) h = 1;
+    if (w < 1) w = 1;
+    if (h > H) h = H;
+    if (w > W) w = W;
+    p->box_x = (W - w) / 2;
+    p->box_y = (H - h) / 2;
+    p->box_w = w;
+    p->box_h = h;
+}
+
+/* torchvision's _compute_resized_output_size for a W x H image.  Returns 0
+ * with *rw x *rh, or -1 with msg (empty or oversized result). */
+static int
+fl_resize_size(const fl_tspec *t, int W, int H, int *rw, int *rh, char *msg, size_t msglen)
+{
+    double new_w, new_h;
+    if (t->resize_h) {
+        new_w = t->resize_w;
+        new_h = t->resize_h;
+    } else if (t->resize_short || t->max_size) {
+        int w_is_short = W <= H;
+        double shrt = w_is_short ? W : H, lng = w_is_short ? H : W;
+        double new_short, new_long;
+        if (t->resize_short) {
+            new_short = t->resize_short;
+            /* int(requested * long / short): exact product, one rounded division, truncation */
+            new_long = trunc((double)t->resize_short * lng / shrt);
+            if (t->max_size && new_long > t->max_size) {
+                new_short = trunc((double)t->max_size * new_short / new_long);
+                new_long = t->max_size;
+            }
+        } else {   /* Resize(size=None, max_size=m) */
+            new_short = trunc((double)t->max_size * shrt / lng);
+            new_long = t->max_size;
+        }
+        new_w = w_is_short ? new_short : new_long;
+        new_h = w_is_short ? new_long : new_short;
+    } else {
+        new_w = W;
+        new_h = H;
+    }
+    if (!(new_w >= 1 && new_h >= 1 && new_w <= FL_MAX_DIM && new_h <= FL_MAX_DIM)) {
+        fl_imgops_msg(msg, msglen, "image %d x %d resizes to an invalid size %.0f x %.0f", W, H, new_w, new_h);
+        return -1;
+    }
+    *rw = (int)new_w;
+    *rh = (int)new_h;
+    return 0;
+}
+
+/* CenterCrop's offset along one axis of length n for a crop of length c,
+ * including torchvision's padding (left pad = (c - n) // 2). */
+static int
+fl_center_offset(int n, int c)
+{
+    if (c > n)
+        return -((c - n) / 2);
+    return (int)fl_round_half_even((double)(n - c) / 2.0);
+}
+
+/* Contract: imgops.h. */
+int
+fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
+               fl_plan *out, char *msg, size_t msglen)
+{
+    if (fl_tspec_check(t, msg, msglen) < 0)
+        return -1;
+    if (src_w <= 0 || src_h <= 0 || src_w > FL_MAX_DIM || src_h > FL_MAX_DIM) {
+        fl_imgops_msg(msg, msglen, "invalid source size %d x %d", src_w, src_h);
+        return -1;
+    }
+    fl_rng rng;
+    fl_rng_init(&rng, seed, epoch, index);
+    fl_plan p;
+    memset(&p, 0, sizeof p);
+    p.box_w = src_w;
+    p.box_h = src_h;
+    p.rs_w = src_w;
+    p.rs_h = src_h;
+    p.out_w = src_w;
+    p.out_h = src_h;
+    if (t->geom == FL_GEOM_RRC) {
+        fl_rrc_box(t, src_w, src_h, &rng, &p);
+        p.rs_w = p.out_w = t->out_w;
+        p.rs_h = p.out_h = t->out_h;
+    } else if (t->geom == FL_GEOM_RESIZE_CROP) {
+        if (fl_resize_size(t, src_w, src_h, &p.rs_w, &p.rs_h, msg, msglen) < 0)
+            return -1;
+        p.out_w = p.rs_w;
+        p.out_h = p.rs_h;
+        if (t->crop_w) {
+            p.win_x = fl_center_offset(p.rs_w, t->crop_w);
+            p.win_y = fl_center_offset(p.rs_h, t->crop_h);
+            p.out_w = t->crop_w;
+            p.out_h = t->crop_h;
+        }
+    }
+    if (t->out_w && (p.out_w != t->out_w || p.out_h != t->out_h)) {
+        fl_imgops_msg(msg, msglen,
+                   "image %d x %d gives a %d x %d sample, not the batch's %d x %d "
+                   "(add a CenterCrop or resize to a fixed (h, w))",
+                   src_w, src_h, p.out_w, p.out_h, t->out_w, t->out_h);
+        return -1;
+    }
+    if (t->flip_p > 0)
+        p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
+    *out = p;
+    return 0;
+}
+

@@ -1,0 +1,496 @@
+/* render.c: fl_render, the one responsibility of this unit: map a sample's
+ * plan onto the decoded buffer (geometry), lay out the scratch, and produce
+ * each output row: the resample passes in Pillow's order (resample.c),
+ * flip, window with zero padding, and the conversion to the output dtype
+ * and layout (convert.c).  Also fl_plan_source_window, which asks the same
+ * geometry what a render reads, and fl_scratch_free.
+ *
+ * No Python, no GIL: everything per call comes from the caller's
+ * fl_scratch, grown with malloc/free only.
+ *
+ * - Crop then resize (RandomResizedCrop) means the filter sees only the box;
+ *   Resize + CenterCrop means the box is the whole image and the window is
+ *   cut afterwards.  Both are "resample the box, then take a window".
+ * - Region views: at full scale the filter is set up on the box alone (as
+ *   Pillow sees the cropped image), whatever part of it the buffer holds, so
+ *   a buffer holding fl_plan_source_window's rectangle renders exactly as
+ *   the whole image.  Scaled views (libjpeg DCT scaling): the box is mapped
+ *   into buffer coordinates, possibly fractional; the same code then
+ *   resamples the mapped interval with the filter clipped at the pixels it
+ *   touches.
+ * - Rows are planar between the passes, so the finished row is CHW-shaped:
+ *   uint8 CHW rows are stored with memcpy, other dtypes through the table.
+ */
+#include "image/imgops.h"
+#include "image/imgops_internal.h"
+#include "image/resample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Scratch                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Contract: imgops.h. */
+void
+fl_scratch_free(fl_scratch *s)
+{
+    if (s == NULL)
+        return;
+    free(s->p);
+    s->p = NULL;
+    s->cap = 0;
+}
+
+/* Bump allocator over one scratch block; sizes are summed first (with
+ * overflow checks), then the block is grown and carved. */
+typedef struct {
+    size_t total;
+    int overflow;
+} fl_layout;
+
+/* Reserve n elements of elsize bytes at the next 64-byte boundary; returns
+ * their offset, or 0 with L->overflow set when the sum overflows. */
+static size_t
+fl_reserve(fl_layout *L, size_t n, size_t elsize)
+{
+    size_t off = (L->total + 63) & ~(size_t)63;
+    if (elsize && n > (SIZE_MAX - off - 64) / elsize) {
+        L->overflow = 1;
+        return 0;
+    }
+    L->total = off + n * elsize;
+    return off;
+}
+
+/* Grow s to at least n bytes.  Its contents need not survive: plain
+ * malloc, no copy.  Returns 0, or -1 when out of memory (s is then empty). */
+static int
+fl_scratch_grow(fl_scratch *s, size_t n)
+{
+    if (s->cap >= n)
+        return 0;
+    free(s->p);
+    s->p = malloc(n);
+    s->cap = s->p ? n : 0;
+    return s->p != NULL ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Geometry: the plan mapped onto a buffer                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    int out_w, out_h;
+    int cx0, cx1, cy0, cy1;    /* output window ∩ resized image, resized coordinates */
+    int empty;                 /* the window misses the image */
+    fl_axis ax, ay;
+} fl_geom;
+
+/* Check the plan and map it onto a vw x vh buffer at origin (ox, oy) and
+ * scale (sx, sy).  Returns 0, -1 for an invalid plan, -2 when the box
+ * misses the buffer. */
+static int
+fl_geom_setup(const fl_tspec *t, const fl_plan *plan, int vw, int vh, double ox, double oy, double sx, double sy,
+              fl_geom *g)
+{
+    memset(g, 0, sizeof *g);
+    g->out_w = t->out_w ? t->out_w : plan->out_w;
+    g->out_h = t->out_w ? t->out_h : plan->out_h;
+    const int out_w = g->out_w, out_h = g->out_h;
+    if (plan->box_w <= 0 || plan->box_h <= 0 || plan->rs_w <= 0 || plan->rs_h <= 0 || plan->rs_w > FL_MAX_DIM
+        || plan->rs_h > FL_MAX_DIM || out_w <= 0 || out_h <= 0 || out_w > FL_MAX_DIM || out_h > FL_MAX_DIM
+        || plan->box_w > FL_MAX_DIM || plan->box_h > FL_MAX_DIM || plan->box_x < -FL_MAX_DIM
+        || plan->box_x > FL_MAX_DIM || plan->box_y < -FL_MAX_DIM || plan->box_y > FL_MAX_DIM
+        || plan->win_x < -FL_MAX_DIM || plan->win_x > FL_MAX_DIM || plan->win_y < -FL_MAX_DIM
+        || plan->win_y > FL_MAX_DIM)
+        return -1;
+    g->cx0 = plan->win_x > 0 ? plan->win_x : 0;
+    g->cx1 = plan->win_x + out_w < plan->rs_w ? plan->win_x + out_w : plan->rs_w;
+    g->cy0 = plan->win_y > 0 ? plan->win_y : 0;
+    g->cy1 = plan->win_y + out_h < plan->rs_h ? plan->win_y + out_h : plan->rs_h;
+    g->empty = g->cx1 <= g->cx0 || g->cy1 <= g->cy0;
+    if (g->empty)
+        return 0;
+    double bx0 = plan->box_x * sx - ox;
+    double bx1 = (plan->box_x + (double)plan->box_w) * sx - ox;
+    double by0 = plan->box_y * sy - oy;
+    double by1 = (plan->box_y + (double)plan->box_h) * sy - oy;
+    if (fl_axis_setup(&g->ax, bx0, bx1, vw, plan->rs_w, g->cx0, g->cx1) < 0
+        || fl_axis_setup(&g->ay, by0, by1, vh, plan->rs_h, g->cy0, g->cy1) < 0)
+        return -2;
+    return 0;
+}
+
+/* Contract: imgops.h. */
+void
+fl_plan_source_window(const fl_tspec *t, const fl_plan *plan, int src_w, int src_h, int *x0, int *y0, int *x1,
+                      int *y1)
+{
+    fl_geom g;
+    int rc = src_w > 0 && src_h > 0 ? fl_geom_setup(t, plan, src_w, src_h, 0.0, 0.0, 1.0, 1.0, &g) : -1;
+    if (rc < 0) {   /* nothing to narrow down: fl_render reports the error */
+        *x0 = *y0 = 0;
+        *x1 = src_w > 0 ? src_w : 0;
+        *y1 = src_h > 0 ? src_h : 0;
+    } else if (g.empty) {   /* all padding: any one pixel will do */
+        *x0 = plan->box_x < 0 ? 0 : plan->box_x >= src_w ? src_w - 1 : plan->box_x;
+        *y0 = plan->box_y < 0 ? 0 : plan->box_y >= src_h ? src_h - 1 : plan->box_y;
+        *x1 = *x0 + 1;
+        *y1 = *y0 + 1;
+    } else {
+        *x0 = g.ax.in_lo;
+        *x1 = g.ax.in_hi;
+        *y0 = g.ay.in_lo;
+        *y1 = g.ay.in_hi;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Render                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* d[x] = s[n - 1 - x] for x < n (d and s do not overlap). */
+static void
+fl_reverse_bytes(uint8_t *d, const uint8_t *s, int n)
+{
+    for (int x = 0; x < n; x++)
+        d[x] = s[n - 1 - x];
+}
+
+/* One fl_render call: the sizes and pass order derived from the spec, the
+ * plan and the view (fl_render_shape), then pointers into the scratch. */
+typedef struct {
+    const fl_tspec *t;
+    const fl_plan *plan;
+    fl_geom g;
+    int out_w, out_h;
+    int wc;                    /* working channels */
+    int to_gray;               /* RGB view, 1 output channel: convert("L") before resizing */
+    int simd;                  /* fl_use_avx2(), asked once per call */
+    int nh, nv;                /* resized columns / rows computed */
+    int sx0, sw, sy0, sh;      /* source columns / rows read */
+    int vfirst;                /* vertical pass first */
+    int hneed;                 /* the horizontal pass runs */
+    int htmp;                  /* horizontal pass over all rows up front */
+    int nhp;                   /* plane stride of horizontally resampled rows */
+    size_t ips;                /* plane stride of split source rows */
+    int vlen;                  /* width in bytes of the rows the vertical pass combines */
+    int ox_lo;                 /* first output column that comes from the image */
+    /* in the scratch */
+    uint8_t *line;             /* one output row in output order (window + padding) */
+    void *lut;
+    fl_emit_fn emit;
+    const uint8_t **rows;      /* the vertical pass's input rows (fl_render_source) */
+    int32_t *acc;
+    uint8_t *vrow, *hrow, *prow;
+    fl_hrow_plan hp;           /* the horizontal pass (hneed only) */
+} fl_rctx;
+
+/* Scratch offsets of one call's pieces (fl_render_layout). */
+typedef struct {
+    size_t line, lut, hk, hlo, hcnt, htab, hoff, planes, tmp, hrow, prow;
+    size_t vk, vlo, vcnt, acc, vrow, work, gray, rows;
+} fl_offsets;
+
+/* Derive r's sizes and pass order from r->g (set up) and the view. */
+static void
+fl_render_shape(fl_rctx *r, const fl_view *src)
+{
+    const fl_geom *g = &r->g;
+    const fl_axis *ax = &g->ax, *ay = &g->ay;
+    const fl_plan *plan = r->plan;
+    const int empty = g->empty;
+    const int gray_in = src->channels == 1;
+    r->out_w = g->out_w;
+    r->out_h = g->out_h;
+    r->to_gray = src->channels == 3 && r->t->out_channels == 1;
+    r->wc = gray_in || r->to_gray ? 1 : 3;
+    r->simd = fl_use_avx2();
+    r->nh = empty ? 0 : g->cx1 - g->cx0;
+    r->nv = empty ? 0 : g->cy1 - g->cy0;
+    r->sx0 = ax->in_lo;
+    r->sw = empty ? 0 : ax->in_hi - ax->in_lo;
+    r->sy0 = ay->in_lo;
+    r->sh = empty ? 0 : ay->in_hi - ay->in_lo;
+    /* Pass order, as Pillow >= 12 chooses it: vertical first when the height
+     * shrinks by more than twice as many pixels as the width (older Pillow
+     * always ran horizontal first).  Only matters when both axes resample. */
+    const int both = !empty && ax->need && ay->need;
+    r->vfirst = both && (ay->insize - plan->rs_h) > 0
+                && (ay->insize - plan->rs_h) > (ax->insize - plan->rs_w) * 2;
+    r->hneed = !empty && ax->need;
+    r->htmp = r->hneed && !r->vfirst;
+    /* Plane stride of horizontally resampled rows (the AVX2 kernel writes
+     * whole blocks of 8); every byte of it is written. */
+    r->nhp = r->hneed && r->simd ? (r->nh + 7) & ~7 : r->nh;
+    r->ips = ((size_t)r->sw + 31) / 32 * 32 + 32;   /* split source planes, 16+ bytes of slack */
+    r->vlen = r->hneed ? (r->vfirst ? r->sw * r->wc : r->nhp * r->wc) : r->nh * r->wc;
+    r->ox_lo = plan->flip ? r->out_w - (g->cx1 - plan->win_x) : g->cx0 - plan->win_x;
+}
+
+/* Lay out the scratch r needs into *o.  Returns 0 with the total bytes in
+ * *total, or -1 when the sizes overflow a size_t. */
+static int
+fl_render_layout(const fl_rctx *r, fl_offsets *o, size_t *total)
+{
+    const fl_axis *ax = &r->g.ax, *ay = &r->g.ay;
+    const int wc = r->wc, nh = r->nh, nv = r->nv, nhp = r->nhp;
+    fl_layout L = {0, 0};
+    memset(o, 0, sizeof *o);
+    o->line = fl_reserve(&L, (size_t)r->out_w * wc, 1);
+    o->lut = fl_reserve(&L, 3 * 256, fl_convert_elsize(r->t));
+    if (!r->g.empty) {
+        if (ax->need) {
+            o->hk = fl_reserve(&L, (size_t)nh * ax->ksize, sizeof(int32_t));
+            o->hlo = fl_reserve(&L, (size_t)nh, sizeof(int));
+            o->hcnt = fl_reserve(&L, (size_t)nh, sizeof(int));
+            if (r->simd) {
+                o->htab = fl_reserve(&L, (size_t)nhp / 8 * ax->ksize, FL_HTAB_TAP);
+                o->hoff = fl_reserve(&L, (size_t)nhp / 8 * 2, sizeof(int32_t));
+            }
+            o->planes = fl_reserve(&L, r->ips * wc, 1);
+            if (r->htmp)
+                o->tmp = fl_reserve(&L, (size_t)r->sh * nhp * wc, 1);
+            else
+                o->hrow = fl_reserve(&L, (size_t)nhp * wc, 1);
+        } else {
+            o->prow = fl_reserve(&L, (size_t)nh * wc, 1);
+        }
+        if (ay->need) {
+            o->vk = fl_reserve(&L, (size_t)nv * ay->ksize, sizeof(int32_t));
+            o->vlo = fl_reserve(&L, (size_t)nv, sizeof(int));
+            o->vcnt = fl_reserve(&L, (size_t)nv, sizeof(int));
+            if (!r->simd)
+                o->acc = fl_reserve(&L, (size_t)r->vlen, sizeof(int32_t));
+            o->vrow = fl_reserve(&L, (size_t)r->vlen, 1);
+        }
+        o->work = fl_reserve(&L, (size_t)(ax->ksize > ay->ksize ? ax->ksize : ay->ksize), sizeof(double));
+        if (r->to_gray)
+            o->gray = fl_reserve(&L, (size_t)r->sh * r->sw, 1);
+        o->rows = fl_reserve(&L, (size_t)r->sh, sizeof(uint8_t *));
+    }
+    *total = L.total;
+    return L.overflow ? -1 : 0;
+}
+
+/* Coefficients (once per call) into the scratch S, horizontal ones in
+ * output order (reversed for a flip), and the horizontal kernel's choice.
+ * Needs a window that meets the image. */
+static void
+fl_render_coeffs(fl_rctx *r, uint8_t *S, const fl_offsets *o)
+{
+    fl_axis *ax = &r->g.ax, *ay = &r->g.ay;
+    double *work = (double *)(void *)(S + o->work);
+    if (ax->need) {
+        ax->k = (int32_t *)(void *)(S + o->hk);
+        ax->lo = (int *)(void *)(S + o->hlo);
+        ax->cnt = (int *)(void *)(S + o->hcnt);
+        fl_axis_fill(ax, work);
+        if (r->plan->flip)
+            fl_axis_reverse(ax);
+        r->hp.wc = r->wc;
+        r->hp.sw = r->sw;
+        r->hp.nh = r->nh;
+        r->hp.nhp = r->nhp;
+        r->hp.planes = S + o->planes;
+        r->hp.ips = r->ips;
+        r->hp.off = r->simd ? (int32_t *)(void *)(S + o->hoff) : NULL;
+        r->hp.tab = r->simd ? S + o->htab : NULL;
+        fl_hrow_prepare(&r->hp, ax, r->simd);
+    }
+    if (ay->need) {
+        ay->k = (int32_t *)(void *)(S + o->vk);
+        ay->lo = (int *)(void *)(S + o->vlo);
+        ay->cnt = (int *)(void *)(S + o->vcnt);
+        fl_axis_fill(ay, work);
+    }
+}
+
+/* r->rows[y]: the vertical pass's input row for source row sy0 + y, either
+ * the horizontally resampled row (planar; horizontal first: the pass runs
+ * here over all sh rows) or the working source row (interleaved: the view's
+ * rows from column sx0, or their convert("L") in the scratch). */
+static void
+fl_render_source(fl_rctx *r, uint8_t *S, const fl_offsets *o, const fl_view *src)
+{
+    const uint8_t *wsrc;
+    size_t wstride;
+    if (r->to_gray) {
+        uint8_t *gr = S + o->gray;
+        fl_rgb_to_luma(src->data + (size_t)r->sy0 * src->stride + (size_t)r->sx0 * 3, src->stride, r->sw, r->sh, gr);
+        wsrc = gr;
+        wstride = (size_t)r->sw;
+    } else {
+        wsrc = src->data + (size_t)r->sy0 * src->stride + (size_t)r->sx0 * r->wc;
+        wstride = src->stride;
+    }
+    const uint8_t **rows = (const uint8_t **)(void *)(S + o->rows);
+    if (r->htmp) {
+        fl_hrows(&r->hp, wsrc, wstride, r->sh, S + o->tmp, rows);
+    } else {
+        for (int y = 0; y < r->sh; y++)
+            rows[y] = wsrc + (size_t)y * wstride;
+    }
+    r->rows = rows;
+}
+
+/* Output row oy as zeros (padding). */
+static void
+fl_render_blank(const fl_rctx *r, int oy, void *out)
+{
+    memset(r->line, 0, (size_t)r->out_w * r->wc);
+    r->emit(r->t, r->lut, r->line, (size_t)r->out_w, r->wc, r->out_w, r->out_h, oy, out);
+}
+
+/* A row the horizontal pass skipped (nh interleaved pixels) as planes of
+ * nh bytes, flipped when the plan says so.  Returns the row to use: prow,
+ * or row itself (gray, not flipped). */
+static const uint8_t *
+fl_render_unresampled(const fl_rctx *r, const uint8_t *row)
+{
+    const int nh = r->nh;
+    uint8_t *prow = r->prow;
+    if (r->wc == 3) {
+        fl_split3(r->simd, row, nh, prow, (size_t)nh);
+        if (r->plan->flip)
+            for (int c = 0; c < 3; c++) {
+                uint8_t *p = prow + (size_t)c * nh;
+                for (int a = 0, b = nh - 1; a < b; a++, b--) {
+                    uint8_t v = p[a];
+                    p[a] = p[b];
+                    p[b] = v;
+                }
+            }
+        return prow;
+    }
+    if (r->plan->flip) {
+        fl_reverse_bytes(prow, row, nh);
+        return prow;
+    }
+    return row;
+}
+
+/* Output row oy from the finished row (planar: wc planes of nh pixels in
+ * output order at plane stride ps): straight when it fills the row, else
+ * through r->line with zero padding outside the image. */
+static void
+fl_render_window(const fl_rctx *r, const uint8_t *row, size_t ps, int oy, void *out)
+{
+    const int out_w = r->out_w, nh = r->nh, ox_lo = r->ox_lo;
+    if (ox_lo == 0 && nh == out_w) {   /* no horizontal padding: emit straight from the row */
+        r->emit(r->t, r->lut, row, ps, r->wc, out_w, r->out_h, oy, out);
+        return;
+    }
+    for (int c = 0; c < r->wc; c++) {
+        uint8_t *d = r->line + (size_t)c * out_w;
+        if (ox_lo > 0)
+            memset(d, 0, (size_t)ox_lo);
+        if (ox_lo + nh < out_w)
+            memset(d + ox_lo + nh, 0, (size_t)(out_w - ox_lo - nh));
+        memcpy(d + ox_lo, row + (size_t)c * ps, (size_t)nh);
+    }
+    r->emit(r->t, r->lut, r->line, (size_t)out_w, r->wc, out_w, r->out_h, oy, out);
+}
+
+/* Output row oy of a window that meets the image: vertical pass, then the
+ * horizontal pass when it runs second (or split and flip when it does not
+ * run), then window and conversion. */
+static void
+fl_render_row(const fl_rctx *r, int oy, void *out)
+{
+    const fl_geom *g = &r->g;
+    const fl_axis *ay = &g->ay;
+    const int ry = r->plan->win_y + oy;
+    if (ry < g->cy0 || ry >= g->cy1) {
+        fl_render_blank(r, oy, out);
+        return;
+    }
+    const uint8_t *row;   /* the finished row: planar, nh pixels in output order */
+    size_t ps;            /* its plane stride */
+    if (ay->need) {
+        const int i = ry - g->cy0;
+        fl_vrow(r->simd, ay->k + (size_t)i * ay->ksize, ay->cnt[i], r->rows + ay->lo[i], r->acc, r->vrow, r->vlen);
+        row = r->vrow;
+    } else {
+        row = r->rows[ry - g->cy0];
+    }
+    if (r->hneed) {
+        if (!r->htmp) {   /* vertical first: now the horizontal pass */
+            fl_hrow(&r->hp, row, r->hrow);
+            row = r->hrow;
+        }
+        ps = (size_t)r->nhp;
+    } else {              /* no horizontal resample: split and flip here */
+        row = fl_render_unresampled(r, row);
+        ps = (size_t)r->nh;
+    }
+    fl_render_window(r, row, ps, oy, out);
+}
+
+/* Contract: imgops.h. */
+int
+fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
+          char *msg, size_t msglen)
+{
+    /* origin and scale bounded (NaN fails every comparison), so no double
+     * below converts to an int out of range */
+    if (src == NULL || src->data == NULL || src->w <= 0 || src->h <= 0
+        || (src->channels != 1 && src->channels != 3) || src->stride < (size_t)src->w * src->channels
+        || !(src->scale_x > 1e-6 && src->scale_x <= 16.0) || !(src->scale_y > 1e-6 && src->scale_y <= 16.0)
+        || !(fabs(src->origin_x) <= FL_MAX_DIM) || !(fabs(src->origin_y) <= FL_MAX_DIM)) {
+        fl_imgops_msg(msg, msglen, "render: invalid source view");
+        return -1;
+    }
+    if (fl_tspec_check(t, msg, msglen) < 0)   /* the spec sizes the tables and rows below */
+        return -1;
+    fl_rctx r;
+    memset(&r, 0, sizeof r);
+    r.t = t;
+    r.plan = plan;
+    int grc = fl_geom_setup(t, plan, src->w, src->h, src->origin_x, src->origin_y, src->scale_x, src->scale_y,
+                            &r.g);
+    if (grc == -1) {
+        fl_imgops_msg(msg, msglen, "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d)",
+                      plan->box_w, plan->box_h, plan->rs_w, plan->rs_h, r.g.out_w, r.g.out_h);
+        return -1;
+    }
+    if (grc == -2) {
+        fl_imgops_msg(msg, msglen, "render: crop box (%d, %d, %d, %d) lies outside the decoded %d x %d buffer",
+                      plan->box_x, plan->box_y, plan->box_w, plan->box_h, src->w, src->h);
+        return -1;
+    }
+    fl_render_shape(&r, src);
+
+    fl_offsets o;
+    size_t total;
+    if (fl_render_layout(&r, &o, &total) < 0) {
+        fl_imgops_msg(msg, msglen, "render: scratch size overflows");
+        return -2;
+    }
+    if (fl_scratch_grow(scratch, total) < 0) {
+        fl_imgops_msg(msg, msglen, "render: out of memory (%zu bytes of scratch)", total);
+        return -2;
+    }
+    uint8_t *S = (uint8_t *)scratch->p;
+    r.line = S + o.line;
+    r.lut = S + o.lut;
+    r.emit = fl_convert_table(t, r.lut);
+
+    if (r.g.empty) {   /* the window misses the image: all padding */
+        for (int oy = 0; oy < r.out_h; oy++)
+            fl_render_blank(&r, oy, out);
+        return 0;
+    }
+    r.acc = (int32_t *)(void *)(S + o.acc);
+    r.vrow = S + o.vrow;
+    r.hrow = S + o.hrow;
+    r.prow = S + o.prow;
+    fl_render_coeffs(&r, S, &o);
+    fl_render_source(&r, S, &o, src);
+    for (int oy = 0; oy < r.out_h; oy++)
+        fl_render_row(&r, oy, out);
+    return 0;
+}

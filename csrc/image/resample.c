@@ -1,0 +1,609 @@
+/* resample.c: Pillow's antialiased bilinear resample in fixed point, the
+ * one responsibility of this unit: per-axis coefficients and the horizontal
+ * and vertical passes, portable and AVX2.  Interface: resample.h.
+ *
+ * No Python, no GIL: caller-owned memory only, nothing allocated here.
+ *
+ * - Exactness.  torchvision on PIL images resizes with Pillow's separable
+ *   fixed-point resampler: horizontal pass into a uint8 intermediate, then a
+ *   vertical pass; triangle filter whose support grows with the downscale
+ *   factor; per-output weights normalised in double and rounded to 22-bit
+ *   fixed point; accumulator starting at 1 << 21; clip to uint8.  We do the
+ *   same arithmetic in the same order, so at full scale the uint8 output is
+ *   bit-identical.  Each intermediate value depends only on its own source
+ *   row, so computing only the rows and columns the output window needs
+ *   changes nothing, and the order of the terms of each (integer) sum is
+ *   free.
+ * - Speed.  Rows between the passes are planar (one plane per channel), so
+ *   both passes run on runs of single-channel bytes and the result is
+ *   CHW-shaped.  With AVX2 (checked at run time; FASTLOADER_NO_AVX2=1 forces
+ *   the portable kernels, which give the same bytes) the horizontal pass
+ *   computes 8 outputs per 32-bit vector: per block a byte shuffle picks
+ *   each output's tap pixel out of 16 loaded bytes, then a 32-bit multiply
+ *   by that tap's weights and an add; the vertical pass keeps 32 outputs of
+ *   accumulators in registers over the taps.  The flip is folded into the
+ *   horizontal coefficients (outputs computed in reversed order).
+ */
+#include "image/resample.h"
+#include "image/imgops.h"
+#include "image/imgops_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FL_PREC 22   /* Pillow's PRECISION_BITS (32 - 8 - 2) */
+
+/* ------------------------------------------------------------------------ */
+/* Resampling coefficients (Pillow's precompute_coeffs + fixed point)       */
+/* ------------------------------------------------------------------------ */
+
+/* Pillow's bilinear (triangle) filter, support 1.  Pure. */
+static double
+fl_triangle(double x)
+{
+    if (x < 0.0)
+        x = -x;
+    if (x < 1.0)
+        return 1.0 - x;
+    return 0.0;
+}
+
+/* Pillow's per-output bounds: first input (relative to base) and count. */
+static void
+fl_axis_bounds(const fl_axis *a, int xx, double *center, int *xmin_out, int *n_out)
+{
+    double c = a->in0 + (xx + 0.5) * a->scale;
+    int xmin = (int)(c - a->support + 0.5);
+    if (xmin < 0)
+        xmin = 0;
+    int xmax = (int)(c + a->support + 0.5);
+    if (xmax > a->insize)
+        xmax = a->insize;
+    int n = xmax - xmin;
+    if (n < 0)
+        n = 0;
+    if (n > a->ksize)
+        n = a->ksize;
+    *center = c;
+    *xmin_out = xmin;
+    *n_out = n;
+}
+
+/* Filter parameters and the read span [in_lo, in_hi) (buffer coordinates)
+ * of an axis whose base/insize/in0/in1/out_size/o0/o1 are set. */
+static void
+fl_axis_span(fl_axis *a)
+{
+    a->need = !(a->out_size == a->insize && a->in0 == 0.0 && a->in1 == (double)a->out_size);
+    if (!a->need) {
+        a->ksize = 1;
+        a->in_lo = a->base + a->o0;
+        a->in_hi = a->base + a->o1;
+        return;
+    }
+    a->scale = (a->in1 - a->in0) / a->out_size;
+    a->filterscale = a->scale < 1.0 ? 1.0 : a->scale;
+    a->support = 1.0 * a->filterscale;    /* bilinear support is 1 */
+    a->ksize = (int)ceil(a->support) * 2 + 1;
+    double c;
+    int xmin0, n0, xmin1, n1;
+    fl_axis_bounds(a, a->o0, &c, &xmin0, &n0);
+    fl_axis_bounds(a, a->o1 - 1, &c, &xmin1, &n1);
+    /* Bounds are monotonic in the output index, so the ends bound the union. */
+    a->in_lo = a->base + xmin0;
+    a->in_hi = a->base + (xmin1 + n1 > xmin0 ? xmin1 + n1 : xmin0);
+}
+
+/* Map the box [b0, b1) (buffer coordinates) of one axis onto a buffer of
+ * `len` pixels, resized to out_size, outputs [o0, o1) wanted (o0 < o1).
+ * Sets everything but lo/cnt/k/kmax.  Returns 0, or -1 when the box misses
+ * the buffer (contract: resample.h).
+ *
+ * An integral box (always the case at full scale) is resampled exactly as
+ * Pillow resamples the cropped image: the filter is clipped at the box, in
+ * box coordinates, whatever part of the box the buffer holds; that is exact
+ * as long as the buffer holds every pixel the wanted outputs read (the
+ * window fl_plan_source_window reports).  Otherwise (a fractional box from
+ * a DCT-scaled view, or a buffer lacking some of those pixels) the box is
+ * clipped to the buffer and the filter to the pixels it covers. */
+int
+fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, int o1)
+{
+    a->out_size = out_size;
+    a->o0 = o0;
+    a->o1 = o1;
+    a->lo = a->cnt = NULL;
+    a->k = NULL;
+    a->fixed = 0;
+    a->kmax = 0;
+    double r0 = floor(b0 + 0.5), r1 = floor(b1 + 0.5);
+    if (fabs(b0 - r0) < 1e-9 && fabs(b1 - r1) < 1e-9 && r1 > r0 && r0 > -4.0 * FL_MAX_DIM
+        && r1 < 4.0 * FL_MAX_DIM) {
+        a->base = (int)r0;
+        a->insize = (int)(r1 - r0);
+        a->in0 = 0.0;
+        a->in1 = (double)a->insize;
+        fl_axis_span(a);
+        if (a->in_lo >= 0 && a->in_hi <= len && a->in_hi > a->in_lo)
+            return 0;
+    }
+    if (!(b0 > -4.0 * FL_MAX_DIM && b1 < 4.0 * FL_MAX_DIM && b0 < b1))   /* NaN fails too */
+        return -1;
+    int lo = (int)floor(b0 + 1e-6), hi = (int)ceil(b1 - 1e-6);
+    if (lo < 0)
+        lo = 0;
+    if (hi > len)
+        hi = len;
+    if (hi <= lo)
+        return -1;
+    a->base = lo;
+    a->insize = hi - lo;
+    a->in0 = b0 - lo;
+    a->in1 = b1 - lo;
+    fl_axis_span(a);
+    if (a->in_lo < 0 || a->in_hi > len || a->in_hi <= a->in_lo)
+        return -1;
+    return 0;
+}
+
+/* Contract: resample.h. */
+void
+fl_axis_fill(fl_axis *a, double *w)
+{
+    double ss = 1.0 / a->filterscale;
+    a->kmax = 0;
+    for (int xx = a->o0; xx < a->o1; xx++) {
+        int i = xx - a->o0, xmin, n;
+        double center;
+        fl_axis_bounds(a, xx, &center, &xmin, &n);
+        double ww = 0.0;
+        for (int x = 0; x < n; x++) {
+            w[x] = fl_triangle((x + xmin - center + 0.5) * ss);
+            ww += w[x];
+        }
+        int32_t *k = a->k + (size_t)i * a->ksize;
+        for (int x = 0; x < n; x++) {
+            double v = ww != 0.0 ? w[x] / ww : w[x];
+            k[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << FL_PREC)) : (int32_t)(0.5 + v * (1 << FL_PREC));
+        }
+        for (int x = n; x < a->ksize; x++)
+            k[x] = 0;
+        a->lo[i] = a->base + xmin - a->in_lo;
+        a->cnt[i] = n;
+        if (n > a->kmax)
+            a->kmax = n;
+    }
+}
+
+/* Contract: resample.h. */
+void
+fl_axis_reverse(fl_axis *a)
+{
+    const int n = a->o1 - a->o0, ks = a->ksize;
+    for (int i = 0, j = n - 1; i < j; i++, j--) {
+        int t = a->lo[i];
+        a->lo[i] = a->lo[j];
+        a->lo[j] = t;
+        t = a->cnt[i];
+        a->cnt[i] = a->cnt[j];
+        a->cnt[j] = t;
+        int32_t *ki = a->k + (size_t)i * ks, *kj = a->k + (size_t)j * ks;
+        for (int x = 0; x < ks; x++) {
+            int32_t v = ki[x];
+            ki[x] = kj[x];
+            kj[x] = v;
+        }
+    }
+}
+
+/* Give every output exactly ksize taps, so the portable horizontal pass can
+ * run a fixed-length, fully unrolled loop: windows near the right edge slide
+ * left and the weights move with them; the added taps weigh 0, so sums (and
+ * results) are unchanged.  Needs the read span (in_hi - in_lo) >= ksize;
+ * otherwise the axis stays variable-length. */
+static void
+fl_axis_make_fixed(fl_axis *a)
+{
+    const int span = a->in_hi - a->in_lo, ks = a->ksize;
+    a->fixed = 0;
+    if (span < ks)
+        return;
+    for (int i = 0; i < a->o1 - a->o0; i++) {
+        int lo = a->lo[i], shift = lo + ks > span ? lo + ks - span : 0;
+        int32_t *k = a->k + (size_t)i * ks;
+        if (shift) {
+            memmove(k + shift, k, (size_t)(ks - shift) * sizeof *k);
+            memset(k, 0, (size_t)shift * sizeof *k);
+            a->lo[i] = lo - shift;
+        }
+        a->cnt[i] = ks;
+    }
+    a->fixed = 1;
+}
+
+/* A fixed-point sum back to a pixel: drop the fraction, clip to 0..255. */
+static inline uint8_t
+fl_clip8(int32_t v)
+{
+    v >>= FL_PREC;
+    return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Resample kernels                                                         */
+/*                                                                          */
+/* Rows between the passes are planar: a row of n pixels with wc channels   */
+/* is wc planes of n bytes at a plane stride.  The horizontal pass reads    */
+/* planes (source rows are split first), so both passes work on runs of     */
+/* single-channel bytes; the output is CHW-shaped already.                  */
+/*                                                                          */
+/* Each kernel has a portable C version and an AVX2 version (picked at run  */
+/* time); both compute exactly Pillow's integer sums (non-negative weights, */
+/* 32-bit accumulators starting at 1 << 21), so the results are identical.  */
+/* ------------------------------------------------------------------------ */
+
+#ifdef FL_X86_SIMD
+#include <immintrin.h>
+#endif
+
+/* Contract: resample.h. */
+int
+fl_use_avx2(void)
+{
+#ifdef FL_X86_SIMD
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FASTLOADER_NO_AVX2");
+        v = __builtin_cpu_supports("avx2") && !(e != NULL && e[0] != '\0' && strcmp(e, "0") != 0);
+        __atomic_store_n(&level, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+/* Split n interleaved RGB pixels into three planes (stride ps). */
+FL_HOT static void
+fl_split3_c(const uint8_t *s, int n, uint8_t *d, size_t ps)
+{
+    uint8_t *r = d, *g = d + ps, *b = d + 2 * ps;
+    for (int x = 0; x < n; x++, s += 3) {
+        r[x] = s[0];
+        g[x] = s[1];
+        b[x] = s[2];
+    }
+}
+
+/* Portable horizontal pass over wc planes: planes (stride ips, pixels from
+ * the axis' in_lo) -> out planes (stride ops), nh outputs each.  KS > 0 is a
+ * compile-time tap count (fixed axes), KS == 0 reads the per-output count. */
+#define FL_DEFINE_HPASS(KS)                                                                \
+    FL_HOT static void fl_hpass_c##KS(const fl_axis *ax, const uint8_t *planes, size_t ips, int wc, \
+                                      uint8_t *out, size_t ops, int nh)                    \
+    {                                                                                      \
+        const int ks = ax->ksize;                                                          \
+        for (int i = 0; i < nh; i++) {                                                     \
+            const int32_t *k = ax->k + (size_t)i * ks;                                     \
+            const uint8_t *p = planes + ax->lo[i];                                         \
+            const int n = (KS) ? (KS) : ax->cnt[i];                                        \
+            int32_t a0 = 1 << (FL_PREC - 1), a1 = a0, a2 = a0;                             \
+            if (wc == 3) {                                                                 \
+                for (int j = 0; j < n; j++) {                                              \
+                    a0 += p[j] * k[j];                                                     \
+                    a1 += p[ips + j] * k[j];                                               \
+                    a2 += p[2 * ips + j] * k[j];                                           \
+                }                                                                          \
+                out[ops + i] = fl_clip8(a1);                                               \
+                out[2 * ops + i] = fl_clip8(a2);                                           \
+            } else {                                                                       \
+                for (int j = 0; j < n; j++)                                                \
+                    a0 += p[j] * k[j];                                                     \
+            }                                                                              \
+            out[i] = fl_clip8(a0);                                                         \
+        }                                                                                  \
+    }
+
+FL_DEFINE_HPASS(0)
+FL_DEFINE_HPASS(3)
+FL_DEFINE_HPASS(5)
+FL_DEFINE_HPASS(7)
+FL_DEFINE_HPASS(9)
+
+/* The portable horizontal kernel for an axis (after fl_axis_make_fixed). */
+static fl_hpass_fn
+fl_hpass_pick(const fl_axis *ax)
+{
+    if (ax->fixed) {
+        switch (ax->ksize) {
+        case 3: return fl_hpass_c3;
+        case 5: return fl_hpass_c5;
+        case 7: return fl_hpass_c7;
+        case 9: return fl_hpass_c9;
+        default: break;
+        }
+    }
+    return fl_hpass_c0;
+}
+
+/* Portable vertical pass for one output row: n taps (weights k) of the rows
+ * rows[0..n) (len bytes each) -> d; acc is len int32 of scratch. */
+FL_HOT static void
+fl_vpass_c(const int32_t *k, int n, const uint8_t *const *rows, int32_t *acc, uint8_t *d, int len)
+{
+    for (int x = 0; x < len; x++)
+        acc[x] = 1 << (FL_PREC - 1);
+    for (int j = 0; j < n; j++) {
+        const uint8_t *s = rows[j];
+        const int32_t kj = k[j];
+        for (int x = 0; x < len; x++)
+            acc[x] += s[x] * kj;
+    }
+    for (int x = 0; x < len; x++)
+        d[x] = fl_clip8(acc[x]);
+}
+
+#ifdef FL_X86_SIMD
+/* AVX2 horizontal pass.  Outputs go in blocks of 8; lane l (outputs 4l..4l+3
+ * of the block) loads the 16 plane bytes from off[2 * block + l] and, for
+ * tap j, one byte shuffle puts each output's tap pixel, zero extended, in
+ * its 32-bit slot; a 32-bit multiply by the tap weights and an add follow.
+ * tab holds per block and tap the 32 shuffle bytes and the 8 weights (0 for
+ * missing taps, whose shuffle byte is 0x80 = zero).  Needs every output's
+ * taps within its lane's 16 bytes (fl_htab_build checks). */
+
+static int
+fl_htab_build(const fl_axis *a, int nh, int kb, int32_t *off, uint8_t *tab)
+{
+    const int nb = (nh + 7) / 8, ks = a->ksize;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+        for (int l = 0; l < 2; l++) {
+            int base = -1;
+            for (int q = 0; q < 4; q++) {
+                int i = 8 * b + 4 * l + q;
+                if (i < nh && a->cnt[i] > 0 && (base < 0 || a->lo[i] < base))
+                    base = a->lo[i];
+            }
+            if (base < 0)
+                base = 0;
+            off[2 * b + l] = base;
+            for (int q = 0; q < 4; q++) {
+                int i = 8 * b + 4 * l + q;
+                for (int j = 0; j < kb; j++) {
+                    uint8_t *ix = T + (size_t)j * FL_HTAB_TAP + 16 * l + 4 * q;
+                    int32_t w = 0;
+                    ix[0] = ix[1] = ix[2] = ix[3] = 0x80;
+                    if (i < nh && j < a->cnt[i]) {
+                        int p = a->lo[i] + j - base;
+                        if (p > 15)
+                            return -1;
+                        ix[0] = (uint8_t)p;
+                        w = a->k[(size_t)i * ks + j];
+                    }
+                    memcpy(T + (size_t)j * FL_HTAB_TAP + 32 + 4 * (4 * l + q), &w, sizeof w);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+FL_AVX2 static inline __m256i
+fl_load2x128(const uint8_t *p0, const uint8_t *p1)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p0)),
+                                   _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
+}
+
+/* acc += shuffle(d, tap j's bytes) * tap j's weights */
+#define FL_HTAP(acc, d, T, j)                                                                       \
+    acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(                                                  \
+        _mm256_shuffle_epi8(d, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP))), \
+        _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP + 32))))
+
+FL_AVX2 static inline __attribute__((always_inline)) void
+fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int kb, const int32_t *off,
+                   const uint8_t *tab, uint8_t *out, size_t ops)
+{
+    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    if (wc == 3) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+            const uint8_t *p0 = planes + off[2 * b], *p1 = planes + off[2 * b + 1];
+            const __m256i d0 = fl_load2x128(p0, p1);
+            const __m256i d1 = fl_load2x128(p0 + ips, p1 + ips);
+            const __m256i d2 = fl_load2x128(p0 + 2 * ips, p1 + 2 * ips);
+            __m256i a0 = rnd, a1 = rnd, a2 = rnd;
+            for (int j = 0; j < kb; j++) {
+                FL_HTAP(a0, d0, T, j);
+                FL_HTAP(a1, d1, T, j);
+                FL_HTAP(a2, d2, T, j);
+            }
+            a0 = _mm256_srai_epi32(a0, FL_PREC);
+            a1 = _mm256_srai_epi32(a1, FL_PREC);
+            a2 = _mm256_srai_epi32(a2, FL_PREC);
+            /* lane 0 bytes: a0[0..3] a1[0..3] a2[0..3] a2[0..3]; lane 1 the same for [4..7] */
+            __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a0, a1), _mm256_packus_epi32(a2, a2));
+            p = _mm256_permutevar8x32_epi32(p, perm);   /* a0[0..7] a1[0..7] a2[0..7] a2[0..7] */
+            __m128i lo = _mm256_castsi256_si128(p);
+            uint8_t *d = out + 8 * (size_t)b;
+            _mm_storel_epi64((__m128i *)(void *)d, lo);
+            _mm_storel_epi64((__m128i *)(void *)(d + ops), _mm_unpackhi_epi64(lo, lo));
+            _mm_storel_epi64((__m128i *)(void *)(d + 2 * ops), _mm256_extracti128_si256(p, 1));
+        }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
+            const __m256i d0 = fl_load2x128(planes + off[2 * b], planes + off[2 * b + 1]);
+            __m256i a0 = rnd;
+            for (int j = 0; j < kb; j++)
+                FL_HTAP(a0, d0, T, j);
+            a0 = _mm256_srai_epi32(a0, FL_PREC);
+            __m256i p = _mm256_packus_epi32(a0, a0);
+            p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
+            _mm_storel_epi64((__m128i *)(void *)(out + 8 * (size_t)b), _mm256_castsi256_si128(p));
+        }
+    }
+}
+
+/* Contract: resample.h. */
+FL_AVX2 void
+fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, const int32_t *off, const uint8_t *tab,
+              uint8_t *out, size_t ops)
+{
+    const int nb = (nh + 7) / 8;
+    switch (kb) {   /* constant tap counts unroll the tap loop */
+    case 2: fl_hpass_avx2_body(planes, ips, wc, nb, 2, off, tab, out, ops); break;
+    case 3: fl_hpass_avx2_body(planes, ips, wc, nb, 3, off, tab, out, ops); break;
+    case 4: fl_hpass_avx2_body(planes, ips, wc, nb, 4, off, tab, out, ops); break;
+    case 5: fl_hpass_avx2_body(planes, ips, wc, nb, 5, off, tab, out, ops); break;
+    case 6: fl_hpass_avx2_body(planes, ips, wc, nb, 6, off, tab, out, ops); break;
+    case 7: fl_hpass_avx2_body(planes, ips, wc, nb, 7, off, tab, out, ops); break;
+    default: fl_hpass_avx2_body(planes, ips, wc, nb, kb, off, tab, out, ops); break;
+    }
+}
+
+/* Contract: resample.h.  Accumulators stay in registers, 32 bytes at a
+ * time. */
+FL_AVX2 void
+fl_vpass_avx2(const int32_t *k, int n, const uint8_t *const *rows, uint8_t *d, int len)
+{
+    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int x = 0;
+    for (; x + 32 <= len; x += 32) {
+        __m256i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
+        for (int j = 0; j < n; j++) {
+            const uint8_t *s = rows[j] + x;
+            const __m256i kj = _mm256_set1_epi32(k[j]);
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s)), kj));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 8))), kj));
+            a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 16))), kj));
+            a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(s + 24))), kj));
+        }
+        a0 = _mm256_srai_epi32(a0, FL_PREC);
+        a1 = _mm256_srai_epi32(a1, FL_PREC);
+        a2 = _mm256_srai_epi32(a2, FL_PREC);
+        a3 = _mm256_srai_epi32(a3, FL_PREC);
+        __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a0, a1), _mm256_packus_epi32(a2, a3));
+        _mm256_storeu_si256((__m256i *)(void *)(d + x), _mm256_permutevar8x32_epi32(p, perm));
+    }
+    for (; x + 8 <= len; x += 8) {
+        __m256i a0 = rnd;
+        for (int j = 0; j < n; j++)
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(rows[j] + x))),
+                                                         _mm256_set1_epi32(k[j])));
+        a0 = _mm256_srai_epi32(a0, FL_PREC);
+        __m256i p = _mm256_packus_epi32(a0, a0);
+        p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
+        _mm_storel_epi64((__m128i *)(void *)(d + x), _mm256_castsi256_si128(p));
+    }
+    for (; x < len; x++) {
+        int32_t a = 1 << (FL_PREC - 1);
+        for (int j = 0; j < n; j++)
+            a += rows[j][x] * k[j];
+        d[x] = fl_clip8(a);
+    }
+}
+
+/* Contract: resample.h.  16 pixels at a time. */
+FL_AVX2 void
+fl_split3_avx2(const uint8_t *s, int n, uint8_t *d, size_t ps)
+{
+    uint8_t *r = d, *g = d + ps, *b = d + 2 * ps;
+    const __m128i ra = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i rb = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
+    const __m128i rc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
+    const __m128i ga = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i gb = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1);
+    const __m128i gc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14);
+    const __m128i ba = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i bb = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
+    const __m128i bc = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
+    int x = 0;
+    for (; x + 16 <= n; x += 16, s += 48) {
+        __m128i A = _mm_loadu_si128((const __m128i *)(const void *)s);
+        __m128i B = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        __m128i C = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        _mm_storeu_si128((__m128i *)(void *)(r + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ra), _mm_shuffle_epi8(B, rb)), _mm_shuffle_epi8(C, rc)));
+        _mm_storeu_si128((__m128i *)(void *)(g + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ga), _mm_shuffle_epi8(B, gb)), _mm_shuffle_epi8(C, gc)));
+        _mm_storeu_si128((__m128i *)(void *)(b + x),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(A, ba), _mm_shuffle_epi8(B, bb)), _mm_shuffle_epi8(C, bc)));
+    }
+    for (; x < n; x++, s += 3) {
+        r[x] = s[0];
+        g[x] = s[1];
+        b[x] = s[2];
+    }
+}
+#endif /* FL_X86_SIMD */
+
+/* ------------------------------------------------------------------------ */
+/* Kernel choice and the row loop                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Contract: resample.h. */
+void
+fl_hrow_prepare(fl_hrow_plan *h, fl_axis *ax, int simd)
+{
+    h->ax = ax;
+    h->simd = 0;
+    h->c = NULL;
+#ifdef FL_X86_SIMD
+    if (simd)
+        h->simd = fl_htab_build(ax, h->nh, ax->kmax, h->off, h->tab) == 0;
+#else
+    (void)simd;
+#endif
+    if (!h->simd) {
+        fl_axis_make_fixed(ax);
+        h->c = fl_hpass_pick(ax);
+    }
+    /* the AVX2 loads may reach into the slack: keep it defined */
+    for (int c = 0; c < h->wc; c++)
+        memset(h->planes + (size_t)c * h->ips + h->sw, 0, h->ips - (size_t)h->sw);
+}
+
+/* Contract: resample.h.  One call for all rows keeps the per-row cost at
+ * the kernel call (the loop's state stays in this frame). */
+void
+fl_hrows(const fl_hrow_plan *h, const uint8_t *src, size_t sstride, int n, uint8_t *dst, const uint8_t **rows)
+{
+    const size_t dstride = (size_t)h->nhp * h->wc;
+    for (int y = 0; y < n; y++, src += sstride, dst += dstride) {
+        fl_hrow(h, src, dst);
+        rows[y] = dst;
+    }
+}
+
+/* Contract: resample.h. */
+void
+fl_hrow_portable(const fl_hrow_plan *h, const uint8_t *s, uint8_t *d)
+{
+    if (h->wc == 3) {
+        fl_split3_c(s, h->sw, h->planes, h->ips);
+        h->c(h->ax, h->planes, h->ips, h->wc, d, (size_t)h->nhp, h->nh);
+    } else {
+        h->c(h->ax, s, h->ips, h->wc, d, (size_t)h->nhp, h->nh);
+    }
+}
+
+/* Contract: resample.h. */
+void
+fl_vrow_portable(const int32_t *k, int n, const uint8_t *const *rows, int32_t *acc, uint8_t *d, int len)
+{
+    fl_vpass_c(k, n, rows, acc, d, len);
+}
+
+/* Contract: resample.h. */
+void
+fl_split3_portable(const uint8_t *s, int n, uint8_t *d, size_t ps)
+{
+    fl_split3_c(s, n, d, ps);
+}

@@ -1,0 +1,857 @@
+/* shards.c: tar shards in the WebDataset layout as an fl_source (contracts
+ * in shards.h).
+ *
+ * Why ~850 lines in one file: the reader thread, the ring, the shuffle
+ * buffer, the stashes and the fl_source ops all work under one mutex on one
+ * struct; the parts make sense only together.
+ *
+ * Locking: one mutex guards the ring, the shuffle buffer's hand-off, the
+ * epoch and the fault state; `more` wakes workers waiting for a position,
+ * `room` wakes the reader waiting for a free slot.  The reader reads and
+ * parses with the mutex released; it takes it only to publish a record.
+ */
+#include "sources/shards.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "native/native.h"
+#include "core/rng.h"
+#include "sources/tar.h"
+
+/* One sample of the stream: its image bytes and label, or why it has none. */
+typedef struct {
+    char *name;           /* "URL: KEY" for messages (malloc'd) */
+    fl_wds_sample *smp;   /* the tar sample (owned); NULL in a stash copy */
+    uint8_t *image;       /* the image member's bytes: inside smp, or owned when smp is NULL;
+                             NULL when `error` is set */
+    size_t len;
+    int64_t label;
+    int has_label;
+    const fl_wds_field *extra[FL_SHARDS_MAX_EXTS];  /* the requested extra members (inside smp), or NULL */
+    int nkept;            /* a fields stash copy: kept[0..nkept) owned (NULL: member missing) */
+    uint8_t *kept[FL_SHARDS_MAX_EXTS];
+    size_t kept_len[FL_SHARDS_MAX_EXTS];
+    int error;            /* 1: no usable image / label: get fails with `msg` */
+    int code;
+    char msg[200];
+} shard_rec;
+
+typedef struct {
+    char url[512];
+    char reason[320];
+} skipped_shard;
+
+typedef struct {
+    fl_source head;
+    fl_shards_opts o;
+    char *ca_file;        /* o.stream.ca_file's copy (owned), or NULL */
+    pthread_mutex_t mu;
+    pthread_cond_t more, room;
+    /* the current epoch, guarded by mu */
+    uint64_t epoch;
+    int running;          /* a reader thread exists (joined by begin / cancel / destroy) */
+    pthread_t reader;
+    char **urls;
+    int nurls;
+    shard_rec **ring;     /* o.ring slots, position p in slot p % ring */
+    int64_t produced;     /* positions [0, produced) exist */
+    int64_t skip;         /* positions below this are dropped when made (a resume) */
+    int failed;           /* positions >= produced fail with fail_err */
+    fl_err fail_err;
+    atomic_int cancel;    /* stops the reader (and its stream) */
+    int stopping;         /* waiters give up: "cancelled" */
+    /* the fix-up stash: non-JPEG images kept for the binding's Pillow pass */
+    int64_t *discard;     /* future positions nobody will get (their batch failed): dropped when made */
+    int ndiscard, capdiscard;
+    int64_t *stash_pos;   /* position * 2 + kind (STASH_IMAGE, STASH_FIELDS) */
+    shard_rec **stash;
+    int nstash, capstash;
+    skipped_shard *skipped;
+    int nskipped, capskipped;
+    /* counters (atomics: read by stats from any thread) */
+    _Atomic uint64_t bytes, wait_ns, retries, samples, shards, shards_skipped, passes;
+} shards_source;
+
+typedef struct {
+    shard_rec *cur;       /* the record the last get handed out (owned) */
+    int64_t cur_pos;
+} shards_tls;
+
+static void
+rec_free(shard_rec *r)
+{
+    if (!r)
+        return;
+    free(r->name);
+    for (int i = 0; i < r->nkept; i++)
+        free(r->kept[i]);
+    if (r->smp)
+        fl_wds_sample_free(r->smp);
+    else
+        free(r->image);
+    free(r);
+}
+
+/* ---- the reader thread -------------------------------------------------------- */
+
+/* Parse a label: ASCII decimal (optional sign, surrounding whitespace), or
+ * the top-level integer `field` of a JSON object.  0, or -1. */
+static int
+parse_label(const uint8_t *d, size_t n, const char *field, int64_t *out)
+{
+    char buf[4096];
+    if (n >= sizeof buf)
+        n = sizeof buf - 1;
+    memcpy(buf, d, n);
+    buf[n] = 0;
+    const char *p = buf;
+    if (field && *field) {
+        char pat[80];
+        snprintf(pat, sizeof pat, "\"%s\"", field);
+        const char *k = strstr(buf, pat);
+        if (!k)
+            return -1;
+        p = k + strlen(pat);
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (*p != ':')
+            return -1;
+        p++;
+    }
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || errno)
+        return -1;
+    if (!(field && *field)) {
+        while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')
+            end++;
+        if (*end)
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A record for one tar sample (the image member chosen by the preferred
+ * extensions; the label parsed), taking ownership of t (also when it fails).
+ * NULL when out of memory. */
+static shard_rec *
+make_rec(shards_source *ss, const char *url, fl_wds_sample *t)
+{
+    shard_rec *r = calloc(1, sizeof *r);
+    if (!r) {
+        fl_wds_sample_free(t);
+        return NULL;
+    }
+    r->smp = t;
+    char shown[200];
+    fl_stream_url_for_message(url, shown, sizeof shown);
+    size_t nl = strlen(shown) + strlen(t->key) + 3;
+    r->name = malloc(nl);
+    if (!r->name) {
+        rec_free(r);
+        return NULL;
+    }
+    snprintf(r->name, nl, "%s: %s", shown, t->key);
+    r->label = -1;
+    const fl_wds_field *img = NULL;
+    for (int e = 0; e < ss->o.nexts && !img; e++)
+        img = fl_wds_sample_field(t, ss->o.image_exts[e]);
+    if (!img) {
+        r->error = 1;
+        r->code = FL_ERR_DECODE;
+        int k = snprintf(r->msg, sizeof r->msg, "no image member (");
+        for (int e = 0; e < ss->o.nexts && k < (int)sizeof r->msg; e++)
+            k += snprintf(r->msg + k, sizeof r->msg - (size_t)k, "%s.%s", e ? ", " : "", ss->o.image_exts[e]);
+        if (k < (int)sizeof r->msg)
+            k += snprintf(r->msg + k, sizeof r->msg - (size_t)k, ") among the sample's members:");
+        for (int i = 0; i < t->nfields && k < (int)sizeof r->msg; i++)
+            k += snprintf(r->msg + k, sizeof r->msg - (size_t)k, " .%s", t->fields[i].ext);
+        return r;
+    }
+    for (int e = 0; e < ss->o.nextras; e++)
+        r->extra[e] = fl_wds_sample_field(t, ss->o.extra_exts[e]);
+    if (ss->o.label_ext[0]) {
+        const fl_wds_field *lf = fl_wds_sample_field(t, ss->o.label_ext);
+        if (!lf || parse_label(lf->data, lf->size, ss->o.label_field, &r->label) < 0) {
+            r->error = 1;
+            r->code = FL_ERR_DECODE;
+            if (!lf)
+                snprintf(r->msg, sizeof r->msg, "no .%s member for the label", ss->o.label_ext);
+            else if (ss->o.label_field[0])
+                snprintf(r->msg, sizeof r->msg, "no integer field \"%s\" in the .%s member", ss->o.label_field,
+                         ss->o.label_ext);
+            else
+                snprintf(r->msg, sizeof r->msg, "the .%s member is not an integer", ss->o.label_ext);
+            return r;
+        }
+        r->has_label = 1;
+    }
+    r->image = img->data;   /* in place: the sample stays whole until the record is freed */
+    r->len = img->size;
+    return r;
+}
+
+/* Is position p in the discard list?  Remove it if so.  Caller holds mu. */
+static int
+discard_take(shards_source *ss, int64_t p)
+{
+    for (int i = 0; i < ss->ndiscard; i++)
+        if (ss->discard[i] == p) {
+            ss->discard[i] = ss->discard[--ss->ndiscard];
+            return 1;
+        }
+    return 0;
+}
+
+/* Publish `r` at the next position, after the shuffle buffer: returns 0, 1
+ * when that was the epoch's last position (the reader is done), or -1 when
+ * the reader must stop (cancelled; r is then freed).  Called without mu. */
+static int
+emit(shards_source *ss, shard_rec *r, uint64_t epoch)
+{
+    pthread_mutex_lock(&ss->mu);
+    int64_t p = ss->produced;
+    if (p < ss->skip || discard_take(ss, p)) {   /* nobody will get this position: drop the record */
+        ss->produced = p + 1;
+        pthread_mutex_unlock(&ss->mu);
+        rec_free(r);
+        return p + 1 >= ss->o.nominal ? 1 : 0;
+    }
+    while (!ss->stopping && p < ss->o.nominal && ss->ring[p % ss->o.ring] != NULL)
+        pthread_cond_wait(&ss->room, &ss->mu);
+    if (ss->stopping || ss->epoch != epoch || p >= ss->o.nominal) {
+        pthread_mutex_unlock(&ss->mu);
+        rec_free(r);
+        return -1;
+    }
+    ss->ring[p % ss->o.ring] = r;
+    ss->produced = p + 1;
+    atomic_fetch_add(&ss->samples, 1);   /* counted before any worker can take it */
+    pthread_cond_broadcast(&ss->more);
+    pthread_mutex_unlock(&ss->mu);
+    return p + 1 >= ss->o.nominal ? 1 : 0;
+}
+
+/* Mark every position from the next one failed with err (the reader stops). */
+static void
+fail_from_here(shards_source *ss, const fl_err *err)
+{
+    pthread_mutex_lock(&ss->mu);
+    if (!ss->failed) {
+        ss->failed = 1;
+        ss->fail_err = *err;
+    }
+    pthread_cond_broadcast(&ss->more);
+    pthread_mutex_unlock(&ss->mu);
+}
+
+static void
+add_skipped(shards_source *ss, const char *url, const fl_err *err)
+{
+    pthread_mutex_lock(&ss->mu);
+    if (ss->nskipped == ss->capskipped) {
+        int cap = ss->capskipped ? 2 * ss->capskipped : 8;
+        skipped_shard *n = realloc(ss->skipped, (size_t)cap * sizeof *n);
+        if (n) {
+            ss->skipped = n;
+            ss->capskipped = cap;
+        }
+    }
+    if (ss->nskipped < ss->capskipped) {
+        skipped_shard *k = &ss->skipped[ss->nskipped++];
+        fl_stream_url_for_message(url, k->url, sizeof k->url);
+        snprintf(k->reason, sizeof k->reason, "%s", err->msg);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    atomic_fetch_add(&ss->shards_skipped, 1);
+}
+
+/* Samples in the shuffle buffer before its first draw (webdataset's
+ * `initial`); it then grows to the full `shuffle` size as the epoch goes. */
+#define SHUFFLE_INITIAL 100
+
+typedef struct {
+    shards_source *ss;
+    uint64_t epoch;
+} reader_arg;
+
+/* Draw the record for the next position from the shuffle buffer (uniform,
+ * keyed by (seed, epoch, position)) and publish it; emit's return value. */
+static int
+draw_and_emit(shards_source *ss, shard_rec **buf, int *nbuf, int64_t *drawn, uint64_t epoch)
+{
+    fl_rng g;
+    fl_rng_init(&g, ss->o.seed ^ 0x5ad5ad5ad5ad5adull, epoch, (uint64_t)*drawn);
+    int j = (int)fl_rng_below(&g, (uint64_t)*nbuf);
+    shard_rec *out = buf[j];
+    buf[j] = buf[--*nbuf];
+    ++*drawn;
+    return emit(ss, out, epoch);
+}
+
+static void *
+reader_main(void *argp)
+{
+    reader_arg a = *(reader_arg *)argp;
+    free(argp);
+    shards_source *ss = a.ss;
+    const int S = ss->o.shuffle > 1 ? ss->o.shuffle : 1;
+    shard_rec **buf = calloc((size_t)S, sizeof *buf);
+    int nbuf = 0;
+    int64_t drawn = 0;   /* positions drawn from the shuffle buffer */
+    int64_t reads = 0;   /* samples read this epoch */
+    const int initial = S < SHUFFLE_INITIAL ? S : SHUFFLE_INITIAL;
+    fl_err err = {0, "", 0};
+    if (!buf) {
+        err.code = FL_ERR_NOMEM;
+        snprintf(err.msg, sizeof err.msg, "out of memory for a shuffle buffer of %d samples", S);
+        fail_from_here(ss, &err);
+        return NULL;
+    }
+    fl_stream_opts so = ss->o.stream;
+    so.cancel = &ss->cancel;
+    int stop = 0;
+    for (uint64_t pass = 0; !stop; pass++) {
+        uint64_t got_this_pass = 0;
+        if (pass > 0)
+            atomic_fetch_add(&ss->passes, 1);
+        for (int u = 0; u < ss->nurls && !stop; u++) {
+            const char *url = ss->urls[u];
+            fl_tar *t = fl_tar_open(url, &so, NULL, &err);
+            int rc = t ? 1 : -1;
+            fl_wds_sample *smp = NULL;
+            while (t && !stop && (rc = fl_tar_next_sample(t, &smp, &err)) == 1) {
+                shard_rec *r = make_rec(ss, url, smp);
+                if (!r) {
+                    err.code = FL_ERR_NOMEM;
+                    snprintf(err.msg, sizeof err.msg, "out of memory for a sample of %s", url);
+                    rc = -1;
+                    break;
+                }
+                got_this_pass++;
+                reads++;
+                buf[nbuf++] = r;   /* there is room: a draw follows whenever it fills */
+                /* As webdataset's shuffle: the first draw once INITIAL samples
+                 * are in (not a whole buffer: the epoch's first batch does not
+                 * wait for `shuffle` samples to be read), then one draw for
+                 * every two samples read while the buffer grows to S, and one
+                 * per sample once it is full. */
+                if (nbuf < S && (nbuf < initial || reads % 2 != 0))
+                    continue;
+                if (draw_and_emit(ss, buf, &nbuf, &drawn, a.epoch) != 0)
+                    stop = 1;   /* the epoch is complete, or cancelled */
+            }
+            if (t) {
+                fl_stream_stats st;
+                fl_stream_get_stats(fl_tar_stream(t), &st);
+                atomic_fetch_add(&ss->bytes, st.bytes);
+                atomic_fetch_add(&ss->wait_ns, st.wait_ns);
+                atomic_fetch_add(&ss->retries, st.retries);
+                fl_tar_close(t);
+            }
+            if (stop || atomic_load(&ss->cancel))
+                break;
+            if (rc == 0) {
+                atomic_fetch_add(&ss->shards, 1);
+                continue;
+            }
+            /* rc < 0: the shard failed */
+            if (ss->o.on_shard_error == FL_SHARDS_SKIP) {
+                add_skipped(ss, url, &err);
+                continue;
+            }
+            fail_from_here(ss, &err);
+            stop = 1;
+        }
+        /* the end of a pass: empty the shuffle buffer first, so the next
+         * pass (a rank short of its nominal length) repeats no sample
+         * before every sample of this one was produced */
+        while (!stop && nbuf > 0)
+            if (draw_and_emit(ss, buf, &nbuf, &drawn, a.epoch) != 0)
+                stop = 1;
+        if (!stop && got_this_pass == 0 && !atomic_load(&ss->cancel)) {
+            err.code = FL_ERR_IO;
+            err.errnum = 0;
+            snprintf(err.msg, sizeof err.msg, "no samples in the %d shard%s of this rank (all empty or skipped)",
+                     ss->nurls, ss->nurls == 1 ? "" : "s");
+            fail_from_here(ss, &err);
+            stop = 1;
+        }
+        if (atomic_load(&ss->cancel))
+            stop = 1;
+    }
+    /* what is left in the shuffle buffer (the epoch completed mid-pass, a
+     * failure, a cancel) is dropped */
+    for (int i = 0; i < nbuf; i++)
+        rec_free(buf[i]);
+    free(buf);
+    return NULL;
+}
+
+/* ---- control ----------------------------------------------------------------- */
+
+/* Stop and join the reader, drop every record and the stash.  Caller does
+ * not hold mu. */
+static void
+stop_reader(shards_source *ss)
+{
+    atomic_store(&ss->cancel, 1);
+    pthread_mutex_lock(&ss->mu);
+    ss->stopping = 1;
+    pthread_cond_broadcast(&ss->more);
+    pthread_cond_broadcast(&ss->room);
+    int running = ss->running;
+    ss->running = 0;
+    pthread_mutex_unlock(&ss->mu);
+    if (running)
+        pthread_join(ss->reader, NULL);
+    pthread_mutex_lock(&ss->mu);
+    for (int i = 0; i < ss->o.ring; i++) {
+        rec_free(ss->ring[i]);
+        ss->ring[i] = NULL;
+    }
+    for (int i = 0; i < ss->nstash; i++)
+        rec_free(ss->stash[i]);
+    ss->nstash = 0;
+    ss->ndiscard = 0;
+    pthread_mutex_unlock(&ss->mu);
+}
+
+void
+fl_shards_cancel(fl_source *s)
+{
+    stop_reader((shards_source *)s);
+}
+
+int
+fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err)
+{
+    shards_source *ss = (shards_source *)s;
+    if (n < 1) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "no shards for this rank");
+        return -1;
+    }
+    char **copy = calloc((size_t)n, sizeof *copy);
+    reader_arg *arg = malloc(sizeof *arg);
+    int ok = copy && arg;
+    for (int i = 0; ok && i < n; i++)
+        ok = (copy[i] = strdup(urls[i])) != NULL;
+    if (!ok) {
+        for (int i = 0; copy && i < n; i++)
+            free(copy[i]);
+        free(copy);
+        free(arg);
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory for the shard list");
+        return -1;
+    }
+    stop_reader(ss);
+    pthread_mutex_lock(&ss->mu);
+    for (int i = 0; i < ss->nurls; i++)
+        free(ss->urls[i]);
+    free(ss->urls);
+    ss->urls = copy;
+    ss->nurls = n;
+    ss->epoch = epoch;
+    ss->produced = 0;
+    ss->skip = skip > 0 ? skip : 0;
+    atomic_store(&ss->bytes, 0);
+    atomic_store(&ss->wait_ns, 0);
+    atomic_store(&ss->retries, 0);
+    atomic_store(&ss->samples, 0);
+    atomic_store(&ss->shards, 0);
+    atomic_store(&ss->shards_skipped, 0);
+    atomic_store(&ss->passes, 0);
+    ss->failed = 0;
+    ss->stopping = 0;
+    atomic_store(&ss->cancel, 0);
+    if (ss->skip >= ss->o.nominal) {   /* nothing left to produce this epoch */
+        ss->produced = ss->o.nominal;
+        pthread_mutex_unlock(&ss->mu);
+        free(arg);
+        return 0;
+    }
+    arg->ss = ss;
+    arg->epoch = epoch;
+    int rc = pthread_create(&ss->reader, NULL, reader_main, arg);
+    if (rc == 0)
+        ss->running = 1;
+    pthread_mutex_unlock(&ss->mu);
+    if (rc != 0) {
+        free(arg);
+        err->code = FL_ERR_RUNTIME;
+        err->errnum = rc;
+        snprintf(err->msg, sizeof err->msg, "cannot start the shard reader thread: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the fl_source ops --------------------------------------------------------- */
+
+static int
+shards_thread_open(fl_source *s, void **tls, fl_err *err)
+{
+    (void)s;
+    shards_tls *t = calloc(1, sizeof *t);
+    if (!t) {
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
+    }
+    *tls = t;
+    return 0;
+}
+
+static void
+shards_thread_close(fl_source *s, void *tlsp)
+{
+    (void)s;
+    shards_tls *t = tlsp;
+    if (!t)
+        return;
+    rec_free(t->cur);
+    free(t);
+}
+
+/* Make room for more discard entries.  0, or -1 when out of memory (the
+ * position is then produced and waits in the ring until begin/cancel).
+ * Caller holds mu. */
+static int
+grow_discard(shards_source *ss)
+{
+    int cap = ss->capdiscard ? 2 * ss->capdiscard : 64;
+    int64_t *d = realloc(ss->discard, (size_t)cap * sizeof *d);
+    if (!d)
+        return -1;
+    ss->discard = d;
+    ss->capdiscard = cap;
+    return 0;
+}
+
+/* Keep a non-JPEG image for the binding's Pillow pass (read(index) takes
+ * it).  Caller holds mu.  0, or -1 when out of memory (the record is then
+ * left to the caller). */
+static int
+stash_put(shards_source *ss, int64_t pos, shard_rec *r)
+{
+    if (ss->nstash == ss->capstash) {
+        int cap = ss->capstash ? 2 * ss->capstash : 16;
+        int64_t *p = realloc(ss->stash_pos, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        ss->stash_pos = p;
+        shard_rec **q = realloc(ss->stash, (size_t)cap * sizeof *q);
+        if (!q)
+            return -1;
+        ss->stash = q;
+        ss->capstash = cap;
+    }
+    ss->stash_pos[ss->nstash] = pos;
+    ss->stash[ss->nstash++] = r;
+    return 0;
+}
+
+enum { STASH_IMAGE = 0, STASH_FIELDS = 1 };
+
+/* Take the stashed record of key pos * 2 + kind (caller holds mu), or NULL. */
+static shard_rec *
+stash_take(shards_source *ss, int64_t pos)
+{
+    for (int i = 0; i < ss->nstash; i++)
+        if (ss->stash_pos[i] == pos) {
+            shard_rec *r = ss->stash[i];
+            ss->stash_pos[i] = ss->stash_pos[ss->nstash - 1];
+            ss->stash[i] = ss->stash[--ss->nstash];
+            return r;
+        }
+    return NULL;
+}
+
+static int
+shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *buf, size_t max_bytes,
+           fl_sample_bytes *out, fl_err *err)
+{
+    (void)buf;   /* records are handed out in place */
+    shards_source *ss = (shards_source *)s;
+    shards_tls *t = tlsp;
+    memset(out, 0, sizeof *out);
+    rec_free(t->cur);
+    t->cur = NULL;
+    pthread_mutex_lock(&ss->mu);
+    shard_rec *r = NULL;
+    for (;;) {
+        if (ss->epoch != epoch) {
+            err->code = FL_ERR_RUNTIME;
+            snprintf(err->msg, sizeof err->msg, "a stale request for epoch %llu (the stream is at epoch %llu)",
+                     (unsigned long long)epoch, (unsigned long long)ss->epoch);
+            break;
+        }
+        if (index < ss->produced) {
+            r = ss->ring[index % ss->o.ring];
+            ss->ring[index % ss->o.ring] = NULL;
+            if (!r) {
+                err->code = FL_ERR_RUNTIME;
+                snprintf(err->msg, sizeof err->msg, "sample %lld of the shard stream was already taken",
+                         (long long)index);
+            }
+            pthread_cond_broadcast(&ss->room);
+            break;
+        }
+        if (ss->failed) {
+            *err = ss->fail_err;
+            break;
+        }
+        if (ss->stopping) {
+            err->code = FL_ERR_RUNTIME;
+            snprintf(err->msg, sizeof err->msg, "cancelled");
+            break;
+        }
+        pthread_cond_wait(&ss->more, &ss->mu);
+    }
+    if (r && !r->error && r->len >= 2 && !(r->image[0] == 0xFF && r->image[1] == 0xD8) &&
+        fl_native_maybe_other_image(r->image, r->len)) {
+        /* the pipeline hands this one to Pillow, which reads it back by index */
+        shard_rec *keep = malloc(sizeof *keep);
+        if (keep) {
+            *keep = *r;
+            keep->smp = NULL;
+            keep->image = malloc(r->len);
+            keep->name = NULL;
+            if (keep->image) {
+                memcpy(keep->image, r->image, r->len);
+                if (stash_put(ss, index * 2 + STASH_IMAGE, keep) < 0)
+                    rec_free(keep);
+            } else {
+                free(keep);
+            }
+        }
+    }
+    if (r && !r->error && ss->o.nextras > 0) {
+        /* the extra members asked for, kept for the binding (fl_shards_take_fields) */
+        shard_rec *f = calloc(1, sizeof *f);
+        int ok = f != NULL;
+        for (int e = 0; ok && e < ss->o.nextras; e++) {
+            f->nkept = e + 1;
+            if (r->extra[e]) {
+                f->kept_len[e] = r->extra[e]->size;
+                ok = (f->kept[e] = malloc(r->extra[e]->size ? r->extra[e]->size : 1)) != NULL;
+                if (ok)
+                    memcpy(f->kept[e], r->extra[e]->data, r->extra[e]->size);
+            }
+        }
+        if (!ok || stash_put(ss, index * 2 + STASH_FIELDS, f) < 0)
+            rec_free(f);   /* the binding then finds nothing and says so */
+    }
+    pthread_mutex_unlock(&ss->mu);
+    if (!r)
+        return -1;
+    t->cur = r;
+    t->cur_pos = index;
+    if (r->error) {
+        err->code = r->code;
+        err->errnum = 0;
+        snprintf(err->msg, sizeof err->msg, "%s", r->msg);
+        return -1;
+    }
+    if (max_bytes && r->len > max_bytes) {
+        err->code = FL_ERR_LIMIT;
+        snprintf(err->msg, sizeof err->msg, "image member of %zu bytes exceeds the limit of %zu bytes", r->len,
+                 max_bytes);
+        return -1;
+    }
+    out->data = r->image;
+    out->len = r->len;
+    out->has_label = r->has_label;
+    out->label = r->label;
+    return 0;
+}
+
+long long
+fl_shards_read_kept(fl_source *s, int64_t index, fl_bytes *buf, fl_err *err)
+{
+    shards_source *ss = (shards_source *)s;
+    pthread_mutex_lock(&ss->mu);
+    shard_rec *r = stash_take(ss, index * 2 + STASH_IMAGE);
+    pthread_mutex_unlock(&ss->mu);
+    if (!r) {
+        err->code = FL_ERR_INDEX;
+        snprintf(err->msg, sizeof err->msg,
+                 "sample %lld of the shard stream is not kept (only non-JPEG images of batches in flight are)",
+                 (long long)index);
+        return -1;
+    }
+    long long rc = (long long)r->len;
+    if (fl_bytes_reserve(buf, r->len + 1) < 0) {
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        rc = -1;
+    } else {
+        memcpy(buf->data, r->image, r->len);
+    }
+    rec_free(r);
+    return rc;
+}
+
+int
+fl_shards_take_fields(fl_source *s, int64_t index, uint8_t **data, size_t *len)
+{
+    shards_source *ss = (shards_source *)s;
+    pthread_mutex_lock(&ss->mu);
+    shard_rec *r = stash_take(ss, index * 2 + STASH_FIELDS);
+    pthread_mutex_unlock(&ss->mu);
+    if (!r)
+        return -1;
+    int n = r->nkept;
+    for (int i = 0; i < n; i++) {
+        data[i] = r->kept[i];   /* handed over */
+        len[i] = r->kept_len[i];
+        r->kept[i] = NULL;
+    }
+    r->nkept = 0;
+    rec_free(r);
+    return n;
+}
+
+static void
+shards_discard(fl_source *s, int64_t index, uint64_t epoch)
+{
+    shards_source *ss = (shards_source *)s;
+    pthread_mutex_lock(&ss->mu);
+    if (ss->epoch == epoch && index >= 0 && index < ss->o.nominal) {
+        if (index < ss->produced) {
+            rec_free(ss->ring[index % ss->o.ring]);
+            ss->ring[index % ss->o.ring] = NULL;
+            pthread_cond_broadcast(&ss->room);
+        } else if (ss->ndiscard < ss->capdiscard || grow_discard(ss) == 0) {
+            ss->discard[ss->ndiscard++] = index;
+        }
+    }
+    pthread_mutex_unlock(&ss->mu);
+}
+
+static int
+shards_describe(fl_source *s, void *tlsp, int64_t index, char *buf, size_t n)
+{
+    (void)s;
+    shards_tls *t = tlsp;
+    if (!t || !t->cur || t->cur_pos != index || !t->cur->name)
+        return 0;
+    snprintf(buf, n, "%s", t->cur->name);
+    return 1;
+}
+
+static void
+shards_destroy(fl_source *s)
+{
+    shards_source *ss = (shards_source *)s;
+    stop_reader(ss);
+    for (int i = 0; i < ss->nurls; i++)
+        free(ss->urls[i]);
+    free(ss->urls);
+    free(ss->ring);
+    free(ss->stash);
+    free(ss->stash_pos);
+    free(ss->discard);
+    free(ss->ca_file);
+    free(ss->skipped);
+    pthread_mutex_destroy(&ss->mu);
+    pthread_cond_destroy(&ss->more);
+    pthread_cond_destroy(&ss->room);
+    free(ss);
+}
+
+static const fl_source_ops shards_ops = {
+    .kind = "shards",
+    .thread_open = shards_thread_open,
+    .thread_close = shards_thread_close,
+    .get = shards_get,
+    .describe = shards_describe,
+    .discard = shards_discard,
+    .destroy = shards_destroy,
+};
+
+int
+fl_shards_is(const fl_source *s)
+{
+    return s && s->ops == &shards_ops;
+}
+
+fl_source *
+fl_shards_new(const fl_shards_opts *o, fl_err *err)
+{
+    if (o->nominal <= 0 || o->ring < 1 || o->shuffle < 0 || o->nexts < 1 || o->nexts > FL_SHARDS_MAX_EXTS ||
+        o->nextras < 0 || o->nextras > FL_SHARDS_MAX_EXTS) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg,
+                 "bad shard options (nominal length %lld, ring %d, shuffle %d, %d image extensions)",
+                 (long long)o->nominal, o->ring, o->shuffle, o->nexts);
+        return NULL;
+    }
+    shards_source *ss = calloc(1, sizeof *ss);
+    if (ss)
+        ss->ring = calloc((size_t)o->ring, sizeof *ss->ring);
+    if (!ss || !ss->ring) {
+        free(ss);
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory for a shard source");
+        return NULL;
+    }
+    fl_source_init(&ss->head, &shards_ops, o->nominal);
+    ss->o = *o;
+    ss->o.stream.cancel = NULL;
+    if (o->stream.ca_file && !(ss->o.stream.ca_file = ss->ca_file = strdup(o->stream.ca_file))) {
+        free(ss->ring);
+        free(ss);
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory for a shard source");
+        return NULL;
+    }
+    pthread_mutex_init(&ss->mu, NULL);
+    pthread_cond_init(&ss->more, NULL);
+    pthread_cond_init(&ss->room, NULL);
+    ss->stopping = 1;   /* idle until the first begin */
+    atomic_init(&ss->cancel, 0);
+    return &ss->head;
+}
+
+void
+fl_shards_stats_get(fl_source *s, fl_shards_stats *out)
+{
+    shards_source *ss = (shards_source *)s;
+    out->bytes = atomic_load(&ss->bytes);
+    out->wait_ns = atomic_load(&ss->wait_ns);
+    out->retries = atomic_load(&ss->retries);
+    out->samples = atomic_load(&ss->samples);
+    out->shards = atomic_load(&ss->shards);
+    out->shards_skipped = atomic_load(&ss->shards_skipped);
+    out->passes = atomic_load(&ss->passes);
+}
+
+int
+fl_shards_take_skipped(fl_source *s, char (*urls)[512], char (*reasons)[320], int max)
+{
+    shards_source *ss = (shards_source *)s;
+    pthread_mutex_lock(&ss->mu);
+    int n = ss->nskipped < max ? ss->nskipped : max;
+    for (int i = 0; i < n; i++) {
+        memcpy(urls[i], ss->skipped[i].url, 512);
+        memcpy(reasons[i], ss->skipped[i].reason, 320);
+    }
+    if (n > 0) {   /* (an empty list has no array: memmove's pointers must not be NULL) */
+        memmove(ss->skipped, ss->skipped + n, (size_t)(ss->nskipped - n) * sizeof *ss->skipped);
+        ss->nskipped -= n;
+    }
+    pthread_mutex_unlock(&ss->mu);
+    return n;
+}
