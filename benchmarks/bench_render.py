@@ -41,6 +41,18 @@ HARNESS = r"""
 #include <string.h>
 #include <time.h>
 
+/* Trees with core/err.h report through one fl_err; older ones through a
+ * message buffer and its length. */
+#ifdef FL_ERR_MSG_MAX
+static fl_err E;
+#define ERR_ARGS &E
+#define ERR_TEXT E.msg
+#else
+static char E[256];
+#define ERR_ARGS E, sizeof E
+#define ERR_TEXT E
+#endif
+
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
 static uint8_t *make_image(int w, int h, int ch)
@@ -97,24 +109,23 @@ int main(int argc, char **argv)
         } else {
             t.dtype = FL_DT_U8;
         }
-        char msg[256];
-        if (fl_tspec_check(&t, msg, sizeof msg) < 0) { fprintf(stderr, "%s\n", msg); return 1; }
+        if (fl_tspec_check(&t, ERR_ARGS) < 0) { fprintf(stderr, "%s\n", ERR_TEXT); return 1; }
         size_t nb = fl_tspec_sample_bytes(&t);
         void *out = aligned_alloc(64, (nb + 63) / 64 * 64);
         fl_scratch sc = {NULL, 0};
         fl_plan *plans = malloc(sizeof(fl_plan) * (size_t)N);
         for (int i = 0; i < N; i++)
-            if (fl_plan_sample(&t, W, H, 1, 0, (uint64_t)i, &plans[i], msg, sizeof msg) < 0) { fprintf(stderr, "%s\n", msg); return 1; }
+            if (fl_plan_sample(&t, W, H, 1, 0, (uint64_t)i, &plans[i], ERR_ARGS) < 0) { fprintf(stderr, "%s\n", ERR_TEXT); return 1; }
         uint64_t h = 1469598103934665603ull;
         for (int i = 0; i < N && i < 64; i++) {       /* warm up + checksum */
-            if (fl_render(&t, &plans[i], &v, out, &sc, msg, sizeof msg) < 0) { fprintf(stderr, "%s\n", msg); return 1; }
+            if (fl_render(&t, &plans[i], &v, out, &sc, ERR_ARGS) < 0) { fprintf(stderr, "%s\n", ERR_TEXT); return 1; }
             h = fnv(h, out, nb);
         }
         double best = 1e30;
         for (int rep = 0; rep < 5; rep++) {
             double t0 = now();
             for (int i = 0; i < N; i++)
-                fl_render(&t, &plans[i], &v, out, &sc, msg, sizeof msg);
+                fl_render(&t, &plans[i], &v, out, &sc, ERR_ARGS);
             double dt = (now() - t0) / N;
             if (dt < best) best = dt;
         }

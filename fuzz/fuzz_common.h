@@ -129,16 +129,6 @@ fz_check_err(const fl_err *e, const char *what)
         FZ_FAIL("%s failed with an empty message (code %d)", what, e->code);
 }
 
-/* Same for the char msg[] of the imgops.h functions. */
-static inline void
-fz_check_msg(const char *msg, size_t len, const char *what)
-{
-    if (memchr(msg, '\0', len) == NULL)
-        FZ_FAIL("%s: message not NUL-terminated", what);
-    if (msg[0] == '\0')
-        FZ_FAIL("%s failed with an empty message", what);
-}
-
 /* libjpeg is not instrumented, so ASan does not see its writes into our
  * buffers (jpeg.c lets jpeg_read_scanlines write straight into the caller's
  * rows).  Output buffers therefore get FZ_CANARY guard bytes after their n

@@ -373,14 +373,14 @@ native_mode(fz_bytes *p, const fl_tspec *t, int spec_ok, const uint8_t *file, si
         uint8_t *img = decode_all(file, len, t->out_channels == 1 ? 1 : 3, &w, &h, &warn);
         if (img && warn == 0) {
             fl_plan plan;
-            char msg[256] = "";
-            if (fl_plan_sample(t, w, h, seed, epoch, 0, &plan, msg, sizeof msg) < 0)
-                FZ_FAIL("plan refused on the reference path: %s", msg);
+            fl_err ferr = {0};
+            if (fl_plan_sample(t, w, h, seed, epoch, 0, &plan, &ferr) < 0)
+                FZ_FAIL("plan refused on the reference path: %s", ferr.msg);
             fl_view v = {img, w, h, (size_t)w * (size_t)(t->out_channels == 1 ? 1 : 3), t->out_channels == 1 ? 1 : 3,
                          0.0, 0.0, 1.0, 1.0};
             void *ref = xmalloc(ds.sample_bytes);
-            if (fl_render(t, &plan, &v, ref, &scratch, msg, sizeof msg) < 0)
-                FZ_FAIL("reference render failed: %s", msg);
+            if (fl_render(t, &plan, &v, ref, &scratch, &ferr) < 0)
+                FZ_FAIL("reference render failed: %s", ferr.msg);
             if (memcmp(ref, out, ds.sample_bytes) != 0)
                 FZ_FAIL("fl_native_load_one differs from decode-all + render (%dx%d, box %d,%d %dx%d -> %dx%d)", w, h,
                         plan.box_x, plan.box_y, plan.box_w, plan.box_h, plan.rs_w, plan.rs_h);
@@ -397,13 +397,13 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
 {
     const uint8_t f = fz_u8(p), vs = fz_u8(p), vo = fz_u8(p);
     const uint64_t seed = fz_u32(p), epoch = fz_u8(p), index = fz_u8(p);
-    char msg[256] = "";
+    fl_err ferr = {0};
     fl_plan plan;
     if (!spec_ok) {   /* fl_tspec_from_pydict refuses it; plan_sample must too */
-        if (fl_plan_sample(t, 16, 16, seed, epoch, index, &plan, msg, sizeof msg) == 0)
+        if (fl_plan_sample(t, 16, 16, seed, epoch, index, &plan, &ferr) == 0)
             FZ_FAIL("fl_plan_sample accepted a spec that fl_tspec_check refuses");
-        fz_check_msg(msg, sizeof msg, "fl_plan_sample(invalid spec)");
-        FZ_LOG("render: invalid spec refused: %s", msg);
+        fz_check_err(&ferr, "fl_plan_sample(invalid spec)");
+        FZ_LOG("render: invalid spec refused: %s", ferr.msg);
         return;
     }
     /* the image: the decoded JPEG, else pixels made from the input */
@@ -459,8 +459,8 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
         if (!(sx > INT_MIN && sx < INT_MAX && sy > INT_MIN && sy < INT_MAX))
             goto done;   /* see HARDENING.md: the binding's int conversion is undefined here */
         int src_w = (int)sx, src_h = (int)sy;
-        if (fl_plan_sample(t, src_w, src_h, seed, epoch, index, &plan, msg, sizeof msg) < 0) {
-            fz_check_msg(msg, sizeof msg, "fl_plan_sample");
+        if (fl_plan_sample(t, src_w, src_h, seed, epoch, index, &plan, &ferr) < 0) {
+            fz_check_err(&ferr, "fl_plan_sample");
             goto done;
         }
         if (plan.out_w < 1 || plan.out_h < 1 || plan.box_w < 1 || plan.box_h < 1 || plan.box_x < 0
@@ -496,16 +496,16 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
         if (nb > FZ_MAX_OUT_BYTES)
             goto done;
         void *out = xmalloc(nb);   /* exact size */
-        int rc = fl_render(t, &plan, &v, out, &scratch, msg, sizeof msg);
+        int rc = fl_render(t, &plan, &v, out, &scratch, &ferr);
         FZ_LOG("render mode %d: image %dx%dx%d scale %g,%g origin %g,%g box %d,%d %dx%d rs %dx%d win %d,%d "
                "out %dx%d: rc %d%s%s", mode, w, h, ich, v.scale_x, v.scale_y, v.origin_x, v.origin_y, plan.box_x,
                plan.box_y, plan.box_w, plan.box_h, plan.rs_w, plan.rs_h, plan.win_x, plan.win_y, ow, oh, rc,
-               rc < 0 ? ": " : "", rc < 0 ? msg : "");
+               rc < 0 ? ": " : "", rc < 0 ? ferr.msg : "");
         if (rc < 0)
-            fz_check_msg(msg, sizeof msg, "fl_render");
+            fz_check_err(&ferr, "fl_render");
         if (mode == 2 && full_view) {
             if (rc < 0)
-                FZ_FAIL("a plan from fl_plan_sample failed to render from the whole %dx%d image: %s", w, h, msg);
+                FZ_FAIL("a plan from fl_plan_sample failed to render from the whole %dx%d image: %s", w, h, ferr.msg);
             int x0, y0, x1, y1;
             fl_plan_source_window(t, &plan, w, h, &x0, &y0, &x1, &y1);
             if (x0 < 0 || y0 < 0 || x1 > w || y1 > h || x1 <= x0 || y1 <= y0)
@@ -514,8 +514,8 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
             fl_view sub = {img + (size_t)y0 * v.stride + (size_t)x0 * (size_t)ich, x1 - x0, y1 - y0, v.stride, ich,
                            (double)x0, (double)y0, 1.0, 1.0};
             void *out2 = xmalloc(nb);
-            if (fl_render(t, &plan, &sub, out2, &scratch, msg, sizeof msg) < 0)
-                FZ_FAIL("render from the source window [%d, %d) x [%d, %d) failed: %s", x0, x1, y0, y1, msg);
+            if (fl_render(t, &plan, &sub, out2, &scratch, &ferr) < 0)
+                FZ_FAIL("render from the source window [%d, %d) x [%d, %d) failed: %s", x0, x1, y0, y1, ferr.msg);
             if (memcmp(out, out2, nb) != 0)
                 FZ_FAIL("render from the source window [%d, %d) x [%d, %d) of %dx%d differs from the whole image",
                         x0, x1, y0, y1, w, h);
@@ -538,10 +538,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int mode = fz_u8(&p) % 4;
     fl_tspec t;
     build_spec(&p, &t);
-    char msg[256] = "";
-    const int spec_ok = fl_tspec_check(&t, msg, sizeof msg) == 0;
+    fl_err ferr = {0};
+    const int spec_ok = fl_tspec_check(&t, &ferr) == 0;
     if (!spec_ok)
-        fz_check_msg(msg, sizeof msg, "fl_tspec_check");
+        fz_check_err(&ferr, "fl_tspec_check");
     if (mode <= 1)
         native_mode(&p, &t, spec_ok, file, len);
     else

@@ -12,7 +12,7 @@
 #include <Python.h>
 
 #include "core/engine.h"
-#include "image/jpeg.h"   /* fl_err, FL_ERR_* */
+#include "core/err.h"
 
 /* NumPy's C API table is shared by all binding files: module.c imports it,
  * the others declare NO_IMPORT_ARRAY before including this header. */
@@ -39,10 +39,26 @@ typedef struct {
     PyTypeObject *SourceType;         /* fastloader._C.Source */
     PyTypeObject *LMDBWriterType;     /* fastloader._C.LMDBWriter */
     PyTypeObject *ShmRingType;        /* fastloader._C.ShmRing */
+    /* What _C.stack(items, pool=X) may allocate from: each type that lends
+     * batch memory registers its allocator (fl_py_register_allocator,
+     * py_buffer.h), so stack checks no type by name.  Types borrowed from
+     * the fields above. */
+    struct fl_py_allocator_entry {
+        PyTypeObject *type;
+        const struct fl_py_allocator *ops;
+    } allocators[4];
+    int nallocators;
 } fl_module_state;
 
-/* Return the module state of the fastloader._C module object `m`. */
-fl_module_state *fl_get_state(PyObject *m);
+/* The module state of the fastloader._C module object `m` (borrowed).  Static
+ * inline, as CPython's own modules keep theirs: every binding file reads the
+ * state, and a function in module.c would make module.c and each of them call
+ * one another. */
+static inline fl_module_state *
+fl_get_state(PyObject *m)
+{
+    return (fl_module_state *)PyModule_GetState(m);
+}
 
 /* Registration hooks, called once from module.c's exec slot. */
 int fl_register_engine(PyObject *m);     /* py_engine_common.c: _EngineBase, Engine, NativeEngine */

@@ -13,12 +13,6 @@
 #define FL_STR2(x) #x
 #define FL_STR(x) FL_STR2(x)
 
-fl_module_state *
-fl_get_state(PyObject *m)
-{
-    return (fl_module_state *)PyModule_GetState(m);
-}
-
 static int
 fl_exec(PyObject *m)
 {

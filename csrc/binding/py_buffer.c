@@ -21,6 +21,7 @@
 #include "core/dlpack.h"
 #include "core/copy.h"
 #include "core/pool.h"
+#include "cuda/cuda.h"
 #include "binding/py_buffer.h"
 
 #include <structmember.h>
@@ -311,7 +312,7 @@ batchpool_class_for(fl_batchpool *bp, size_t nbytes, fl_pool **out)
         return -1;
     }
     if (bp->pin_device >= 0)
-        fl_pool_set_pinned(p, bp->pin_device);
+        fl_pool_set_pinned(p, bp->pin_device, fl_cuda_pinner());
     bp->classes[bp->nclasses].nbytes = nbytes;
     bp->classes[bp->nclasses].pool = p; /* owned by the table now */
     bp->nclasses++;
@@ -563,12 +564,12 @@ describe_item(PyObject *obj, stack_item *it, DLDataType *dt, Py_ssize_t *itemsiz
     return 1;
 }
 
-/* Parse stack(items, pool=None).  0 with *items and *bp (NULL: no pool) or
- * *ring (a ShmRing: a process worker's slot; NULL: none) borrowed from the
- * call, or -1 with TypeError. */
+/* Parse stack(items, pool=None).  0 with *items borrowed from the call and
+ * *alloc the allocator registered for pool's type (NULL: no pool), or -1
+ * with TypeError. */
 static int
 stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **items,
-           fl_batchpool **bp, PyObject **ring)
+           PyObject **pool_out, const fl_py_allocator **alloc)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs < 1 || nargs + nkw > 2) {
@@ -581,22 +582,73 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     }
     *items = args[0];
     PyObject *pool = nargs + nkw == 2 ? args[1] : Py_None;
-    *bp = NULL;
-    *ring = NULL;
-    if (pool != Py_None) {
-        if (PyObject_TypeCheck(pool, fl_get_state(module)->ShmRingType)) {
-            *ring = pool;
+    *pool_out = NULL;
+    *alloc = NULL;
+    if (pool == Py_None)
+        return 0;
+    fl_module_state *st = fl_get_state(module);
+    for (int i = 0; i < st->nallocators; i++) {
+        if (PyObject_TypeCheck(pool, st->allocators[i].type)) {
+            *pool_out = pool;
+            *alloc = st->allocators[i].ops;
             return 0;
         }
-        if (!PyObject_TypeCheck(pool, fl_get_state(module)->BatchPoolType)) {
-            PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool, a ShmRing or None, not %.100s",
-                         Py_TYPE(pool)->tp_name);
-            return -1;
-        }
-        *bp = (fl_batchpool *)pool;
     }
+    PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool, a ShmRing or None, not %.100s",
+                 Py_TYPE(pool)->tp_name);
+    return -1;
+}
+
+int
+fl_py_register_allocator(PyObject *module, PyTypeObject *type, const fl_py_allocator *ops)
+{
+    fl_module_state *st = fl_get_state(module);
+    int cap = (int)(sizeof st->allocators / sizeof st->allocators[0]);
+    if (st->nallocators >= cap) {
+        PyErr_SetString(PyExc_RuntimeError, "too many batch allocators registered (this is a bug)");
+        return -1;
+    }
+    st->allocators[st->nallocators].type = type;
+    st->allocators[st->nallocators].ops = ops;
+    st->nallocators++;
     return 0;
 }
+
+/* BatchPool as an allocator: the pool of the batch's size class (counted as
+ * pooled), or nothing when the table is full (counted as fresh). */
+static void *
+pool_take(void *ctx, int *pinned)
+{
+    void *data = fl_pool_get(ctx);
+    *pinned = data ? fl_pool_is_pinned(data) : 0;
+    return data;
+}
+
+static int
+batchpool_lend(PyObject *owner, size_t nbytes, fl_py_lease *lease)
+{
+    fl_batchpool *bp = (fl_batchpool *)owner;
+    fl_pool *pool;
+    memset(lease, 0, sizeof *lease);
+    if (nbytes == 0)
+        return 0;
+    if (batchpool_class_for(bp, nbytes, &pool) < 0)
+        return -1;
+    if (!pool) {
+        bp->fresh++;
+        return 0;
+    }
+    bp->pooled++;
+    /* the caller's reference to bp keeps `pool` alive until the Buffer owns
+     * the memory; the Buffer then holds the pool itself (fl_py_pool_put) */
+    lease->take = pool_take;
+    lease->take_ctx = pool;
+    lease->free_fn = fl_py_pool_put;
+    lease->free_ctx = pool;
+    return 0;
+}
+
+static const fl_py_allocator batchpool_allocator = {batchpool_lend};
 
 /* stack(items, pool=None) -> Buffer | None
  * Collates a sequence of equally shaped arrays or CPU tensors of one dtype
@@ -613,9 +665,9 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
 static PyObject *
 fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *arg, *ring;
-    fl_batchpool *bp;
-    if (stack_args(module, args, nargs, kwnames, &arg, &bp, &ring) < 0)
+    PyObject *arg, *owner;
+    const fl_py_allocator *alloc;
+    if (stack_args(module, args, nargs, kwnames, &arg, &owner, &alloc) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(arg, "stack() expects a sequence");
     if (!seq)
@@ -624,9 +676,7 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     PyObject *result = NULL;
     stack_item *items = NULL;
     void *data = NULL;
-    fl_pool *pool = NULL;  /* where data came from: borrowed from bp (NULL: fl_aligned_alloc) */
-    fl_buffer_free_fn ring_free = NULL; /* set when data lies in a ShmRing slot */
-    void *ring_ctx = NULL;
+    fl_py_lease lease = {NULL, NULL, NULL, NULL, NULL}; /* free_fn NULL: data is fl_aligned_alloc's */
     int pinned = 0;
     if (n == 0) {
         Py_DECREF(seq);
@@ -664,23 +714,16 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     for (int i = 0; i < items[0].ndim; i++)
         per *= (size_t)items[0].shape[i];
     size_t total = per * (size_t)n;
-    if (bp && total > 0) {
-        if (batchpool_class_for(bp, total, &pool) < 0)
-            goto done;
-        if (pool)
-            bp->pooled++;
-        else
-            bp->fresh++;
-    }
-    /* a process worker's slot; a full slot falls back to a fresh buffer */
-    if (ring && total > 0)
-        fl_py_shmring_arena(module, ring, total, &data, &ring_free, &ring_ctx);
-    /* the caller's reference to bp keeps `pool` alive through this call */
+    /* the pool's lease: a BatchPool's buffer, a process worker's slot; with
+     * nothing lent, a fresh buffer */
+    if (alloc && total > 0 && alloc->lend(owner, total, &lease) < 0)
+        goto done;
+    data = lease.data;
     Py_BEGIN_ALLOW_THREADS
-    if (!data)
-        data = pool ? fl_pool_get(pool) : fl_aligned_alloc(total);
-    if (data && pool)
-        pinned = fl_pool_is_pinned(data);
+    if (!data && lease.take)
+        data = lease.take(lease.take_ctx, &pinned);
+    else if (!data)
+        data = fl_aligned_alloc(total);
     if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
         for (Py_ssize_t k = 0; k < n; k++)
             fl_copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
@@ -697,8 +740,7 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         shape[i + 1] = items[0].shape[i];
     DLDevice cpu = {kDLCPU, 0};
     result = fl_buffer_new(module, data, total, items[0].ndim + 1, shape, dt0, cpu,
-                           ring_free ? ring_free : pool ? fl_py_pool_put : fl_aligned_free,
-                           ring_free ? ring_ctx : pool);
+                           lease.free_fn ? lease.free_fn : fl_aligned_free, lease.free_ctx);
     if (result) {
         ((fl_buffer *)result)->pinned = pinned;
         data = NULL; /* owned by the Buffer now */
@@ -708,12 +750,10 @@ fallback:
     result = Py_NewRef(Py_None);
 done:
     if (data) {
-        if (ring_free)
-            ring_free(ring_ctx, data);
-        else if (pool)
-            fl_py_pool_put(pool, data);
+        if (lease.free_fn)
+            lease.free_fn(lease.free_ctx, data);
         else
-            free(data);
+            fl_aligned_free(NULL, data);
     }
     /* entries never described are zeroed, so releasing all n is safe */
     for (Py_ssize_t k = 0; items && k < n; k++)
@@ -766,6 +806,8 @@ fl_register_buffer(PyObject *m)
     if (!st->BatchPoolType)
         return -1;
     if (PyModule_AddType(m, st->BatchPoolType) < 0)
+        return -1;
+    if (fl_py_register_allocator(m, st->BatchPoolType, &batchpool_allocator) < 0)
         return -1;
     return PyModule_AddFunctions(m, buffer_functions);
 }

@@ -32,12 +32,33 @@ void fl_py_pool_put(void *pool, void *data);
 struct fl_pool;
 int fl_py_batchpool_for(PyObject *module, PyObject *pool, size_t nbytes, struct fl_pool **out);
 
-/* When `obj` is a ShmRing (py_shmring.c): nbytes of the slot its arena is
- * filling, as memory a Buffer may own (*free_fn(*free_ctx, *data) releases
- * it); *data is NULL when the slot is full.  Returns 1 for a ShmRing, 0 for
- * anything else (nothing set, no exception).  GIL held. */
-int fl_py_shmring_arena(PyObject *module, PyObject *obj, size_t nbytes, void **data, fl_buffer_free_fn *free_fn,
-                        void **free_ctx);
+/* ---- allocators: where _C.stack(items, pool=X) puts a batch ---------------
+ *
+ * A type that lends batch memory (BatchPool here, ShmRing in py_shmring.c)
+ * registers an fl_py_allocator for its objects; stack asks it through this
+ * interface only, so neither file calls the other.  A lease is taken in two
+ * steps, because getting pool memory may block (cudaHostAlloc): `lend` with
+ * the GIL, then `take` (if set) without it. */
+typedef struct fl_py_lease {
+    void *data;                   /* the memory when lent at once (NULL: see take, else none) */
+    void *(*take)(void *ctx, int *pinned); /* no GIL: get it; NULL when out of memory; *pinned 1 if page-locked */
+    void *take_ctx;
+    fl_buffer_free_fn free_fn;    /* how the Buffer gives it back (with the GIL) */
+    void *free_ctx;
+} fl_py_lease;
+
+typedef struct fl_py_allocator {
+    /* GIL held.  Lend nbytes from `owner` (an object of the registered type,
+     * kept alive by the caller until the Buffer is made): 0 with *lease
+     * filled (all NULL: nothing to lend, stack allocates a fresh buffer),
+     * or -1 with an exception set. */
+    int (*lend)(PyObject *owner, size_t nbytes, fl_py_lease *lease);
+} fl_py_allocator;
+
+/* Register `ops` (static, never freed) for objects of `type` (borrowed from
+ * the module state).  From a register hook; 0, or -1 with RuntimeError
+ * when the table is full. */
+int fl_py_register_allocator(PyObject *module, PyTypeObject *type, const fl_py_allocator *ops);
 
 /* Mark a Buffer made by fl_buffer_new as page-locked memory (its `pinned`
  * attribute), as _C.stack does for pinned pool buffers. */

@@ -21,8 +21,35 @@
 #include "binding/binding.h"
 #include "cuda/cuda.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* Raise RuntimeError (FL_ERR_RUNTIME) through the one translator with the
+ * message PyUnicode_FromFormat(fmt, ...) makes, as PyErr_Format would: of
+ * any length, since cuda_require adds to a core message (the tried list, a
+ * library path) and an fl_err's msg would cut it.  m may be NULL (from
+ * fl_py_cuda_require): RuntimeError needs no module state.  Returns NULL. */
+static PyObject *
+raise_runtime(PyObject *m, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *text = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    if (!text)
+        return NULL;
+    const char *msg = PyUnicode_AsUTF8(text);
+    PyObject *e = msg ? fl_py_error_new(m, FL_ERR_RUNTIME, 0, msg, NULL, NULL) : NULL;
+    Py_DECREF(text);
+    if (e) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+    return NULL;
+}
 
 /* ---- Python paths -> C strings --------------------------------------------- */
 
@@ -147,7 +174,7 @@ done:
 
 /* Load libcudart if needed; RuntimeError when it cannot be found. */
 static int
-require_loaded(void)
+require_loaded(PyObject *m)
 {
     fl_cuda_probe_result p;
     if (fl_cuda_get_api())
@@ -155,7 +182,7 @@ require_loaded(void)
     if (probe(NULL, &p) < 0)
         return -1;
     if (!p.loaded) {
-        PyErr_SetString(PyExc_RuntimeError, p.load_err);
+        fl_py_raise(m, &p.load_err, NULL, NULL);
         return -1;
     }
     return 0;
@@ -177,7 +204,7 @@ fl_cuda_info(PyObject *m, PyObject *args, PyObject *kwds)
     if (!p.loaded)
         return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:s}", "found", Py_False, "library", Py_None,
                              "runtime_version", Py_None, "driver_version", Py_None, "devices", 0,
-                             "error", p.load_err);
+                             "error", p.load_err.msg);
 
     PyObject *library = PyUnicode_DecodeFSDefault(fl_cuda_library_path());
     if (!library)
@@ -185,9 +212,9 @@ fl_cuda_info(PyObject *m, PyObject *args, PyObject *kwds)
     const char *error = NULL;
     char none_msg[] = "no CUDA device (cudaGetDeviceCount returned 0)";
     if (p.count_rc != FL_CUDA_OK)
-        error = p.count_err;
+        error = p.count_err.msg;
     else if (p.vers_rc != FL_CUDA_OK)
-        error = p.vers_err;
+        error = p.vers_err.msg;
     else if (p.count == 0)
         error = none_msg;
     PyObject *runtime = p.vers_rc == FL_CUDA_OK ? PyLong_FromLong(p.runtime) : Py_NewRef(Py_None);
@@ -210,7 +237,6 @@ fl_cuda_require(PyObject *m, PyObject *args, PyObject *kwds)
     int index;
     PyObject *search_paths = NULL;
     fl_cuda_probe_result p;
-    (void)m;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|O:cuda_require", kwlist, &index,
                                      &search_paths))
         return NULL;
@@ -219,10 +245,10 @@ fl_cuda_require(PyObject *m, PyObject *args, PyObject *kwds)
     if (probe(search_paths, &p) < 0)
         return NULL;
     if (!p.loaded)
-        return PyErr_Format(PyExc_RuntimeError,
-                            "%s; install the CUDA runtime (it comes with torch's CUDA wheels) or "
-                            "set FASTLOADER_CUDART to the path of libcudart.so",
-                            p.load_err);
+        return raise_runtime(m,
+                             "%s; install the CUDA runtime (it comes with torch's CUDA wheels) or "
+                             "set FASTLOADER_CUDART to the path of libcudart.so",
+                             p.load_err.msg);
 
     const fl_cuda_api *api = fl_cuda_get_api();
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -241,26 +267,24 @@ fl_cuda_require(PyObject *m, PyObject *args, PyObject *kwds)
                      (p.driver % 1000) / 10);
         else
             snprintf(drv, sizeof drv, "no driver found");
-        return PyErr_Format(PyExc_RuntimeError,
-                            "CUDA driver missing or too old (%s: %s); the CUDA runtime %d.%d at "
-                            "%s needs an NVIDIA driver for CUDA %d.%d or newer, %s",
-                            api->GetErrorName(p.count_rc), api->GetErrorString(p.count_rc),
-                            p.runtime / 1000, (p.runtime % 1000) / 10, fl_cuda_library_path(),
-                            p.runtime / 1000, (p.runtime % 1000) / 10, drv);
+        return raise_runtime(m,
+                             "CUDA driver missing or too old (%s: %s); the CUDA runtime %d.%d at "
+                             "%s needs an NVIDIA driver for CUDA %d.%d or newer, %s",
+                             api->GetErrorName(p.count_rc), api->GetErrorString(p.count_rc),
+                             p.runtime / 1000, (p.runtime % 1000) / 10, fl_cuda_library_path(),
+                             p.runtime / 1000, (p.runtime % 1000) / 10, drv);
     }
     case FL_CUDA_ERR_NO_DEVICE:
-        return PyErr_Format(PyExc_RuntimeError, "no CUDA device (%s: %s)%s",
-                            api->GetErrorName(p.count_rc), api->GetErrorString(p.count_rc),
-                            visible);
+        return raise_runtime(m, "no CUDA device (%s: %s)%s", api->GetErrorName(p.count_rc),
+                             api->GetErrorString(p.count_rc), visible);
     default:
-        return PyErr_Format(PyExc_RuntimeError, "CUDA is not usable: %s", p.count_err);
+        return raise_runtime(m, "CUDA is not usable: %s", p.count_err.msg);
     }
     if (p.count == 0)
-        return PyErr_Format(PyExc_RuntimeError, "no CUDA device (cudaGetDeviceCount returned 0)%s",
-                            visible);
+        return raise_runtime(m, "no CUDA device (cudaGetDeviceCount returned 0)%s", visible);
     if (index >= p.count)
-        return PyErr_Format(PyExc_RuntimeError, "CUDA device %d requested but only %d present%s",
-                            index, p.count, visible);
+        return raise_runtime(m, "CUDA device %d requested but only %d present%s", index, p.count,
+                             visible);
     Py_RETURN_NONE;
 }
 
@@ -285,11 +309,12 @@ fl_py_cuda_require(int device)
  * fl_cuda_device_roundtrip takes it) back into a new bytes object.  GIL
  * held; released around the copy.  Releases *data whatever happens.
  * Returns the bytes, or NULL with ValueError (empty data), the
- * require_loaded error, or RuntimeError with the CUDA message. */
+ * require_loaded error, or the core's error through the translator
+ * (RuntimeError with the CUDA message). */
 static PyObject *
-roundtrip_bytes(Py_buffer *data, int device, int device_trip, int two_streams, int reg)
+roundtrip_bytes(PyObject *m, Py_buffer *data, int device, int device_trip, int two_streams, int reg)
 {
-    char err[FL_CUDA_ERRLEN] = "";
+    fl_err err = {0};
     size_t n = (size_t)data->len;
     PyObject *out = NULL;
     int rc;
@@ -297,7 +322,7 @@ roundtrip_bytes(Py_buffer *data, int device, int device_trip, int two_streams, i
         PyErr_SetString(PyExc_ValueError, "data must not be empty");
         goto done;
     }
-    if (require_loaded() < 0)
+    if (require_loaded(m) < 0)
         goto done;
     /* A fresh bytes object that no other thread can see yet: filled below
      * without the GIL. */
@@ -307,12 +332,12 @@ roundtrip_bytes(Py_buffer *data, int device, int device_trip, int two_streams, i
     char *dst = PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
     if (device_trip)
-        rc = fl_cuda_device_roundtrip(device, data->buf, dst, n, two_streams, reg, err, sizeof err);
+        rc = fl_cuda_device_roundtrip(device, data->buf, dst, n, two_streams, reg, &err);
     else
-        rc = fl_cuda_pinned_roundtrip(device, data->buf, dst, n, reg, err, sizeof err);
+        rc = fl_cuda_pinned_roundtrip(device, data->buf, dst, n, reg, &err);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
-        PyErr_SetString(PyExc_RuntimeError, err);
+        fl_py_raise(m, &err, NULL, NULL);
         Py_CLEAR(out);
     }
 done:
@@ -326,11 +351,10 @@ py_cuda_pinned_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"data", "device", "register", NULL};
     Py_buffer data;
     int device = 0, reg = 0;
-    (void)m;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|ip:_cuda_pinned_roundtrip", kwlist, &data,
                                      &device, &reg))
         return NULL;
-    return roundtrip_bytes(&data, device, 0, 0, reg);
+    return roundtrip_bytes(m, &data, device, 0, 0, reg);
 }
 
 static PyObject *
@@ -339,11 +363,10 @@ py_cuda_device_roundtrip(PyObject *m, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"data", "device", "two_streams", "register", NULL};
     Py_buffer data;
     int device = 0, two = 0, reg = 0;
-    (void)m;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|ipp:_cuda_device_roundtrip", kwlist, &data,
                                      &device, &two, &reg))
         return NULL;
-    return roundtrip_bytes(&data, device, 1, two, reg);
+    return roundtrip_bytes(m, &data, device, 1, two, reg);
 }
 
 /* ---- registration -------------------------------------------------------- */

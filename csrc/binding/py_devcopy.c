@@ -26,11 +26,11 @@
  * Ctrl-C interrupts them; only the wait in DeviceTensor's dealloc (the host
  * memory must outlive the copy reading it) cannot be interrupted.
  *
- * Errors: failures of the core (CUDA errors from devpool.c, a closed
- * copier) become exceptions through the one translator, fl_py_raise
- * (py_errors.c), as FL_ERR_RUNTIME: RuntimeError with the core's message.
- * Argument checks raise TypeError/ValueError directly, and the DLPack
- * protocol's refusals BufferError.
+ * Errors: the core's fl_err records (CUDA errors from devpool.c; a closed
+ * copier is one too) become exceptions through the one translator,
+ * fl_py_raise (py_errors.c): FL_ERR_RUNTIME, RuntimeError with the core's
+ * message.  Argument checks raise TypeError/ValueError directly, and the
+ * DLPack protocol's refusals (fl_devbuf_export's -2 too) BufferError.
  */
 #define NO_IMPORT_ARRAY
 #include "binding/binding.h"
@@ -45,7 +45,6 @@
 #include <string.h>
 
 #define FL_DEV_MAX_NDIM 16
-#define FL_DEV_ERRLEN sizeof(((fl_err *)0)->msg) /* a core message fits an fl_err whole */
 #define FL_DEV_SLICE_MS 50 /* longest wait without a signal check */
 
 typedef struct {
@@ -68,22 +67,28 @@ typedef struct {
 
 /* ---- errors and waits ---------------------------------------------------- */
 
-/* Raise `msg` (a core failure: a CUDA error line, or our own) as
- * FL_ERR_RUNTIME through the one translator.  `obj` is any object of this
- * module's types.  Always returns NULL. */
+/* Raise the core's record `err` through the one translator.  `obj` is any
+ * object of this module's types.  Always returns NULL. */
 static PyObject *
-raise_runtime(PyObject *obj, const char *msg)
+raise_err(PyObject *obj, const fl_err *err)
 {
-    fl_err e = {FL_ERR_RUNTIME, "", 0};
-    snprintf(e.msg, sizeof e.msg, "%s", msg);
-    return fl_py_raise(PyType_GetModule(Py_TYPE(obj)), &e, NULL, NULL);
+    return fl_py_raise(PyType_GetModule(Py_TYPE(obj)), err, NULL, NULL);
+}
+
+/* "DeviceCopier is closed", a RuntimeError like the core's failures. */
+static PyObject *
+raise_closed(PyObject *obj)
+{
+    fl_err e;
+    fl_err_set(&e, FL_ERR_RUNTIME, 0, "DeviceCopier is closed");
+    return raise_err(obj, &e);
 }
 
 /* One slice of a wait: at most ms milliseconds; 0 when done,
- * FL_CUDA_ERR_NOT_READY when not yet (err untouched), another code with err
- * filled on failure.  Runs without the GIL (ms == 0: a single query, which
- * never blocks and may run with it). */
-typedef int (*wait_slice_fn)(void *ctx, int ms, char *err, size_t errlen);
+ * FL_CUDA_ERR_NOT_READY when not yet (*err untouched), another code with
+ * *err filled on failure.  Runs without the GIL (ms == 0: a single query,
+ * which never blocks and may run with it). */
+typedef int (*wait_slice_fn)(void *ctx, int ms, fl_err *err);
 
 /* Wait until `slice` says done: one query with the GIL held first (a copy
  * that already finished costs no GIL switch), then slices of FL_DEV_SLICE_MS
@@ -95,26 +100,26 @@ typedef int (*wait_slice_fn)(void *ctx, int ms, char *err, size_t errlen);
 static int
 wait_interruptibly(PyObject *obj, wait_slice_fn slice, void *ctx)
 {
-    char err[FL_DEV_ERRLEN];
-    int rc = slice(ctx, 0, err, sizeof err);
+    fl_err err = {0};
+    int rc = slice(ctx, 0, &err);
     while (rc == FL_CUDA_ERR_NOT_READY) {
         if (PyErr_CheckSignals() < 0)
             return -1;
         Py_BEGIN_ALLOW_THREADS
-        rc = slice(ctx, FL_DEV_SLICE_MS, err, sizeof err);
+        rc = slice(ctx, FL_DEV_SLICE_MS, &err);
         Py_END_ALLOW_THREADS
     }
     if (rc != FL_CUDA_OK) {
-        raise_runtime(obj, err);
+        raise_err(obj, &err);
         return -1;
     }
     return 0;
 }
 
 static int
-copy_slice(void *buf, int ms, char *err, size_t errlen)
+copy_slice(void *buf, int ms, fl_err *err)
 {
-    return fl_devbuf_copy_wait_ms(buf, ms, err, errlen);
+    return fl_devbuf_copy_wait_ms(buf, ms, err);
 }
 
 typedef struct {
@@ -123,10 +128,10 @@ typedef struct {
 } mark_wait;
 
 static int
-mark_slice(void *ctx, int ms, char *err, size_t errlen)
+mark_slice(void *ctx, int ms, fl_err *err)
 {
     mark_wait *w = ctx;
-    return fl_devpool_mark_wait(w->pool, w->mark, ms, err, errlen);
+    return fl_devpool_mark_wait(w->pool, w->mark, ms, err);
 }
 
 /* ---- the consumed host tensor ------------------------------------------- */
@@ -255,15 +260,15 @@ devtensor_dlpack(fl_devtensor *self, PyObject *args, PyObject *kwargs)
     int no_wait;
     if (parse_stream(req.stream, &stream, &no_wait) < 0)
         return NULL;
-    char err[FL_DEV_ERRLEN];
+    fl_err err = {0};
     /* takes the export's buffer reference and queues the stream wait */
-    int rc = fl_devbuf_export(self->buf, stream, no_wait, err, sizeof err);
-    if (rc == -2) { /* too many streams: the protocol's refusal */
-        PyErr_SetString(PyExc_BufferError, err);
+    int rc = fl_devbuf_export(self->buf, stream, no_wait, &err);
+    if (rc == -2) { /* too many streams: the protocol's refusal, a type no FL_ERR_ code names */
+        PyErr_SetString(PyExc_BufferError, err.msg);
         return NULL;
     }
     if (rc != FL_CUDA_OK)
-        return raise_runtime((PyObject *)self, err);
+        return raise_err((PyObject *)self, &err);
     PyObject *cap = fl_dlpack_capsule(fl_devbuf_ptr(self->buf), where, self->ndim, self->shape,
                                       self->dtype, req.versioned, dev_export_release, self->buf);
     if (!cap)
@@ -280,12 +285,12 @@ devtensor_dlpack_device(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 devtensor_copy_done(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 {
-    char err[FL_DEV_ERRLEN];
-    int rc = fl_devbuf_copy_query(self->buf, err, sizeof err);
+    fl_err err = {0};
+    int rc = fl_devbuf_copy_query(self->buf, &err);
     if (rc == FL_CUDA_ERR_NOT_READY)
         Py_RETURN_FALSE;
     if (rc != FL_CUDA_OK)
-        return raise_runtime((PyObject *)self, err);
+        return raise_err((PyObject *)self, &err);
     release_host(self);
     Py_RETURN_TRUE;
 }
@@ -303,15 +308,15 @@ devtensor_wait(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 devtensor_copy_ms(fl_devtensor *self, PyObject *Py_UNUSED(ignored))
 {
-    char err[FL_DEV_ERRLEN];
-    int rc = fl_devbuf_copy_query(self->buf, err, sizeof err);
+    fl_err err = {0};
+    int rc = fl_devbuf_copy_query(self->buf, &err);
     if (rc == FL_CUDA_ERR_NOT_READY)
         Py_RETURN_NONE;
     float ms = 0.0f;
     if (rc == FL_CUDA_OK)
-        rc = fl_devbuf_copy_ms(self->buf, &ms, err, sizeof err);
+        rc = fl_devbuf_copy_ms(self->buf, &ms, &err);
     if (rc != FL_CUDA_OK)
-        return raise_runtime((PyObject *)self, err);
+        return raise_err((PyObject *)self, &err);
     return PyFloat_FromDouble(ms);
 }
 
@@ -351,14 +356,14 @@ devtensor_dealloc(fl_devtensor *self)
     PyTypeObject *tp = Py_TYPE(self);
     if (self->weakreflist)
         PyObject_ClearWeakRefs((PyObject *)self);
-    if (self->host && self->buf && fl_devbuf_copy_query(self->buf, NULL, 0) != FL_CUDA_OK) {
+    if (self->host && self->buf && fl_devbuf_copy_query(self->buf, NULL) != FL_CUDA_OK) {
         /* The host memory may still be read by the copy: wait for it before
          * giving the memory back (the loader avoids this wait by keeping a
          * DeviceTensor until copy_done()).  Errors cannot be reported from
          * here; the wait fails only when the device is lost, and then nothing
          * reads. */
         Py_BEGIN_ALLOW_THREADS
-        fl_devbuf_copy_wait(self->buf, NULL, 0);
+        fl_devbuf_copy_wait(self->buf, NULL);
         Py_END_ALLOW_THREADS
     }
     release_host(self);
@@ -428,16 +433,13 @@ copier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_Format(PyExc_ValueError, "max_buffers must be >= 1, got %d", max_buffers);
     if (fl_py_cuda_require(device) < 0)
         return NULL;
-    char err[FL_DEV_ERRLEN];
+    fl_err err = {0};
     fl_devpool *pool;
     Py_BEGIN_ALLOW_THREADS
-    pool = fl_devpool_new(device, max_buffers, err, sizeof err);
+    pool = fl_devpool_new(device, max_buffers, &err);
     Py_END_ALLOW_THREADS
-    if (!pool) {
-        fl_err e = {FL_ERR_RUNTIME, "", 0};
-        snprintf(e.msg, sizeof e.msg, "%s", err);
-        return fl_py_raise(PyType_GetModule(type), &e, NULL, NULL);
-    }
+    if (!pool)
+        return fl_py_raise(PyType_GetModule(type), &err, NULL, NULL);
     fl_copier *self = (fl_copier *)type->tp_alloc(type, 0);
     if (!self) {
         fl_devpool_unref(pool);
@@ -453,7 +455,7 @@ copier_check(fl_copier *self)
 {
     if (self->pool)
         return 0;
-    raise_runtime((PyObject *)self, "DeviceCopier is closed");
+    raise_closed((PyObject *)self);
     return -1;
 }
 
@@ -500,23 +502,23 @@ copier_copy(fl_copier *self, PyObject *obj)
     d->dtype = t->dtype;
     const void *src = (const char *)t->data + t->byte_offset;
     size_t bytes = count * elem;
-    char err[FL_DEV_ERRLEN];
+    fl_err err = {0};
     fl_devbuf *buf = NULL;
     int rc;
     /* __dlpack__ and tp_alloc above may have run Python code that closed
      * us: check again, and take the reference with no Python code between */
     fl_devpool *pool = self->pool;
     if (!pool) {
-        raise_runtime((PyObject *)self, "DeviceCopier is closed");
+        raise_closed((PyObject *)self);
         goto fail;
     }
     fl_devpool_ref(pool); /* close() on another thread must not free it under us */
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_devpool_copy(pool, src, bytes, &buf, err, sizeof err);
+    rc = fl_devpool_copy(pool, src, bytes, &buf, &err);
     fl_devpool_unref(pool);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK) {
-        raise_runtime((PyObject *)self, err);
+        raise_err((PyObject *)self, &err);
         goto fail;
     }
     d->buf = buf;
@@ -536,15 +538,15 @@ copier_synchronize(fl_copier *self, PyObject *Py_UNUSED(ignored))
 {
     if (copier_check(self) < 0)
         return NULL;
-    char err[FL_DEV_ERRLEN];
+    fl_err err = {0};
     int rc, ok = 0;
     mark_wait w = {self->pool, NULL};
     fl_devpool_ref(w.pool); /* close() (another thread, a signal handler) must not free it under us */
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_devpool_mark(w.pool, &w.mark, err, sizeof err);
+    rc = fl_devpool_mark(w.pool, &w.mark, &err);
     Py_END_ALLOW_THREADS
     if (rc != FL_CUDA_OK)
-        raise_runtime((PyObject *)self, err);
+        raise_err((PyObject *)self, &err);
     else
         ok = wait_interruptibly((PyObject *)self, mark_slice, &w) == 0;
     fl_devpool_mark_free(w.pool, w.mark);

@@ -55,14 +55,14 @@ fl_py_engine_alloc(PyTypeObject *type, int nworkers, const fl_py_engine_kind *ki
 int
 fl_py_engine_open(fl_py_engine *self, const fl_engine_ops *ops, void *engine_ctx)
 {
-    char msg[256] = "";
+    fl_err err = {0};
     fl_engine *e;
     int n = self->nworkers;
     Py_BEGIN_ALLOW_THREADS
-    e = fl_engine_new(n, ops, engine_ctx, msg, sizeof msg);
+    e = fl_engine_new(n, ops, engine_ctx, &err);
     Py_END_ALLOW_THREADS
     if (!e) {
-        PyErr_Format(PyExc_RuntimeError, "could not start worker threads: %s", msg);
+        fl_py_raise(PyType_GetModule(Py_TYPE(self)), &err, NULL, NULL);
         return -1;
     }
     self->engine = e;

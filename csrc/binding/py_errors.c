@@ -28,7 +28,7 @@
 
 #include <string.h>
 
-#include "image/jpeg.h"
+#include "core/err.h"
 
 /* The translator proper: `text` (a str, borrowed) is the message without
  * `where`.  Returns a new exception instance, or NULL with an exception set. */

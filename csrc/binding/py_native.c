@@ -16,6 +16,7 @@
  */
 #define NO_IMPORT_ARRAY
 #include "binding/binding.h"
+#include "cuda/cuda.h"
 #include "native/native.h"
 #include "binding/py_native.h"
 #include "binding/py_transform.h"
@@ -182,7 +183,7 @@ ds_pool_for(NativeDatasetObject *self, int count)
             return NULL;
         }
         if (self->pin_device >= 0)
-            fl_pool_set_pinned(p, self->pin_device);
+            fl_pool_set_pinned(p, self->pin_device, fl_cuda_pinner());
         fl_pool *old = self->pool;
         self->pool = p;
         self->pool_batch = count;
@@ -223,7 +224,7 @@ nds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     fl_native_ds *ds = &self->ds;
     self->pin_device = -1;
-    if (fl_tspec_from_pydict(spec, &ds->spec) < 0)
+    if (fl_tspec_from_pydict(PyType_GetModule(type), spec, &ds->spec) < 0)
         goto error;
     if (ds->spec.out_w <= 0 || ds->spec.out_h <= 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -362,10 +363,10 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "image must have 1 or 3 channels, got %d", c);
     }
     fl_plan plan;
-    char msg[256];
-    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
+    fl_err e = {0};
+    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &plan, &e) < 0) {
         Py_DECREF(arr);
-        return PyErr_Format(PyExc_ValueError, "%s", msg);
+        return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     }
     void *out = fl_aligned_alloc(self->ds.sample_bytes);
     if (!out) {
@@ -376,14 +377,12 @@ nds_render_array(NativeDatasetObject *self, PyObject *args)
     fl_scratch scratch = {NULL, 0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_render(&self->ds.spec, &plan, &view, out, &scratch, msg, sizeof msg);
+    rc = fl_render(&self->ds.spec, &plan, &view, out, &scratch, &e);
     fl_scratch_free(&scratch);
     Py_END_ALLOW_THREADS
     Py_DECREF(arr);
     if (rc < 0) {
         free(out);
-        fl_err e = {rc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID, "", 0};
-        snprintf(e.msg, sizeof e.msg, "%s", msg);
         return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     }
     int64_t shape[3];
@@ -431,9 +430,9 @@ nds_plan(NativeDatasetObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "LiiKK:plan", &index, &w, &h, &epoch, &seed))
         return NULL;
     fl_plan p;
-    char msg[256];
-    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &p, msg, sizeof msg) < 0)
-        return PyErr_Format(PyExc_ValueError, "%s", msg);
+    fl_err e = {0};
+    if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &p, &e) < 0)
+        return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
     return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O}", "box", p.box_x, p.box_y, p.box_w, p.box_h, "resized",
                          p.rs_w, p.rs_h, "window", p.win_x, p.win_y, "flip", p.flip ? Py_True : Py_False);
 }

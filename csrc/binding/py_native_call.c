@@ -173,7 +173,7 @@ nc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     NativeCallObject *self = (NativeCallObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    if (fl_tspec_from_pydict(spec, &self->ds.spec) < 0)
+    if (fl_tspec_from_pydict(PyType_GetModule(type), spec, &self->ds.spec) < 0)
         goto error;
     if (self->ds.spec.out_w <= 0 || self->ds.spec.out_h <= 0) {
         PyErr_SetString(PyExc_ValueError,

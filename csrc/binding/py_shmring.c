@@ -11,8 +11,8 @@
  *   buffer(slot, offset, nbytes) -> Buffer              a 1-D uint8 view
  *   pin(slot, nbytes, device)   pinned_bytes(slot) -> int
  *
- * _C.stack(items, pool=ring) stacks into the ring's arena (py_buffer.c asks
- * fl_py_shmring_arena, below), so default collation in a worker process
+ * _C.stack(items, pool=ring) stacks into the ring's arena (the ring is one of
+ * stack's registered allocators, py_buffer.h), so default collation in a worker process
  * writes each sample once, straight into the slot the loader reads.
  *
  * Ownership: the object holds one reference to the core ring; every Buffer
@@ -26,10 +26,12 @@
 #include "binding/binding.h"
 #include "binding/py_buffer.h"
 #include "core/shmring.h"
+#include "cuda/cuda.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <string.h>
 #include <unistd.h>
 
 typedef struct {
@@ -59,16 +61,12 @@ view_free(void *ctx, void *data)
     ring_unref_gil(r);
 }
 
+/* The ring's errors through the one translator (binding/py_errors.c), so an
+ * FL_ERR_IO gets its errno's OSError subclass.  NULL with the exception set. */
 static PyObject *
-ring_error(const fl_err *err)
+ring_error(PyTypeObject *type, const fl_err *err)
 {
-    if (err->code == FL_ERR_NOMEM)
-        return PyErr_NoMemory();
-    if (err->code == FL_ERR_IO) {
-        errno = err->errnum;
-        return PyErr_Format(PyExc_OSError, "%s", err->msg);
-    }
-    return PyErr_Format(PyExc_ValueError, "%s", err->msg);
+    return fl_py_raise(PyType_GetModule(type), err, NULL, NULL);
 }
 
 static PyObject *
@@ -110,7 +108,7 @@ shmring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     fl_err err = {0};
     fl_shmring *r = fl_shmring_create(nslots, (size_t)slot_bytes, &err);
     if (!r)
-        return ring_error(&err);
+        return ring_error(type, &err);
     return wrap(type, r);
 }
 
@@ -127,14 +125,16 @@ shmring_attach(PyObject *cls, PyObject *args, PyObject *kwargs)
         return NULL;
     if (parse_sizes(nslots, slot_bytes) < 0)
         return NULL;
-    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (own < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
     fl_err err = {0};
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) {
+        fl_err_set(&err, FL_ERR_IO, errno, "duplicating the shared-memory ring's descriptor %d", fd);
+        return ring_error((PyTypeObject *)cls, &err);
+    }
     fl_shmring *r = fl_shmring_attach(own, nslots, (size_t)slot_bytes, &err);
     if (!r) {
         close(own);
-        return ring_error(&err);
+        return ring_error((PyTypeObject *)cls, &err);
     }
     return wrap((PyTypeObject *)cls, r);
 }
@@ -280,13 +280,13 @@ shmring_pin(fl_py_shmring *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "pin needs nbytes >= 0 and a CUDA device index");
     if (fl_py_cuda_require(device) < 0)
         return NULL;
-    char msg[256] = "";
+    fl_err err = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_shmring_pin(self->ring, slot, (size_t)nbytes, device, msg, sizeof msg);
+    rc = fl_shmring_pin(self->ring, slot, (size_t)nbytes, device, fl_cuda_pinner(), &err);
     Py_END_ALLOW_THREADS
     if (rc < 0)
-        return PyErr_Format(PyExc_RuntimeError, "%s", msg);
+        return ring_error(Py_TYPE(self), &err);
     Py_RETURN_NONE;
 }
 
@@ -343,27 +343,28 @@ get_used(fl_py_shmring *self, void *Py_UNUSED(c))
     return PyLong_FromSize_t(fl_shmring_arena_used(self->ring));
 }
 
-/* ---- what py_buffer.c's stack asks (py_buffer.h) ------------------------------ */
+/* ---- the ring as an allocator of _C.stack (py_buffer.h) -------------------------- */
 
-int
-fl_py_shmring_arena(PyObject *module, PyObject *obj, size_t nbytes, void **data, fl_buffer_free_fn *free_fn,
-                    void **free_ctx)
+/* nbytes of the slot the arena is filling, held (the ring and the slot) by
+ * the Buffer until view_free; nothing when the slot is full (stack then
+ * allocates a fresh buffer). */
+static int
+ring_lend(PyObject *owner, size_t nbytes, fl_py_lease *lease)
 {
-    *data = NULL;
-    fl_module_state *st = fl_get_state(module);
-    if (!st->ShmRingType || !PyObject_TypeCheck(obj, st->ShmRingType))
-        return 0;
-    fl_shmring *r = ((fl_py_shmring *)obj)->ring;
+    memset(lease, 0, sizeof *lease);
+    fl_shmring *r = ((fl_py_shmring *)owner)->ring;
     void *p = fl_shmring_arena_alloc(r, nbytes, NULL);
     if (p) {
         fl_shmring_ref(r);
         fl_shmring_slot_ref(r, fl_shmring_slot_of(r, p));
-        *data = p;
-        *free_fn = view_free;
-        *free_ctx = r;
+        lease->data = p;
+        lease->free_fn = view_free;
+        lease->free_ctx = r;
     }
-    return 1;
+    return 0;
 }
+
+static const fl_py_allocator ring_allocator = {ring_lend};
 
 static PyMethodDef shmring_methods[] = {
     {"attach", (PyCFunction)(void (*)(void))shmring_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
@@ -417,5 +418,7 @@ fl_register_shmring(PyObject *m)
     st->ShmRingType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &shmring_spec, NULL);
     if (!st->ShmRingType)
         return -1;
-    return PyModule_AddType(m, st->ShmRingType);
+    if (PyModule_AddType(m, st->ShmRingType) < 0)
+        return -1;
+    return fl_py_register_allocator(m, st->ShmRingType, &ring_allocator);
 }

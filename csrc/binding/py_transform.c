@@ -115,7 +115,7 @@ fl_get_floats3(PyObject *v, const char *key, float out[3])
 }
 
 int
-fl_tspec_from_pydict(PyObject *d, fl_tspec *out)
+fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 {
     static const char *const geoms[] = {"none", "rrc", "resize_crop"};
     static const char *const dtypes[] = {"uint8", "float16", "bfloat16", "float32"};
@@ -124,7 +124,6 @@ fl_tspec_from_pydict(PyObject *d, fl_tspec *out)
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     int have_norm = 0, nmean = 0, nstd = 0;
-    char msg[256];
 
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "transform spec must be a dict");
@@ -198,8 +197,11 @@ fl_tspec_from_pydict(PyObject *d, fl_tspec *out)
         PyErr_SetString(PyExc_ValueError, "transform spec: 'mean'/'std' have 3 values for 1 output channel");
         return -1;
     }
-    if (fl_tspec_check(&t, msg, sizeof msg) < 0) {
-        PyErr_Format(PyExc_ValueError, "transform spec: %s", msg);
+    fl_err err = {0};
+    if (fl_tspec_check(&t, &err) < 0) {
+        fl_err named = err;
+        snprintf(named.msg, sizeof named.msg, "transform spec: %.1000s", err.msg);
+        fl_py_raise(module, &named, NULL, NULL);
         return -1;
     }
     *out = t;
@@ -287,7 +289,7 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
 /* module functions                                                         */
 
 static PyObject *
-fl_py_plan_sample(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
+fl_py_plan_sample(PyObject *m, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"spec", "src_w", "src_h", "seed", "epoch", "index", NULL};
     PyObject *spec;
@@ -295,16 +297,14 @@ fl_py_plan_sample(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
     unsigned long long seed = 0, epoch = 0, index = 0;
     fl_tspec t;
     fl_plan p;
-    char msg[256];
+    fl_err err = {0};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oii|KKK:_plan_sample", kwlist, &spec, &w, &h, &seed, &epoch,
                                      &index))
         return NULL;
-    if (fl_tspec_from_pydict(spec, &t) < 0)
+    if (fl_tspec_from_pydict(m, spec, &t) < 0)
         return NULL;
-    if (fl_plan_sample(&t, w, h, seed, epoch, index, &p, msg, sizeof msg) < 0) {
-        PyErr_SetString(PyExc_ValueError, msg);
-        return NULL;
-    }
+    if (fl_plan_sample(&t, w, h, seed, epoch, index, &p, &err) < 0)
+        return fl_py_raise(m, &err, NULL, NULL);
     return fl_plan_to_dict(&p);
 }
 
@@ -334,13 +334,13 @@ fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
     fl_plan p;
     fl_view v;
     fl_scratch scratch = {NULL, 0};
-    char msg[256];
+    fl_err err = {0};
     int rc;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OKKK$OOO:_render", kwlist, &spec, &image, &plan_obj, &seed,
                                      &epoch, &index, &vscale, &vorigin, &srcsize))
         return NULL;
-    if (fl_tspec_from_pydict(spec, &t) < 0)
+    if (fl_tspec_from_pydict(m, spec, &t) < 0)
         return NULL;
     if (fl_pair(vscale, "view_scale", scale) < 0 || fl_pair(vorigin, "view_origin", origin) < 0)
         return NULL;
@@ -388,8 +388,8 @@ fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
             sw = (int)dw;
             sh = (int)dh;
         }
-        if (fl_plan_sample(&t, sw, sh, seed, epoch, index, &p, msg, sizeof msg) < 0) {
-            PyErr_SetString(PyExc_ValueError, msg);
+        if (fl_plan_sample(&t, sw, sh, seed, epoch, index, &p, &err) < 0) {
+            fl_py_raise(m, &err, NULL, NULL);
             goto error;
         }
     } else if (fl_plan_from_dict(plan_obj, &t, &p) < 0) {
@@ -419,13 +419,11 @@ fl_py_render(PyObject *m, PyObject *args, PyObject *kwargs)
     }
     /* Only fl_render runs without the GIL; arr and res stay referenced. */
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_render(&t, &p, &v, PyArray_DATA(res), &scratch, msg, sizeof msg);
+    rc = fl_render(&t, &p, &v, PyArray_DATA(res), &scratch, &err);
     fl_scratch_free(&scratch);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        fl_err e = {rc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID, "", 0};
-        snprintf(e.msg, sizeof e.msg, "%s", msg);
-        fl_py_raise(m, &e, NULL, NULL);
+        fl_py_raise(m, &err, NULL, NULL);
         goto error;
     }
     Py_DECREF(arr);

@@ -19,8 +19,9 @@
  *   layout "CHW" | "HWC".
  * Missing keys take defaults (geom none, RRC scale (0.08, 1), ratio (3/4, 4/3),
  * 3 channels, uint8, CHW, no resize/crop/flip/normalize).  The result is
- * checked with fl_tspec_check.  GIL held.  Returns 0, or -1 with ValueError
+ * checked with fl_tspec_check (its error raised through the translator of
+ * `module`, fastloader._C).  GIL held.  Returns 0, or -1 with ValueError
  * (naming the key; also for unknown keys) or TypeError set.  Borrows d. */
-int fl_tspec_from_pydict(PyObject *d, fl_tspec *out);
+int fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out);
 
 #endif

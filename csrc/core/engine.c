@@ -209,23 +209,24 @@ worker_main(void *arg)
 }
 
 fl_engine *
-fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size_t msglen)
+fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, fl_err *err)
 {
     if (nworkers < 1 || !ops || !ops->run) {
-        snprintf(msg, msglen, "invalid engine arguments (nworkers=%d)", nworkers);
+        fl_err_set(err, FL_ERR_INVALID, 0, "could not start worker threads: invalid engine arguments (nworkers=%d)",
+                   nworkers);
         return NULL;
     }
     fl_engine *e = calloc(1, sizeof *e);
     if (e)
         e->pid = getpid();
     if (!e) {
-        snprintf(msg, msglen, "out of memory");
+        fl_err_set(err, FL_ERR_NOMEM, 0, "out of memory for a pool of %d worker threads", nworkers);
         return NULL;
     }
     e->workers = calloc((size_t)nworkers, sizeof *e->workers);
     if (!e->workers) {
         free(e);
-        snprintf(msg, msglen, "out of memory");
+        fl_err_set(err, FL_ERR_NOMEM, 0, "out of memory for a pool of %d worker threads", nworkers);
         return NULL;
     }
     pthread_mutex_init(&e->mu, NULL);
@@ -241,7 +242,8 @@ fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, char *msg, size
         w->id = i;
         int rc = pthread_create(&w->thread, NULL, worker_main, w);
         if (rc != 0) {
-            snprintf(msg, msglen, "pthread_create failed for worker %d: %s", i, strerror(rc));
+            fl_err_set(err, FL_ERR_RUNTIME, rc, "could not start worker threads: pthread_create failed for worker %d: %s",
+                       i, strerror(rc));
             fl_engine_free(e);
             return NULL;
         }

@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/err.h"
+
 typedef struct fl_engine fl_engine;
 
 typedef struct {
@@ -54,9 +56,10 @@ typedef struct {
 /* Start `nworkers` (>= 1) threads named "fl-worker-<i>" and wait until each
  * has run thread_start (call without the GIL when thread_start takes it).  `ctx` is passed to
  * every op and must outlive the engine.  Returns NULL on failure (threads
- * already started are stopped and joined), with a reason in msg. */
-fl_engine *fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx,
-                         char *msg, size_t msglen);
+ * already started are stopped and joined), with err filled: FL_ERR_INVALID
+ * for bad arguments, FL_ERR_NOMEM, or FL_ERR_RUNTIME (with the errno) when a
+ * thread cannot be created. */
+fl_engine *fl_engine_new(int nworkers, const fl_engine_ops *ops, void *ctx, fl_err *err);
 
 /* Queue a job of the current generation.  worker = -1 lets any worker take
  * it; worker >= 0 pins it to that worker (iterable datasets keep one iterator

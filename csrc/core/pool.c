@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cuda/cuda.h"
+#include "core/pin.h"
 
 struct fl_pool {
     pthread_mutex_t mu;
@@ -18,9 +18,10 @@ struct fl_pool {
     int nfree;
     int nalloc;      /* buffers alive (idle + handed out) */
     void **free;     /* max_free slots */
-    int pinned_device; /* >= 0: page-locked with cudaHostAlloc; -1: malloc */
+    int pinned_device; /* >= 0: page-locked through `pinner`; -1: malloc */
+    const fl_pinner *pinner; /* who page-locks (set with pinned_device); not owned */
     int pin_failed;    /* a pinned allocation failed; later ones use malloc */
-    char pin_error[256];
+    char pin_error[FL_ERR_MSG_MAX];
 };
 
 fl_pool *
@@ -43,10 +44,11 @@ fl_pool_new(size_t nbytes, int max_free)
 }
 
 void
-fl_pool_set_pinned(fl_pool *p, int device)
+fl_pool_set_pinned(fl_pool *p, int device, const fl_pinner *pinner)
 {
     pthread_mutex_lock(&p->mu);
-    p->pinned_device = device;
+    p->pinned_device = pinner ? device : -1;
+    p->pinner = pinner;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -58,8 +60,9 @@ fl_pool_pin_error(fl_pool *p)
 
 /* Every buffer carries a 64-byte header in front of what callers see (so
  * their pointer stays 64-byte aligned) recording how it was allocated:
- * page-locked buffers (device + 1) go back with cudaFreeHost, the others
- * (0) with free. */
+ * page-locked buffers (device + 1) go back to the pool's pinner, the others
+ * (0) to free.  A pool's pinner never changes once a pinned buffer exists
+ * (the binding sets it before the first fl_pool_get). */
 #define FL_POOL_HDR 64
 
 static int
@@ -75,12 +78,12 @@ fl_pool_is_pinned(const void *data)
 }
 
 static void
-buf_free(void *data)
+buf_free(const fl_pool *p, void *data)
 {
     char *base = (char *)data - FL_POOL_HDR;
     if (*(int *)base) { /* page-locked for device (value - 1) */
-        char err[64];
-        fl_cuda_host_free(*(int *)base - 1, base, err, sizeof err);
+        /* nothing to report to: the buffer is gone either way */
+        (void)p->pinner->free_host(*(int *)base - 1, base, NULL);
     } else {
         free(base);
     }
@@ -125,15 +128,15 @@ buf_alloc(fl_pool *p)
     void *base = NULL;
     int pinned = 0;
     if (p->pinned_device >= 0 && !p->pin_failed) {
-        char err[256] = "";
-        if (fl_cuda_host_alloc(p->pinned_device, p->nbytes + FL_POOL_HDR, &base, err, sizeof err) == 0) {
+        fl_err err = {0};
+        if (p->pinner->alloc_host(p->pinned_device, p->nbytes + FL_POOL_HDR, &base, &err) == 0) {
             pinned = 1;
         } else {
             /* pinned memory ran out (or the driver refused): carry on with
              * ordinary memory; the binding reports the reason once */
             pthread_mutex_lock(&p->mu);
             p->pin_failed = 1;
-            snprintf(p->pin_error, sizeof p->pin_error, "%s", err);
+            snprintf(p->pin_error, sizeof p->pin_error, "%s", err.msg);
             pthread_mutex_unlock(&p->mu);
             base = NULL;
         }
@@ -149,7 +152,7 @@ static void
 pool_destroy(fl_pool *p)
 {
     for (int i = 0; i < p->nfree; i++)
-        buf_free(p->free[i]);
+        buf_free(p, p->free[i]);
     free(p->free);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -204,7 +207,7 @@ void
 fl_pool_put_end(fl_pool *p, void *data, unsigned todo)
 {
     if (todo & FL_POOL_FREE_BUF)
-        buf_free(data);
+        buf_free(p, data);
     if (todo & FL_POOL_FREE_POOL)
         pool_destroy(p);
 }

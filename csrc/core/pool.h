@@ -22,6 +22,8 @@
 
 #include <stddef.h>
 
+#include "core/pin.h"
+
 typedef struct fl_pool fl_pool;
 
 /* New pool of `nbytes` buffers keeping at most max_free idle ones.  The
@@ -54,11 +56,13 @@ void fl_pool_put_end(fl_pool *p, void *data, unsigned todo);
 
 size_t fl_pool_nbytes(const fl_pool *p);
 
-/* Allocate future buffers page-locked for CUDA device `device` (cudaHostAlloc
- * through the dlopen'd runtime); -1 = ordinary memory.  If a pinned
- * allocation fails the pool uses ordinary memory from then on and
- * fl_pool_pin_error returns the CUDA error (else NULL). */
-void fl_pool_set_pinned(fl_pool *p, int device);
+/* Allocate future buffers page-locked for device `device` through `pinner`
+ * (core/pin.h: the CUDA layer's, handed over by the binding; borrowed, it
+ * must outlive the pool); -1 or a NULL pinner = ordinary memory.  Call it
+ * before the first fl_pool_get.  If a pinned allocation fails the pool uses
+ * ordinary memory from then on and fl_pool_pin_error returns the reason
+ * (else NULL). */
+void fl_pool_set_pinned(fl_pool *p, int device, const fl_pinner *pinner);
 const char *fl_pool_pin_error(fl_pool *p);
 
 /* Whether `data` (a buffer from fl_pool_get, not yet given back) is

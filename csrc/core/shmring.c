@@ -14,7 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cuda/cuda.h"
 
 struct fl_shmring {
     pthread_mutex_t mu;
@@ -29,6 +28,7 @@ struct fl_shmring {
     int in_use, peak;      /* owner: slots referenced now / at most */
     size_t *pinned;        /* nslots entries: bytes page-locked at the slot's start */
     int *pinned_dev;       /* nslots entries: the device each lock was made for */
+    const fl_pinner *pinner; /* who made the locks (the first fl_shmring_pin's); not owned */
     int arena_slot;        /* the slot being filled, -1 before arena_begin */
     size_t arena_used;
 };
@@ -319,7 +319,7 @@ fl_shmring_arena_used(fl_shmring *r)
 /* ---- page-locking ----------------------------------------------------------- */
 
 int
-fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, char *msg, size_t msglen)
+fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, const fl_pinner *pinner, fl_err *err)
 {
     if (slot < 0 || slot >= r->nslots || nbytes == 0)
         return 0;
@@ -331,12 +331,18 @@ fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, char *msg, si
         want = r->slot_bytes;
     pthread_mutex_lock(&r->mu);
     size_t have = r->pinned[slot];
+    const fl_pinner *had = r->pinner;
     pthread_mutex_unlock(&r->mu);
     if (have) /* locked once; a later, larger batch is not re-locked */
         return 0;
-    if (fl_cuda_host_register(device, fl_shmring_slot_base(r, slot), want, msg, msglen) != FL_CUDA_OK)
+    if (had && had != pinner) {
+        set_err(err, FL_ERR_INVALID, 0, "the ring's slots are page-locked by another pinner");
+        return -1;
+    }
+    if (pinner->lock(device, fl_shmring_slot_base(r, slot), want, err) != 0)
         return -1;
     pthread_mutex_lock(&r->mu);
+    r->pinner = pinner;
     r->pinned[slot] = want;
     r->pinned_dev[slot] = device;
     pthread_mutex_unlock(&r->mu);
@@ -381,11 +387,8 @@ fl_shmring_destroy(fl_shmring *r)
     if (!r)
         return;
     for (int i = 0; i < r->nslots; i++) {
-        if (r->pinned[i]) {
-            char msg[128];
-            /* nothing to report to: the memory goes away next either way */
-            (void)fl_cuda_host_unregister(r->pinned_dev[i], fl_shmring_slot_base(r, i), msg, sizeof msg);
-        }
+        if (r->pinned[i]) /* nothing to report to: the memory goes away next either way */
+            (void)r->pinner->unlock(r->pinned_dev[i], fl_shmring_slot_base(r, i), NULL);
     }
     munmap(r->base, r->map_bytes);
     close(r->fd);

@@ -40,7 +40,8 @@
 
 #include <stddef.h>
 
-#include "image/jpeg.h" /* fl_err */
+#include "core/err.h"
+#include "core/pin.h"
 
 typedef struct fl_shmring fl_shmring;
 
@@ -101,13 +102,15 @@ size_t fl_shmring_arena_used(fl_shmring *r);
 
 /* ---- page-locking (the owner's side, pin_memory) ------------------------- */
 
-/* Page-lock the first nbytes (rounded up to pages) of `slot` for CUDA device
- * `device` with cudaHostRegister, once: a slot already locked over at least
+/* Page-lock the first nbytes (rounded up to pages) of `slot` for device
+ * `device` with pinner->lock (core/pin.h: the CUDA layer's cudaHostRegister,
+ * borrowed: it must outlive the ring, and every slot of a ring uses the same
+ * one; fl_shmring_destroy unlocks through it), once: a slot already locked over at least
  * nbytes is left alone; a shorter lock is not extended (returns 0, so a
  * batch larger than the first ones is simply not page-locked past the lock).
  * The pages are created by the registration.  Blocks on the driver: no
- * locks held.  0, or -1 with msg filled (the CUDA error). */
-int fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, char *msg, size_t msglen);
+ * locks held.  0, or -1 with err filled (the pinner's error). */
+int fl_shmring_pin(fl_shmring *r, int slot, size_t nbytes, int device, const fl_pinner *pinner, fl_err *err);
 
 /* Bytes of `slot` page-locked (0: none). */
 size_t fl_shmring_pinned_bytes(fl_shmring *r, int slot);

@@ -33,7 +33,14 @@
  * the sizes match. */
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers must fit in void *");
 
-#define FL_CUDA_MSG 4096
+#define FL_CUDA_MSG 4096 /* paths and labels (PATH_MAX) */
+
+/* The load failure, "no CUDA runtime library found (tried: <list>)": the
+ * list is cut (ending in "...") so that the whole message, ")" included,
+ * fits an fl_err's msg. */
+#define LOAD_ERR_HEAD "no CUDA runtime library found (tried: "
+#define LOAD_ERR_TAIL ")"
+#define TRIED_MAX (FL_ERR_MSG_MAX - (sizeof LOAD_ERR_HEAD - 1) - (sizeof LOAD_ERR_TAIL - 1))
 
 enum { LOAD_UNTRIED = 0, LOAD_OK = 1, LOAD_FAILED = -1 };
 
@@ -42,7 +49,7 @@ static atomic_int g_state = LOAD_UNTRIED; /* written once, under g_lock */
 static void *g_handle;                    /* never dlclose()d */
 static fl_cuda_api g_api;
 static char g_path[FL_CUDA_MSG];          /* the library's path (link map) */
-static char g_load_err[FL_CUDA_MSG];      /* why the load failed */
+static char g_load_err[FL_ERR_MSG_MAX];   /* why the load failed */
 
 /* ---- small string helpers ---------------------------------------------- */
 
@@ -65,32 +72,24 @@ buf_append(char *buf, size_t cap, size_t *len, const char *s)
     buf[*len] = '\0';
 }
 
-static void
-set_err(char *err, size_t errlen, const char *msg)
-{
-    if (err && errlen)
-        snprintf(err, errlen, "%s", msg);
-}
-
 int
-fl_cuda_format_error(char *err, size_t errlen, const char *what, int code)
+fl_cuda_format_error(fl_err *err, const char *what, int code)
 {
-    const fl_cuda_api *lib = fl_cuda_get_api();
-    if (lib && code > 0)
-        (void)lib->GetLastError(); /* reported to our caller: clear it for torch */
-    if (!err || !errlen)
+    const fl_cuda_api *api = fl_cuda_get_api();
+    if (api && code > 0)
+        (void)api->GetLastError(); /* reported to our caller: clear it for torch */
+    if (!err)
         return code;
     if (code == FL_CUDA_ERR_NO_LIBRARY) {
-        snprintf(err, errlen, "%s failed (CUDA runtime library not loaded)", what);
+        fl_err_set(err, FL_ERR_RUNTIME, 0, "%s failed (CUDA runtime library not loaded)", what);
         return code;
     }
-    const fl_cuda_api *api = fl_cuda_get_api();
     const char *name = api ? api->GetErrorName(code) : NULL;
     const char *desc = api ? api->GetErrorString(code) : NULL;
     if (name && desc)
-        snprintf(err, errlen, "%s failed (%s: %s)", what, name, desc);
+        fl_err_set(err, FL_ERR_RUNTIME, 0, "%s failed (%s: %s)", what, name, desc);
     else
-        snprintf(err, errlen, "%s failed (CUDA error %d)", what, code);
+        fl_err_set(err, FL_ERR_RUNTIME, 0, "%s failed (CUDA error %d)", what, code);
     return code;
 }
 
@@ -166,24 +165,24 @@ try_open(const char *path, int flags, const char *label, int always_why, char *t
         dlclose(h);
         if (flags & RTLD_NOLOAD)
             return 0;
-        buf_append(tried, FL_CUDA_MSG, tlen, *ntried ? ", " : "");
-        buf_append(tried, FL_CUDA_MSG, tlen, label ? label : path);
-        buf_append(tried, FL_CUDA_MSG, tlen, ": lacks ");
-        buf_append(tried, FL_CUDA_MSG, tlen, missing);
+        buf_append(tried, TRIED_MAX, tlen, *ntried ? ", " : "");
+        buf_append(tried, TRIED_MAX, tlen, label ? label : path);
+        buf_append(tried, TRIED_MAX, tlen, ": lacks ");
+        buf_append(tried, TRIED_MAX, tlen, missing);
         (*ntried)++;
         return 0;
     }
     const char *why = dlerror();
     if (flags & RTLD_NOLOAD)
         return 0;
-    buf_append(tried, FL_CUDA_MSG, tlen, *ntried ? ", " : "");
-    buf_append(tried, FL_CUDA_MSG, tlen, label ? label : path);
+    buf_append(tried, TRIED_MAX, tlen, *ntried ? ", " : "");
+    buf_append(tried, TRIED_MAX, tlen, label ? label : path);
     /* A missing file needs no explanation; a file that exists but does not
      * load (wrong architecture, missing dependency) does. */
     if (why && (always_why || (strchr(path, '/') && access(path, F_OK) == 0))) {
-        buf_append(tried, FL_CUDA_MSG, tlen, " (");
-        buf_append(tried, FL_CUDA_MSG, tlen, why);
-        buf_append(tried, FL_CUDA_MSG, tlen, ")");
+        buf_append(tried, TRIED_MAX, tlen, " (");
+        buf_append(tried, TRIED_MAX, tlen, why);
+        buf_append(tried, TRIED_MAX, tlen, ")");
     }
     (*ntried)++;
     return 0;
@@ -196,7 +195,7 @@ static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "lib
 static int
 load_locked(const char *const *paths, size_t n)
 {
-    char tried[FL_CUDA_MSG];
+    char tried[TRIED_MAX];
     size_t tlen = 0;
     int ntried = 0;
     const int flags = RTLD_NOW | RTLD_LOCAL;
@@ -237,17 +236,13 @@ load_locked(const char *const *paths, size_t n)
     for (size_t i = 0; i < N_SONAMES; i++)
         if (try_open(sonames[i], flags, NULL, 0, tried, &tlen, &ntried))
             return 0;
-fail:;
-    size_t elen = 0;
-    g_load_err[0] = '\0';
-    buf_append(g_load_err, sizeof g_load_err, &elen, "no CUDA runtime library found (tried: ");
-    buf_append(g_load_err, sizeof g_load_err, &elen, tried);
-    buf_append(g_load_err, sizeof g_load_err, &elen, ")");
+fail:
+    snprintf(g_load_err, sizeof g_load_err, "%s%s%s", LOAD_ERR_HEAD, tried, LOAD_ERR_TAIL);
     return -1;
 }
 
 int
-fl_cuda_load(const char *const *paths, size_t n, char *err, size_t errlen)
+fl_cuda_load(const char *const *paths, size_t n, fl_err *err)
 {
     int st = atomic_load_explicit(&g_state, memory_order_acquire);
     if (st == LOAD_UNTRIED) {
@@ -261,7 +256,7 @@ fl_cuda_load(const char *const *paths, size_t n, char *err, size_t errlen)
     }
     if (st == LOAD_OK)
         return FL_CUDA_OK;
-    set_err(err, errlen, g_load_err);
+    fl_err_set(err, FL_ERR_RUNTIME, 0, "%s", g_load_err);
     return FL_CUDA_ERR_NO_LIBRARY;
 }
 
@@ -383,14 +378,13 @@ fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *roots,
         }
     }
     if (!oom) {
-        p->loaded = fl_cuda_load((const char *const *)cand.v, cand.n, p->load_err, sizeof p->load_err) ==
-                    FL_CUDA_OK;
+        p->loaded = fl_cuda_load((const char *const *)cand.v, cand.n, &p->load_err) == FL_CUDA_OK;
         if (p->loaded) {
-            p->vers_rc = fl_cuda_versions(&p->runtime, &p->driver, p->vers_err, sizeof p->vers_err);
-            p->count_rc = fl_cuda_device_count(&p->count, p->count_err, sizeof p->count_err);
+            p->vers_rc = fl_cuda_versions(&p->runtime, &p->driver, &p->vers_err);
+            p->count_rc = fl_cuda_device_count(&p->count, &p->count_err);
         }
     } else {
-        snprintf(p->load_err, sizeof p->load_err, "out of memory while looking for the CUDA runtime");
+        fl_err_set(&p->load_err, FL_ERR_NOMEM, 0, "out of memory while looking for the CUDA runtime");
     }
     strv_free(&cand);
     strv_free(&dir);
@@ -401,11 +395,11 @@ fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *roots,
 
 /* The loaded table, or NULL with err set. */
 static const fl_cuda_api *
-api_or_err(const char *what, char *err, size_t errlen)
+api_or_err(const char *what, fl_err *err)
 {
     const fl_cuda_api *api = fl_cuda_get_api();
     if (!api)
-        fl_cuda_format_error(err, errlen, what, FL_CUDA_ERR_NO_LIBRARY);
+        fl_cuda_format_error(err, what, FL_CUDA_ERR_NO_LIBRARY);
     return api;
 }
 
@@ -438,7 +432,7 @@ ctx_state_fn(void)
 /* Make `device` current on this thread for one call; *prev remembers the
  * thread's device so leave_device restores it.  device < 0: no change. */
 static int
-enter_device(const fl_cuda_api *api, int device, int *prev, char *err, size_t errlen)
+enter_device(const fl_cuda_api *api, int device, int *prev, fl_err *err)
 {
     *prev = device;
     if (device < 0)
@@ -446,14 +440,14 @@ enter_device(const fl_cuda_api *api, int device, int *prev, char *err, size_t er
     int cur = 0;
     int rc = api->GetDevice(&cur);
     if (rc != FL_CUDA_OK)
-        return fl_cuda_format_error(err, errlen, "cudaGetDevice", rc);
+        return fl_cuda_format_error(err, "cudaGetDevice", rc);
     *prev = cur;
     if (cur != device) {
         rc = api->SetDevice(device);
         if (rc != FL_CUDA_OK) {
             char what[64];
             snprintf(what, sizeof what, "cudaSetDevice(%d)", device);
-            return fl_cuda_format_error(err, errlen, what, rc);
+            return fl_cuda_format_error(err, what, rc);
         }
     }
     return FL_CUDA_OK;
@@ -491,22 +485,22 @@ leave_device(const fl_cuda_api *api, int device, int prev)
  * NULL, is set to NULL: a caller never sees what a failed call left in
  * its output. */
 static const fl_cuda_api *
-call_enter(int device, const char *name, int *prev, int *rc, char *err, size_t errlen)
+call_enter(int device, const char *name, int *prev, int *rc, fl_err *err)
 {
-    const fl_cuda_api *api = api_or_err(name, err, errlen);
+    const fl_cuda_api *api = api_or_err(name, err);
     if (!api) {
         *rc = FL_CUDA_ERR_NO_LIBRARY;
         return NULL;
     }
-    *rc = enter_device(api, device, prev, err, errlen);
+    *rc = enter_device(api, device, prev, err);
     return *rc == FL_CUDA_OK ? api : NULL;
 }
 
-static int call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, char *err,
-                      size_t errlen, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static int call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, fl_err *err,
+                      const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 
 static int
-call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, char *err, size_t errlen,
+call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, fl_err *err,
            const char *fmt, ...)
 {
     leave_device(api, device, prev);
@@ -519,11 +513,11 @@ call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, cha
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return fl_cuda_format_error(err, errlen, what, rc);
+    return fl_cuda_format_error(err, what, rc);
 }
 
 /* The whole body of a wrapper around one runtime call api->call: returns
- * its code from the enclosing function (which has err/errlen parameters),
+ * its code from the enclosing function (which has an `fl_err *err` parameter),
  * with call_enter's and call_leave's contracts.  out: NULL, or the
  * caller's void ** that the call writes its result into; it is NULL on
  * every failure (set before the call, reset after a failed one).  The
@@ -535,11 +529,11 @@ call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, cha
         if (out_)                                                                                  \
             *out_ = NULL;                                                                          \
         int prev_, rc_;                                                                            \
-        const fl_cuda_api *api_ = call_enter((device), name, &prev_, &rc_, err, errlen);           \
+        const fl_cuda_api *api_ = call_enter((device), name, &prev_, &rc_, err);                   \
         if (!api_)                                                                                 \
             return rc_;                                                                            \
         rc_ = api_->call;                                                                          \
-        return call_leave(api_, (device), prev_, rc_, out_, err, errlen, __VA_ARGS__);             \
+        return call_leave(api_, (device), prev_, rc_, out_, err, __VA_ARGS__);                     \
     } while (0)
 
 /* The same with no output and the failure named `name`. */
@@ -548,40 +542,40 @@ call_leave(const fl_cuda_api *api, int device, int prev, int rc, void **out, cha
 /* ---- queries ------------------------------------------------------------- */
 
 int
-fl_cuda_device_count(int *count, char *err, size_t errlen)
+fl_cuda_device_count(int *count, fl_err *err)
 {
     *count = 0;
-    const fl_cuda_api *api = api_or_err("cudaGetDeviceCount", err, errlen);
+    const fl_cuda_api *api = api_or_err("cudaGetDeviceCount", err);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
     int c = 0;
     int rc = api->GetDeviceCount(&c);
     if (rc != FL_CUDA_OK)
-        return fl_cuda_format_error(err, errlen, "cudaGetDeviceCount", rc);
+        return fl_cuda_format_error(err, "cudaGetDeviceCount", rc);
     *count = c;
     return FL_CUDA_OK;
 }
 
 int
-fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen)
+fl_cuda_versions(int *runtime, int *driver, fl_err *err)
 {
     if (runtime)
         *runtime = 0;
     if (driver)
         *driver = 0;
-    const fl_cuda_api *api = api_or_err("cudaRuntimeGetVersion", err, errlen);
+    const fl_cuda_api *api = api_or_err("cudaRuntimeGetVersion", err);
     if (!api)
         return FL_CUDA_ERR_NO_LIBRARY;
     int v = 0, rc;
     if (runtime) {
         if ((rc = api->RuntimeGetVersion(&v)) != FL_CUDA_OK)
-            return fl_cuda_format_error(err, errlen, "cudaRuntimeGetVersion", rc);
+            return fl_cuda_format_error(err, "cudaRuntimeGetVersion", rc);
         *runtime = v;
     }
     if (driver) {
         v = 0;
         if ((rc = api->DriverGetVersion(&v)) != FL_CUDA_OK)
-            return fl_cuda_format_error(err, errlen, "cudaDriverGetVersion", rc);
+            return fl_cuda_format_error(err, "cudaDriverGetVersion", rc);
         *driver = v;
     }
     return FL_CUDA_OK;
@@ -590,7 +584,7 @@ fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen)
 /* ---- memory ------------------------------------------------------------- */
 
 int
-fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
+fl_cuda_host_alloc(int device, size_t bytes, void **ptr, fl_err *err)
 {
     /* on success ownership of *ptr passes to the caller */
     FL_CALL_ON_OUT(device, ptr, "cudaHostAlloc", HostAlloc(ptr, bytes, FL_CUDA_HOST_ALLOC_PORTABLE),
@@ -598,7 +592,7 @@ fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errle
 }
 
 int
-fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen)
+fl_cuda_host_free(int device, void *ptr, fl_err *err)
 {
     if (!ptr)
         return FL_CUDA_OK;
@@ -606,7 +600,7 @@ fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen)
 }
 
 int
-fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t errlen)
+fl_cuda_host_register(int device, void *ptr, size_t bytes, fl_err *err)
 {
     FL_CALL_ON_OUT(device, NULL, "cudaHostRegister",
                    HostRegister(ptr, bytes, FL_CUDA_HOST_REGISTER_PORTABLE), "cudaHostRegister(%zu bytes)",
@@ -614,13 +608,13 @@ fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t err
 }
 
 int
-fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen)
+fl_cuda_host_unregister(int device, void *ptr, fl_err *err)
 {
     FL_CALL_ON(device, "cudaHostUnregister", HostUnregister(ptr));
 }
 
 int
-fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
+fl_cuda_malloc(int device, size_t bytes, void **ptr, fl_err *err)
 {
     /* on success ownership of *ptr passes to the caller */
     FL_CALL_ON_OUT(device, ptr, "cudaMalloc", Malloc(ptr, bytes), "cudaMalloc(%zu bytes) on device %d",
@@ -628,7 +622,7 @@ fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 }
 
 int
-fl_cuda_free(int device, void *ptr, char *err, size_t errlen)
+fl_cuda_free(int device, void *ptr, fl_err *err)
 {
     if (!ptr)
         return FL_CUDA_OK;
@@ -638,14 +632,14 @@ fl_cuda_free(int device, void *ptr, char *err, size_t errlen)
 /* ---- streams and events ------------------------------------------------- */
 
 int
-fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t errlen)
+fl_cuda_stream_create(int device, fl_cudaStream_t *stream, fl_err *err)
 {
     FL_CALL_ON_OUT(device, stream, "cudaStreamCreateWithFlags",
                    StreamCreateWithFlags(stream, FL_CUDA_STREAM_NON_BLOCKING), "cudaStreamCreateWithFlags");
 }
 
 int
-fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t errlen)
+fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, fl_err *err)
 {
     if (!stream)
         return FL_CUDA_OK;
@@ -653,51 +647,48 @@ fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t err
 }
 
 int
-fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, char *err, size_t errlen)
+fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, fl_err *err)
 {
     FL_CALL_ON(device, "cudaStreamSynchronize", StreamSynchronize(stream));
 }
 
 int
-fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
-                          size_t errlen)
+fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, fl_err *err)
 {
     FL_CALL_ON(device, "cudaStreamWaitEvent", StreamWaitEvent(stream, event, 0));
 }
 
 static int
-event_create(int device, unsigned flags, fl_cudaEvent_t *event, char *err, size_t errlen)
+event_create(int device, unsigned flags, fl_cudaEvent_t *event, fl_err *err)
 {
     FL_CALL_ON_OUT(device, event, "cudaEventCreateWithFlags", EventCreateWithFlags(event, flags),
                    "cudaEventCreateWithFlags");
 }
 
 int
-fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
-                     size_t errlen)
+fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, fl_err *err)
 {
     return event_create(device,
                         FL_CUDA_EVENT_DISABLE_TIMING | (blocking_sync ? FL_CUDA_EVENT_BLOCKING_SYNC : 0u),
-                        event, err, errlen);
+                        event, err);
 }
 
 int
-fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen)
+fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, fl_err *err)
 {
     /* blocking sync: a host waiting on it sleeps instead of spinning a core */
-    return event_create(device, FL_CUDA_EVENT_BLOCKING_SYNC, event, err, errlen);
+    return event_create(device, FL_CUDA_EVENT_BLOCKING_SYNC, event, err);
 }
 
 int
-fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
-                         size_t errlen)
+fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, fl_err *err)
 {
     *ms = 0.0f;
     FL_CALL_ON(device, "cudaEventElapsedTime", EventElapsedTime(ms, start, end));
 }
 
 int
-fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_destroy(int device, fl_cudaEvent_t event, fl_err *err)
 {
     if (!event)
         return FL_CUDA_OK;
@@ -705,22 +696,21 @@ fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen
 }
 
 int
-fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, char *err,
-                     size_t errlen)
+fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, fl_err *err)
 {
     FL_CALL_ON(device, "cudaEventRecord", EventRecord(event, stream));
 }
 
 int
-fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_query(int device, fl_cudaEvent_t event, fl_err *err)
 {
     int prev, rc;
-    const fl_cuda_api *api = call_enter(device, "cudaEventQuery", &prev, &rc, err, errlen);
+    const fl_cuda_api *api = call_enter(device, "cudaEventQuery", &prev, &rc, err);
     if (!api)
         return rc;
     rc = api->EventQuery(event);
     if (rc != FL_CUDA_ERR_NOT_READY)
-        return call_leave(api, device, prev, rc, NULL, err, errlen, "cudaEventQuery");
+        return call_leave(api, device, prev, rc, NULL, err, "cudaEventQuery");
     /* "not ready" is an answer, not an error: do not leave it as the
      * thread's last error for torch to raise later */
     (void)api->GetLastError();
@@ -729,7 +719,7 @@ fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen)
 }
 
 int
-fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t errlen)
+fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, fl_err *err)
 {
     FL_CALL_ON(device, "cudaEventSynchronize", EventSynchronize(event));
 }
@@ -738,7 +728,7 @@ fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t er
 
 static int
 memcpy_async(int device, void *dst, const void *src, size_t bytes, int kind,
-             fl_cudaStream_t stream, const char *name, char *err, size_t errlen)
+             fl_cudaStream_t stream, const char *name, fl_err *err)
 {
     if (bytes == 0)
         return FL_CUDA_OK;
@@ -748,16 +738,28 @@ memcpy_async(int device, void *dst, const void *src, size_t bytes, int kind,
 
 int
 fl_cuda_memcpy_h2d_async(int device, void *dst_device, const void *src_host, size_t bytes,
-                         fl_cudaStream_t stream, char *err, size_t errlen)
+                         fl_cudaStream_t stream, fl_err *err)
 {
     return memcpy_async(device, dst_device, src_host, bytes, FL_CUDA_MEMCPY_H2D, stream,
-                        "host to device", err, errlen);
+                        "host to device", err);
 }
 
 int
 fl_cuda_memcpy_d2h_async(int device, void *dst_host, const void *src_device, size_t bytes,
-                         fl_cudaStream_t stream, char *err, size_t errlen)
+                         fl_cudaStream_t stream, fl_err *err)
 {
     return memcpy_async(device, dst_host, src_device, bytes, FL_CUDA_MEMCPY_D2H, stream,
-                        "device to host", err, errlen);
+                        "device to host", err);
+}
+
+/* ---- the core's pinner (core/pin.h) ------------------------------------------ */
+
+/* The host functions already have the pinner's signatures and contract. */
+static const fl_pinner cuda_pinner = {fl_cuda_host_alloc, fl_cuda_host_free, fl_cuda_host_register,
+                                      fl_cuda_host_unregister};
+
+const fl_pinner *
+fl_cuda_pinner(void)
+{
+    return &cuda_pinner;
 }

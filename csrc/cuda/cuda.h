@@ -10,10 +10,11 @@
  * Error convention.  Every fl_cuda_* function that can fail returns an
  * int: 0 (FL_CUDA_OK) on success, the cudaError_t code (> 0) the runtime
  * returned, or FL_CUDA_ERR_NO_LIBRARY (< 0) when the runtime is not loaded.
- * On failure it writes one line into err[errlen] (when err is not NULL):
+ * On failure it fills the core's error record (core/err.h; err may be
+ * NULL) with code FL_ERR_RUNTIME and one line:
  *     "what failed (cudaErrorName: error string)"
  * e.g. "cudaGetDeviceCount failed (cudaErrorInsufficientDriver: CUDA driver
- * version is insufficient for CUDA runtime version)".  Success leaves err
+ * version is insufficient for CUDA runtime version)".  Success leaves *err
  * untouched.
  *
  * Threads.  None of these functions needs or touches the GIL; all are safe
@@ -40,6 +41,9 @@
 #define FL_CUDA_H
 
 #include <stddef.h>
+
+#include "core/err.h"
+#include "core/pin.h"
 
 /* ---- the subset of the CUDA runtime ABI that we use ------------------- */
 
@@ -124,10 +128,11 @@ typedef struct {
  *   5. dlopen("libcudart.so.13"), ("libcudart.so.12"), ("libcudart.so")
  *      through the system search path.
  * A library that opens but lacks one of the entry points is skipped.
- * Returns 0, or FL_CUDA_ERR_NO_LIBRARY with err set to
- *   "no CUDA runtime library found (tried: a, b: <dlerror>, ...)".
+ * Returns 0, or FL_CUDA_ERR_NO_LIBRARY with *err set (FL_ERR_RUNTIME) to
+ *   "no CUDA runtime library found (tried: a, b: <dlerror>, ...)",
+ * whole: a list too long for err->msg ends in "..." before the ")".
  * The library is never unloaded (the process keeps it until exit). */
-int fl_cuda_load(const char *const *paths, size_t n, char *err, size_t errlen);
+int fl_cuda_load(const char *const *paths, size_t n, fl_err *err);
 
 /* The resolved entry points, or NULL before a successful fl_cuda_load.
  * Borrowed, valid until process exit. */
@@ -137,15 +142,13 @@ const fl_cuda_api *fl_cuda_get_api(void);
  * before a successful fl_cuda_load.  Borrowed, valid until process exit. */
 const char *fl_cuda_library_path(void);
 
-/* Write "what failed (cudaErrorName: error string)" for `code` into
- * err[errlen].  Works without a loaded library ("CUDA error N").  Returns
+/* Fill *err (err may be NULL) with FL_ERR_RUNTIME and "what failed
+ * (cudaErrorName: error string)" for `code`, and clear the thread's last
+ * CUDA error.  Works without a loaded library ("CUDA error N").  Returns
  * `code` so callers can `return fl_cuda_format_error(...)`. */
-int fl_cuda_format_error(char *err, size_t errlen, const char *what, int code);
+int fl_cuda_format_error(fl_err *err, const char *what, int code);
 
 /* ---- finding the runtime and describing it (cuda_info, cuda_require) ---- */
-
-/* Size of the error buffers of fl_cuda_probe_result. */
-#define FL_CUDA_ERRLEN 4096
 
 typedef struct {
     int loaded;      /* libcudart is loaded (by this call or an earlier one) */
@@ -153,9 +156,9 @@ typedef struct {
     int runtime, driver;
     int count_rc;    /* fl_cuda_device_count result; set when loaded */
     int count;
-    char load_err[FL_CUDA_ERRLEN];  /* why nothing is loaded */
-    char vers_err[FL_CUDA_ERRLEN];
-    char count_err[FL_CUDA_ERRLEN];
+    fl_err load_err;  /* why nothing is loaded */
+    fl_err vers_err;  /* set when vers_rc != 0 */
+    fl_err count_err; /* set when count_rc != 0 */
 } fl_cuda_probe_result;
 
 /* Load libcudart unless an earlier call has tried, then query the versions
@@ -171,8 +174,8 @@ typedef struct {
  *   the roots are not scanned at all once a runtime is loaded.
  * Later calls get the first load's outcome whatever they pass.  Returns 0
  * with *out filled (whatever CUDA's state), or -1 when out of memory
- * (*out then says nothing is loaded).  No GIL: directory scans and the
- * driver's initialisation may take seconds. */
+ * (*out then says nothing is loaded, with load_err FL_ERR_NOMEM).  No
+ * GIL: directory scans and the driver's initialisation may take seconds. */
 int fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *roots, size_t nroots,
                   fl_cuda_probe_result *out);
 
@@ -181,12 +184,12 @@ int fl_cuda_probe(const char *const *files, size_t nfiles, const char *const *ro
 /* *count = number of visible devices (0 on failure).  Returns 0 or the
  * cudaGetDeviceCount error (35 without a usable driver, 100 when the driver
  * sees no device). */
-int fl_cuda_device_count(int *count, char *err, size_t errlen);
+int fl_cuda_device_count(int *count, fl_err *err);
 
 /* *runtime and *driver as CUDA encodes them (1000*major + 10*minor, e.g.
  * 13000); *driver is 0 when no driver is installed.  Either pointer may be
  * NULL.  Returns 0 or the first error. */
-int fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen);
+int fl_cuda_versions(int *runtime, int *driver, fl_err *err);
 
 /* ---- memory ------------------------------------------------------------ */
 
@@ -194,69 +197,71 @@ int fl_cuda_versions(int *runtime, int *driver, char *err, size_t errlen);
  * (cudaHostAllocPortable), with `device`'s context current for the call.
  * On success *ptr is owned by the caller: release with fl_cuda_host_free.
  * On failure *ptr is NULL. */
-int fl_cuda_host_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
+int fl_cuda_host_alloc(int device, size_t bytes, void **ptr, fl_err *err);
 /* Release memory from fl_cuda_host_alloc.  NULL is a no-op. */
-int fl_cuda_host_free(int device, void *ptr, char *err, size_t errlen);
+int fl_cuda_host_free(int device, void *ptr, fl_err *err);
 
 /* Page-lock the caller's memory [ptr, ptr + bytes) in place (portable).
  * The caller keeps owning ptr and must fl_cuda_host_unregister it before
  * freeing it.  Page-aligned memory avoids locking neighbouring data. */
-int fl_cuda_host_register(int device, void *ptr, size_t bytes, char *err, size_t errlen);
-int fl_cuda_host_unregister(int device, void *ptr, char *err, size_t errlen);
+int fl_cuda_host_register(int device, void *ptr, size_t bytes, fl_err *err);
+int fl_cuda_host_unregister(int device, void *ptr, fl_err *err);
+
+/* The host functions above as the core's fl_pinner (core/pin.h), for the
+ * pinned pools and ring slots the binding creates.  A static table: never
+ * freed.  Each entry is the function above: 0, or a code with *err filled. */
+const fl_pinner *fl_cuda_pinner(void);
 
 /* Device memory of `bytes` (> 0) bytes on `device`.  On success *ptr is
  * owned by the caller: release with fl_cuda_free.  On failure *ptr is NULL. */
-int fl_cuda_malloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
+int fl_cuda_malloc(int device, size_t bytes, void **ptr, fl_err *err);
 /* Release memory from fl_cuda_malloc (implicitly synchronises the device,
  * so pool device buffers instead of freeing them per batch).  NULL is a
  * no-op. */
-int fl_cuda_free(int device, void *ptr, char *err, size_t errlen);
+int fl_cuda_free(int device, void *ptr, fl_err *err);
 
 /* ---- streams and events ------------------------------------------------ */
 
 /* A non-blocking stream (cudaStreamNonBlocking: no implicit ordering with
  * the legacy default stream) on `device`.  Owned by the caller: release with
  * fl_cuda_stream_destroy.  *stream is NULL on failure. */
-int fl_cuda_stream_create(int device, fl_cudaStream_t *stream, char *err, size_t errlen);
+int fl_cuda_stream_create(int device, fl_cudaStream_t *stream, fl_err *err);
 /* NULL is a no-op.  Pending work still completes. */
-int fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, char *err, size_t errlen);
+int fl_cuda_stream_destroy(int device, fl_cudaStream_t stream, fl_err *err);
 /* Block the calling thread until all work queued on `stream` is done.
  * Call without the GIL: it may wait for a long time. */
-int fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, char *err, size_t errlen);
+int fl_cuda_stream_synchronize(int device, fl_cudaStream_t stream, fl_err *err);
 /* Make future work on `stream` wait until `event`'s last recorded work is
  * done; the host does not block.  `device` is made current for the call:
  * the special handles (0, cudaStreamLegacy, cudaStreamPerThread) name the
  * default stream of the *current* device, so pass the device they are
  * meant on. */
-int fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, char *err,
-                              size_t errlen);
+int fl_cuda_stream_wait_event(int device, fl_cudaStream_t stream, fl_cudaEvent_t event, fl_err *err);
 
 /* An event on `device` with timing disabled (cheaper to record and query).
  * blocking_sync != 0 makes fl_cuda_event_synchronize sleep instead of
  * spin.  Owned by the caller: release with fl_cuda_event_destroy.  *event is
  * NULL on failure. */
-int fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, char *err,
-                         size_t errlen);
+int fl_cuda_event_create(int device, int blocking_sync, fl_cudaEvent_t *event, fl_err *err);
 /* Like fl_cuda_event_create with blocking_sync, with timing enabled (for
  * fl_cuda_event_elapsed_ms; a little dearer to record). */
-int fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, char *err, size_t errlen);
+int fl_cuda_event_create_timed(int device, fl_cudaEvent_t *event, fl_err *err);
 /* *ms = time between two completed timed events recorded on one stream. */
-int fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end, char *err,
-                             size_t errlen);
+int fl_cuda_event_elapsed_ms(int device, float *ms, fl_cudaEvent_t start, fl_cudaEvent_t end,
+                             fl_err *err);
 /* NULL is a no-op. */
-int fl_cuda_event_destroy(int device, fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_destroy(int device, fl_cudaEvent_t event, fl_err *err);
 /* Capture the work queued on `stream` so far in `event`; both must be on
  * `device`, which is made current for the call (see
  * fl_cuda_stream_wait_event on the special stream handles). */
-int fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, char *err,
-                         size_t errlen);
+int fl_cuda_event_record(int device, fl_cudaEvent_t event, fl_cudaStream_t stream, fl_err *err);
 /* Returns 0 when the recorded work is done (or nothing was recorded),
- * FL_CUDA_ERR_NOT_READY while it is pending (err untouched: not an error),
+ * FL_CUDA_ERR_NOT_READY while it is pending (*err untouched: not an error),
  * another code on failure.  Never blocks. */
-int fl_cuda_event_query(int device, fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_query(int device, fl_cudaEvent_t event, fl_err *err);
 /* Block the calling thread until the recorded work is done.  Call without
  * the GIL. */
-int fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_t errlen);
+int fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, fl_err *err);
 
 /* ---- copies ------------------------------------------------------------ */
 
@@ -266,17 +271,17 @@ int fl_cuda_event_synchronize(int device, fl_cudaEvent_t event, char *err, size_
  * stay valid and unmodified (H2D) or unread (D2H) until an event recorded
  * after it has completed.  bytes == 0 is a no-op. */
 int fl_cuda_memcpy_h2d_async(int device, void *dst_device, const void *src_host, size_t bytes,
-                             fl_cudaStream_t stream, char *err, size_t errlen);
+                             fl_cudaStream_t stream, fl_err *err);
 int fl_cuda_memcpy_d2h_async(int device, void *dst_host, const void *src_device, size_t bytes,
-                             fl_cudaStream_t stream, char *err, size_t errlen);
+                             fl_cudaStream_t stream, fl_err *err);
 
 /* ---- round trips for tests (cuda_roundtrip.c) -------------------------- */
 
 /* Copy src (n > 0 bytes) into page-locked host memory and from there into
  * dst.  reg: page-lock page-aligned malloc memory with cudaHostRegister
- * instead of cudaHostAlloc.  Returns 0 or a code as above (err set). */
-int fl_cuda_pinned_roundtrip(int device, const void *src, void *dst, size_t n, int reg, char *err,
-                             size_t errlen);
+ * instead of cudaHostAlloc.  Returns 0 or a code as above (*err set;
+ * -1 when the aligned malloc fails). */
+int fl_cuda_pinned_roundtrip(int device, const void *src, void *dst, size_t n, int reg, fl_err *err);
 
 /* Copy src (n > 0 bytes) to `device` and back into dst, through page-locked
  * buffers.  The device buffer is first filled with the complement of src,
@@ -284,8 +289,8 @@ int fl_cuda_pinned_roundtrip(int device, const void *src, void *dst, size_t n, i
  * returns wrong bytes.  two_streams: the H2D runs on stream A, stream B
  * waits on A's event and runs the D2H.  reg as above, for the source
  * buffer.  Both events must report done afterwards.  Returns 0 or a code
- * (err set).  Call without the GIL: it synchronises. */
+ * (*err set).  Call without the GIL: it synchronises. */
 int fl_cuda_device_roundtrip(int device, const void *src, void *dst, size_t n, int two_streams, int reg,
-                             char *err, size_t errlen);
+                             fl_err *err);
 
 #endif

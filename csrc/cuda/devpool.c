@@ -10,7 +10,6 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -141,28 +140,28 @@ devbuf_destroy(fl_devbuf *b)
     if (!b)
         return;
     for (int i = 0; i < FL_DEVBUF_MAX_USERS; i++)
-        fl_cuda_event_destroy(b->device, b->released[i], NULL, 0);
-    fl_cuda_event_destroy(b->device, b->start, NULL, 0);
-    fl_cuda_event_destroy(b->device, b->ready, NULL, 0);
-    fl_cuda_free(b->device, b->ptr, NULL, 0);
+        fl_cuda_event_destroy(b->device, b->released[i], NULL);
+    fl_cuda_event_destroy(b->device, b->start, NULL);
+    fl_cuda_event_destroy(b->device, b->ready, NULL);
+    fl_cuda_free(b->device, b->ptr, NULL);
     free(b);
 }
 
 /* A new buffer of `cap` bytes with its two timed events; NULL with err. */
 static fl_devbuf *
-devbuf_alloc(int device, size_t cap, int *rc, char *err, size_t errlen)
+devbuf_alloc(int device, size_t cap, int *rc, fl_err *err)
 {
     fl_devbuf *b = calloc(1, sizeof *b);
     if (!b) {
-        snprintf(err, errlen, "out of host memory for a device buffer record");
+        fl_err_set(err, FL_ERR_RUNTIME, 0, "out of host memory for a device buffer record");
         *rc = 2; /* cudaErrorMemoryAllocation */
         return NULL;
     }
     b->cap = cap;
     b->device = device;
-    if ((*rc = fl_cuda_malloc(device, cap, &b->ptr, err, errlen)) ||
-        (*rc = fl_cuda_event_create_timed(device, &b->start, err, errlen)) ||
-        (*rc = fl_cuda_event_create_timed(device, &b->ready, err, errlen))) {
+    if ((*rc = fl_cuda_malloc(device, cap, &b->ptr, err)) ||
+        (*rc = fl_cuda_event_create_timed(device, &b->start, err)) ||
+        (*rc = fl_cuda_event_create_timed(device, &b->ready, err))) {
         devbuf_destroy(b);
         return NULL;
     }
@@ -170,14 +169,14 @@ devbuf_alloc(int device, size_t cap, int *rc, char *err, size_t errlen)
 }
 
 fl_devpool *
-fl_devpool_new(int device, int max_buffers, char *err, size_t errlen)
+fl_devpool_new(int device, int max_buffers, fl_err *err)
 {
     fl_devpool *p = calloc(1, sizeof *p);
     if (!p) {
-        snprintf(err, errlen, "out of host memory for a device pool");
+        fl_err_set(err, FL_ERR_RUNTIME, 0, "out of host memory for a device pool");
         return NULL;
     }
-    if (fl_cuda_stream_create(device, &p->stream, err, errlen) != FL_CUDA_OK) {
+    if (fl_cuda_stream_create(device, &p->stream, err) != FL_CUDA_OK) {
         free(p);
         return NULL;
     }
@@ -195,14 +194,14 @@ static void
 pool_destroy(fl_devpool *p)
 {
     /* No buffer is out (each holds a reference), so only idle ones remain. */
-    fl_cuda_stream_synchronize(p->device, p->stream, NULL, 0);
+    fl_cuda_stream_synchronize(p->device, p->stream, NULL);
     for (fl_devbuf *b = p->idle, *next; b; b = next) {
         next = b->next;
         for (int i = 0; i < b->npending; i++)
-            fl_cuda_event_synchronize(p->device, b->released[i], NULL, 0);
+            fl_cuda_event_synchronize(p->device, b->released[i], NULL);
         devbuf_destroy(b);
     }
-    fl_cuda_stream_destroy(p->device, p->stream, NULL, 0);
+    fl_cuda_stream_destroy(p->device, p->stream, NULL);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -238,12 +237,12 @@ mono_ns(void)
  * passed (FL_CUDA_ERR_NOT_READY).  Sleeps between queries, 20 us at first
  * and doubling to 1 ms.  No locks held; no GIL. */
 static int
-event_wait_ms(int device, fl_cudaEvent_t ev, int timeout_ms, char *err, size_t errlen)
+event_wait_ms(int device, fl_cudaEvent_t ev, int timeout_ms, fl_err *err)
 {
     const int64_t end = mono_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
     long nap_ns = 20000;
     for (;;) {
-        int rc = fl_cuda_event_query(device, ev, err, errlen);
+        int rc = fl_cuda_event_query(device, ev, err);
         if (rc != FL_CUDA_ERR_NOT_READY)
             return rc;
         int64_t left = end - mono_ns();
@@ -257,28 +256,28 @@ event_wait_ms(int device, fl_cudaEvent_t ev, int timeout_ms, char *err, size_t e
 }
 
 int
-fl_devpool_mark(fl_devpool *p, fl_cudaEvent_t *mark, char *err, size_t errlen)
+fl_devpool_mark(fl_devpool *p, fl_cudaEvent_t *mark, fl_err *err)
 {
-    int rc = fl_cuda_event_create(p->device, 0, mark, err, errlen);
+    int rc = fl_cuda_event_create(p->device, 0, mark, err);
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_event_record(p->device, *mark, p->stream, err, errlen);
+        rc = fl_cuda_event_record(p->device, *mark, p->stream, err);
     if (rc != FL_CUDA_OK) {
-        fl_cuda_event_destroy(p->device, *mark, NULL, 0);
+        fl_cuda_event_destroy(p->device, *mark, NULL);
         *mark = NULL;
     }
     return rc;
 }
 
 int
-fl_devpool_mark_wait(fl_devpool *p, fl_cudaEvent_t mark, int timeout_ms, char *err, size_t errlen)
+fl_devpool_mark_wait(fl_devpool *p, fl_cudaEvent_t mark, int timeout_ms, fl_err *err)
 {
-    return event_wait_ms(p->device, mark, timeout_ms, err, errlen);
+    return event_wait_ms(p->device, mark, timeout_ms, err);
 }
 
 void
 fl_devpool_mark_free(fl_devpool *p, fl_cudaEvent_t mark)
 {
-    fl_cuda_event_destroy(p->device, mark, NULL, 0); /* a pending record still completes */
+    fl_cuda_event_destroy(p->device, mark, NULL); /* a pending record still completes */
 }
 
 void
@@ -295,14 +294,13 @@ static int
 released_passed(fl_devbuf *b)
 {
     for (int i = 0; i < b->npending; i++)
-        if (fl_cuda_event_query(b->device, b->released[i], NULL, 0) != FL_CUDA_OK)
+        if (fl_cuda_event_query(b->device, b->released[i], NULL) != FL_CUDA_OK)
             return 0;
     return 1;
 }
 
 int
-fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, char *err,
-                size_t errlen)
+fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, fl_err *err)
 {
     *out = NULL;
     const size_t cap = size_class(bytes);
@@ -350,12 +348,12 @@ fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, 
         fl_devbuf *v = victims;
         victims = v->next;
         for (int i = 0; i < v->npending; i++)
-            fl_cuda_event_synchronize(v->device, v->released[i], NULL, 0);
+            fl_cuda_event_synchronize(v->device, v->released[i], NULL);
         devbuf_destroy(v);
     }
     int rc = FL_CUDA_OK;
     if (!pick) {
-        pick = devbuf_alloc(p->device, cap, &rc, err, errlen);
+        pick = devbuf_alloc(p->device, cap, &rc, err);
         if (!pick) {
             pthread_mutex_lock(&p->lock);
             p->st.buffers--;
@@ -371,16 +369,16 @@ fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, 
     /* Order the overwrite after every consumer stream's release point. */
     if (how == TAKE_WAIT)
         for (int i = 0; i < pick->npending && rc == FL_CUDA_OK; i++)
-            rc = fl_cuda_stream_wait_event(p->device, p->stream, pick->released[i], err, errlen);
+            rc = fl_cuda_stream_wait_event(p->device, p->stream, pick->released[i], err);
     pick->npending = 0;
     pick->nusers = 0;
     pick->bytes = bytes;
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_event_record(p->device, pick->start, p->stream, err, errlen);
+        rc = fl_cuda_event_record(p->device, pick->start, p->stream, err);
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_memcpy_h2d_async(p->device, pick->ptr, host, bytes, p->stream, err, errlen);
+        rc = fl_cuda_memcpy_h2d_async(p->device, pick->ptr, host, bytes, p->stream, err);
     if (rc == FL_CUDA_OK)
-        rc = fl_cuda_event_record(p->device, pick->ready, p->stream, err, errlen);
+        rc = fl_cuda_event_record(p->device, pick->ready, p->stream, err);
     if (rc != FL_CUDA_OK) {
         /* The buffer's state is unknown: free it rather than pool it. */
         pthread_mutex_lock(&p->lock);
@@ -418,31 +416,31 @@ fl_devbuf_bytes(const fl_devbuf *b)
 }
 
 int
-fl_devbuf_copy_query(fl_devbuf *b, char *err, size_t errlen)
+fl_devbuf_copy_query(fl_devbuf *b, fl_err *err)
 {
-    return fl_cuda_event_query(b->device, b->ready, err, errlen);
+    return fl_cuda_event_query(b->device, b->ready, err);
 }
 
 int
-fl_devbuf_copy_wait(fl_devbuf *b, char *err, size_t errlen)
+fl_devbuf_copy_wait(fl_devbuf *b, fl_err *err)
 {
-    return fl_cuda_event_synchronize(b->device, b->ready, err, errlen);
+    return fl_cuda_event_synchronize(b->device, b->ready, err);
 }
 
 int
-fl_devbuf_copy_wait_ms(fl_devbuf *b, int timeout_ms, char *err, size_t errlen)
+fl_devbuf_copy_wait_ms(fl_devbuf *b, int timeout_ms, fl_err *err)
 {
-    return event_wait_ms(b->device, b->ready, timeout_ms, err, errlen);
+    return event_wait_ms(b->device, b->ready, timeout_ms, err);
 }
 
 int
-fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen)
+fl_devbuf_copy_ms(fl_devbuf *b, float *ms, fl_err *err)
 {
-    return fl_cuda_event_elapsed_ms(b->device, ms, b->start, b->ready, err, errlen);
+    return fl_cuda_event_elapsed_ms(b->device, ms, b->start, b->ready, err);
 }
 
 int
-fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, size_t errlen)
+fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, fl_err *err)
 {
     fl_devpool *p = b->pool;
     /* The release is recorded later on whatever thread drops the last
@@ -458,16 +456,17 @@ fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, s
     if (!known) {
         if (b->nusers == FL_DEVBUF_MAX_USERS) {
             pthread_mutex_unlock(&p->lock);
-            snprintf(err, errlen,
-                     "a fastloader device batch can be imported on at most %d different streams",
-                     FL_DEVBUF_MAX_USERS);
+            /* a refusal, not a CUDA failure (the binding raises BufferError) */
+            fl_err_set(err, FL_ERR_INVALID, 0,
+                       "a fastloader device batch can be imported on at most %d different streams",
+                       FL_DEVBUF_MAX_USERS);
             return -2;
         }
         b->users[b->nusers++] = release_on;
     }
     pthread_mutex_unlock(&p->lock);
     if (!no_wait) {
-        int rc = fl_cuda_stream_wait_event(p->device, stream, b->ready, err, errlen);
+        int rc = fl_cuda_stream_wait_event(p->device, stream, b->ready, err);
         if (rc != FL_CUDA_OK)
             return rc; /* the stream stays listed: harmless, release orders after it */
     }
@@ -496,9 +495,9 @@ fl_devbuf_unref(fl_devbuf *b)
     pthread_mutex_unlock(&p->lock);
     /* Mark the release point on every stream that used it. */
     for (int i = 0; i < b->nusers && ok; i++) {
-        if (!b->released[i] && fl_cuda_event_create(p->device, 0, &b->released[i], NULL, 0))
+        if (!b->released[i] && fl_cuda_event_create(p->device, 0, &b->released[i], NULL))
             ok = 0;
-        else if (fl_cuda_event_record(p->device, b->released[i], b->users[i], NULL, 0))
+        else if (fl_cuda_event_record(p->device, b->released[i], b->users[i], NULL))
             ok = 0;
     }
     b->npending = ok ? b->nusers : 0;

@@ -31,7 +31,9 @@
  * export).
  *
  * Errors: functions returning int give 0 or a CUDA error code (cuda.h) and
- * write "what failed (cudaErrorName: text)" into err[errlen].
+ * fill the core's error record (core/err.h; err may be NULL) with
+ * FL_ERR_RUNTIME and "what failed (cudaErrorName: text)".  A failed host
+ * allocation is FL_ERR_RUNTIME too (RuntimeError, as it has always been).
  */
 #ifndef FL_DEVPOOL_H
 #define FL_DEVPOOL_H
@@ -60,10 +62,10 @@ typedef struct fl_devbuf fl_devbuf;
  * (counted in stats.over_cap; such buffers are freed when they come back).
  * At most 16 classes are kept; a wholly idle least recently used class makes
  * room for a new one.  max_buffers < 1 means 1.  Returns the caller's
- * reference, or NULL with err set (CUDA not loaded, bad device, stream
+ * reference, or NULL with *err set (CUDA not loaded, bad device, stream
  * creation failed, out of memory).  Runs without the GIL (the first CUDA
  * call may initialise the driver). */
-fl_devpool *fl_devpool_new(int device, int max_buffers, char *err, size_t errlen);
+fl_devpool *fl_devpool_new(int device, int max_buffers, fl_err *err);
 
 /* Take one more reference (a caller about to use the pool without the GIL,
  * while another thread could drop the last one). */
@@ -83,11 +85,11 @@ fl_cudaStream_t fl_devpool_stream(const fl_devpool *p);
  * *mark, owned by the caller (NULL on failure).  fl_devpool_mark_wait waits
  * at most about timeout_ms for it, polling as fl_devbuf_copy_wait_ms does:
  * 0 once those copies have finished, FL_CUDA_ERR_NOT_READY when they still
- * run, another code on failure.  fl_devpool_mark_free releases the event,
+ * run (*err untouched), another code on failure.  fl_devpool_mark_free releases the event,
  * whether it has completed or not (NULL is ignored).  None of them blocks
  * longer than timeout_ms; call the wait without the GIL. */
-int fl_devpool_mark(fl_devpool *p, fl_cudaEvent_t *mark, char *err, size_t errlen);
-int fl_devpool_mark_wait(fl_devpool *p, fl_cudaEvent_t mark, int timeout_ms, char *err, size_t errlen);
+int fl_devpool_mark(fl_devpool *p, fl_cudaEvent_t *mark, fl_err *err);
+int fl_devpool_mark_wait(fl_devpool *p, fl_cudaEvent_t mark, int timeout_ms, fl_err *err);
 void fl_devpool_mark_free(fl_devpool *p, fl_cudaEvent_t mark);
 
 typedef struct {
@@ -112,28 +114,27 @@ void fl_devpool_get_stats(fl_devpool *p, fl_devpool_stats *out);
  * synchronously (pinned memory does not), and evicting a size class (only
  * when more than 16 sizes are in use) frees memory, which synchronises the
  * device.  Call without the GIL. */
-int fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, char *err,
-                    size_t errlen);
+int fl_devpool_copy(fl_devpool *p, const void *host, size_t bytes, fl_devbuf **out, fl_err *err);
 
 void *fl_devbuf_ptr(const fl_devbuf *b);
 size_t fl_devbuf_bytes(const fl_devbuf *b);
 
 /* 0 when the copy into b has finished, FL_CUDA_ERR_NOT_READY while it runs
- * (err untouched), another code on failure.  Never blocks. */
-int fl_devbuf_copy_query(fl_devbuf *b, char *err, size_t errlen);
+ * (*err untouched), another code on failure.  Never blocks. */
+int fl_devbuf_copy_query(fl_devbuf *b, fl_err *err);
 /* Block until the copy has finished, however long it takes.  Call without
  * the GIL. */
-int fl_devbuf_copy_wait(fl_devbuf *b, char *err, size_t errlen);
+int fl_devbuf_copy_wait(fl_devbuf *b, fl_err *err);
 /* Wait at most about timeout_ms for the copy: 0 once it has finished,
- * FL_CUDA_ERR_NOT_READY when it still runs (err untouched), another code on
+ * FL_CUDA_ERR_NOT_READY when it still runs (*err untouched), another code on
  * failure.  Polls the copy's event, sleeping 20 us at first and doubling to
  * 1 ms between queries (a short wait costs little latency, a long one
  * little CPU); timeout_ms <= 0 queries once.  For waits that must stay
  * interruptible: wait in slices, check for signals in between.  Call
  * without the GIL. */
-int fl_devbuf_copy_wait_ms(fl_devbuf *b, int timeout_ms, char *err, size_t errlen);
+int fl_devbuf_copy_wait_ms(fl_devbuf *b, int timeout_ms, fl_err *err);
 /* Milliseconds the copy took on the device (call after it finished). */
-int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen);
+int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, fl_err *err);
 
 /* Hand b to a consumer working on `stream` (a handle, FL_CUDA_STREAM_LEGACY
  * or FL_CUDA_STREAM_PER_THREAD, meant on the pool's device whatever the
@@ -144,8 +145,9 @@ int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, char *err, size_t errlen);
  * consumer's stream must outlive its use of b: the release is recorded on
  * it.  Takes a new reference for the consumer (drop it
  * with fl_devbuf_unref).  Returns 0, a CUDA error, or -2 when b already has
- * FL_DEVBUF_MAX_USERS other streams (err says so). */
-int fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, char *err, size_t errlen);
+ * FL_DEVBUF_MAX_USERS other streams (*err says so, FL_ERR_INVALID: a refusal,
+ * not a CUDA failure; the binding raises DLPack's BufferError for it). */
+int fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, fl_err *err);
 
 void fl_devbuf_ref(fl_devbuf *b);
 /* Drop a reference; the last one releases the buffer to its pool as

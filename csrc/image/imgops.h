@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/err.h"
+
 enum { FL_DT_U8 = 0, FL_DT_F16 = 1, FL_DT_BF16 = 2, FL_DT_F32 = 3 };
 enum { FL_LAYOUT_CHW = 0, FL_LAYOUT_HWC = 1 };
 enum { FL_GEOM_NONE = 0, FL_GEOM_RRC = 1, FL_GEOM_RESIZE_CROP = 2 };
@@ -70,20 +72,20 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
 } fl_plan;
 
 /* Check a spec for consistency (ranges, normalize only with float dtypes,
- * std != 0, max_size > resize_short, ...).  No GIL.  Returns 0, or -1 with a
- * message naming the offending field in msg (msglen bytes, NUL-terminated). */
-int fl_tspec_check(const fl_tspec *t, char *msg, size_t msglen);
+ * std != 0, max_size > resize_short, ...).  No GIL.  Returns 0, or -1 with
+ * err filled (FL_ERR_INVALID, the message naming the offending field). */
+int fl_tspec_check(const fl_tspec *t, fl_err *err);
 
 /* Choose the sample's crop box/flip with torchvision's exact algorithms
  * (RandomResizedCrop.get_params incl. the central fallback; Resize's
  * _compute_resized_output_size incl. max_size; CenterCrop's
  * int(round((H - ch) / 2.0)) offsets and padding), Python's round-half-even
  * included, drawing from fl_rng keyed (seed, epoch, index): geometry first,
- * then the flip.  No GIL.  Returns 0, or -1 with msg filled for invalid input
+ * then the flip.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
  * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
  * natural output size that differs from a nonzero t->out_w x t->out_h). */
 int fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
-                   fl_plan *out, char *msg, size_t msglen);
+                   fl_plan *out, fl_err *err);
 
 /* Bytes one output sample takes: out_h * out_w * out_channels * dtype size.
  * No GIL; pure. */
@@ -120,11 +122,11 @@ void fl_scratch_free(fl_scratch *s);
  * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window; a
  * full-scale view at an integer origin that holds at least the rectangle
  * fl_plan_source_window reports gives the same bytes as the whole image.
- * No GIL.  Returns 0, -1 with msg filled for an invalid plan or view, or -2
- * with msg filled when out of memory.  On error the contents of out are
- * unspecified. */
+ * No GIL.  Returns 0, or -1 with err filled: FL_ERR_INVALID for an invalid
+ * plan or view, FL_ERR_NOMEM when out of memory.  On error the contents of
+ * out are unspecified. */
 int fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
-              char *msg, size_t msglen);
+              fl_err *err);
 
 /* The smallest rectangle [x0, x1) x [y0, y1) of full-resolution source
  * pixels (the source is src_w x src_h) that fl_render reads for this plan:

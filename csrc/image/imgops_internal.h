@@ -31,9 +31,6 @@
 #define FL_HOT
 #endif
 
-/* plan.c: format an error message (printf-style) into msg, msglen bytes,
- * always NUL-terminated; msg NULL or msglen 0 writes nothing. */
-void fl_imgops_msg(char *msg, size_t msglen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* convert.c: Pillow's convert("L") (ITU-R 601-2 luma, 16-bit fixed point)
  * of h rows of w interleaved RGB pixels (row i at src + i * stride) into

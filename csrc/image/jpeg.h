@@ -14,25 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef FL_ERR_DEFINED
-#define FL_ERR_DEFINED
-/* One error record, filled by the core and turned into a Python exception by
- * the one translator (py_errors.c): `code` is one of FL_ERR_*, `msg` a
- * NUL-terminated reason, `errnum` the errno of an FL_ERR_IO failure (0 when
- * there is none).  errnum is last so that `{code, "msg"}` initialisers work. */
-typedef struct {
-    int code;
-    char msg[320];
-    int errnum;
-} fl_err;
-#define FL_ERR_DECODE 1   /* malformed, truncated or unsupported data  -> DecodeError */
-#define FL_ERR_NOMEM 2    /* an allocation failed                       -> MemoryError */
-#define FL_ERR_LIMIT 3    /* the image exceeds a configured limit       -> DecodeError */
-#define FL_ERR_IO 4       /* reading the bytes failed                   -> OSError (subclass by errnum) */
-#define FL_ERR_INDEX 5    /* a sample index outside the dataset         -> IndexError */
-#define FL_ERR_INVALID 6  /* invalid parameters (plan, region, spec)    -> ValueError */
-#define FL_ERR_RUNTIME 7  /* a failure of the runtime (CUDA, threads)   -> RuntimeError */
-#endif
+#include "core/err.h"
 
 /* Default limits.  FL_JPEG_DEFAULT_MAX_PIXELS is 2x Pillow's MAX_IMAGE_PIXELS,
  * the size at which Pillow raises DecompressionBombError. */

@@ -16,17 +16,6 @@
 #include <string.h>
 
 /* Contract: imgops_internal.h. */
-void
-fl_imgops_msg(char *msg, size_t msglen, const char *fmt, ...)
-{
-    if (msg == NULL || msglen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-}
-
 /* Python's round() on a double: half to even. */
 static double
 fl_round_half_even(double x)
@@ -51,9 +40,9 @@ fl_finite(double x)
 
 /* Contract: imgops.h. */
 int
-fl_tspec_check(const fl_tspec *t, char *msg, size_t msglen)
+fl_tspec_check(const fl_tspec *t, fl_err *err)
 {
-#define FAIL(...) do { fl_imgops_msg(msg, msglen, __VA_ARGS__); return -1; } while (0)
+#define FAIL(...) do { fl_err_set(err, FL_ERR_INVALID, 0, __VA_ARGS__); return -1; } while (0)
     if (t->geom < FL_GEOM_NONE || t->geom > FL_GEOM_RESIZE_CROP)
         FAIL("geom: unknown geometry %d", t->geom);
     if (t->out_channels != 1 && t->out_channels != 3)
@@ -178,9 +167,9 @@ fl_rrc_box(const fl_tspec *t, int W, int H, fl_rng *rng, fl_plan *p)
 }
 
 /* torchvision's _compute_resized_output_size for a W x H image.  Returns 0
- * with *rw x *rh, or -1 with msg (empty or oversized result). */
+ * with *rw x *rh, or -1 with err filled (empty or oversized result). */
 static int
-fl_resize_size(const fl_tspec *t, int W, int H, int *rw, int *rh, char *msg, size_t msglen)
+fl_resize_size(const fl_tspec *t, int W, int H, int *rw, int *rh, fl_err *err)
 {
     double new_w, new_h;
     if (t->resize_h) {
@@ -209,7 +198,7 @@ fl_resize_size(const fl_tspec *t, int W, int H, int *rw, int *rh, char *msg, siz
         new_h = H;
     }
     if (!(new_w >= 1 && new_h >= 1 && new_w <= FL_MAX_DIM && new_h <= FL_MAX_DIM)) {
-        fl_imgops_msg(msg, msglen, "image %d x %d resizes to an invalid size %.0f x %.0f", W, H, new_w, new_h);
+        fl_err_set(err, FL_ERR_INVALID, 0, "image %d x %d resizes to an invalid size %.0f x %.0f", W, H, new_w, new_h);
         return -1;
     }
     *rw = (int)new_w;
@@ -230,12 +219,12 @@ fl_center_offset(int n, int c)
 /* Contract: imgops.h. */
 int
 fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
-               fl_plan *out, char *msg, size_t msglen)
+               fl_plan *out, fl_err *err)
 {
-    if (fl_tspec_check(t, msg, msglen) < 0)
+    if (fl_tspec_check(t, err) < 0)
         return -1;
     if (src_w <= 0 || src_h <= 0 || src_w > FL_MAX_DIM || src_h > FL_MAX_DIM) {
-        fl_imgops_msg(msg, msglen, "invalid source size %d x %d", src_w, src_h);
+        fl_err_set(err, FL_ERR_INVALID, 0, "invalid source size %d x %d", src_w, src_h);
         return -1;
     }
     fl_rng rng;
@@ -253,7 +242,7 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         p.rs_w = p.out_w = t->out_w;
         p.rs_h = p.out_h = t->out_h;
     } else if (t->geom == FL_GEOM_RESIZE_CROP) {
-        if (fl_resize_size(t, src_w, src_h, &p.rs_w, &p.rs_h, msg, msglen) < 0)
+        if (fl_resize_size(t, src_w, src_h, &p.rs_w, &p.rs_h, err) < 0)
             return -1;
         p.out_w = p.rs_w;
         p.out_h = p.rs_h;
@@ -265,7 +254,7 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         }
     }
     if (t->out_w && (p.out_w != t->out_w || p.out_h != t->out_h)) {
-        fl_imgops_msg(msg, msglen,
+        fl_err_set(err, FL_ERR_INVALID, 0,
                    "image %d x %d gives a %d x %d sample, not the batch's %d x %d "
                    "(add a CenterCrop or resize to a fixed (h, w))",
                    src_w, src_h, p.out_w, p.out_h, t->out_w, t->out_h);

@@ -433,7 +433,7 @@ fl_render_row(const fl_rctx *r, int oy, void *out)
 /* Contract: imgops.h. */
 int
 fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
-          char *msg, size_t msglen)
+          fl_err *err)
 {
     /* origin and scale bounded (NaN fails every comparison), so no double
      * below converts to an int out of range */
@@ -441,10 +441,10 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
         || (src->channels != 1 && src->channels != 3) || src->stride < (size_t)src->w * src->channels
         || !(src->scale_x > 1e-6 && src->scale_x <= 16.0) || !(src->scale_y > 1e-6 && src->scale_y <= 16.0)
         || !(fabs(src->origin_x) <= FL_MAX_DIM) || !(fabs(src->origin_y) <= FL_MAX_DIM)) {
-        fl_imgops_msg(msg, msglen, "render: invalid source view");
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid source view");
         return -1;
     }
-    if (fl_tspec_check(t, msg, msglen) < 0)   /* the spec sizes the tables and rows below */
+    if (fl_tspec_check(t, err) < 0)   /* the spec sizes the tables and rows below */
         return -1;
     fl_rctx r;
     memset(&r, 0, sizeof r);
@@ -453,12 +453,12 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     int grc = fl_geom_setup(t, plan, src->w, src->h, src->origin_x, src->origin_y, src->scale_x, src->scale_y,
                             &r.g);
     if (grc == -1) {
-        fl_imgops_msg(msg, msglen, "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d)",
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d)",
                       plan->box_w, plan->box_h, plan->rs_w, plan->rs_h, r.g.out_w, r.g.out_h);
         return -1;
     }
     if (grc == -2) {
-        fl_imgops_msg(msg, msglen, "render: crop box (%d, %d, %d, %d) lies outside the decoded %d x %d buffer",
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: crop box (%d, %d, %d, %d) lies outside the decoded %d x %d buffer",
                       plan->box_x, plan->box_y, plan->box_w, plan->box_h, src->w, src->h);
         return -1;
     }
@@ -467,12 +467,12 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     fl_offsets o;
     size_t total;
     if (fl_render_layout(&r, &o, &total) < 0) {
-        fl_imgops_msg(msg, msglen, "render: scratch size overflows");
-        return -2;
+        fl_err_set(err, FL_ERR_NOMEM, 0, "render: scratch size overflows");
+        return -1;
     }
     if (fl_scratch_grow(scratch, total) < 0) {
-        fl_imgops_msg(msg, msglen, "render: out of memory (%zu bytes of scratch)", total);
-        return -2;
+        fl_err_set(err, FL_ERR_NOMEM, 0, "render: out of memory (%zu bytes of scratch)", total);
+        return -1;
     }
     uint8_t *S = (uint8_t *)scratch->p;
     r.line = S + o.line;

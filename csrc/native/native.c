@@ -92,24 +92,6 @@ fl_native_worker_free(fl_native_worker *w)
 }
 
 int
-fl_native_maybe_other_image(const uint8_t *d, size_t n)
-{
-    if (n >= 8 && memcmp(d, "\x89PNG\r\n\x1a\n", 8) == 0)
-        return 1;
-    if (n >= 6 && (memcmp(d, "GIF87a", 6) == 0 || memcmp(d, "GIF89a", 6) == 0))
-        return 1;
-    if (n >= 2 && d[0] == 'B' && d[1] == 'M')
-        return 1;
-    if (n >= 4 && (memcmp(d, "II*\0", 4) == 0 || memcmp(d, "MM\0*", 4) == 0))
-        return 1;
-    if (n >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WEBP", 4) == 0)
-        return 1;
-    if (n >= 2 && d[0] == 'P' && d[1] >= '1' && d[1] <= '6')
-        return 1;
-    return 0;
-}
-
-int
 fl_native_choose_scale(int box_w, int box_h, int rs_w, int rs_h)
 {
     /* Only 1/8, 2/8 and 4/8 have fast (SIMD or trivial) inverse DCTs in
@@ -150,20 +132,12 @@ render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64
         return -1;
     }
     fl_plan plan;
-    char msg[256];
-    if (fl_plan_sample(&ds->spec, sb->width, sb->height, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
-        err->code = FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    if (fl_plan_sample(&ds->spec, sb->width, sb->height, seed, epoch, (uint64_t)index, &plan, err) < 0)
         return -1;
-    }
     size_t stride = (size_t)sb->width * (size_t)sb->channels;
     fl_view view = {sb->data, sb->width, sb->height, stride, sb->channels, 0.0, 0.0, 1.0, 1.0};
-    int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
-    if (rrc < 0) {
-        err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    if (fl_render(&ds->spec, &plan, &view, out, &w->scratch, err) < 0)
         return -1;
-    }
     if (ds->timing)
         w->render_ns += fl_now_ns() - t1;
     w->samples++;
@@ -218,7 +192,7 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
         return -1;
     }
     if (len < 2 || data[0] != 0xFF || data[1] != 0xD8) {
-        if (fl_native_maybe_other_image(data, (size_t)len))
+        if (fl_source_maybe_other_image(data, (size_t)len))
             return 1;
         err->code = FL_ERR_DECODE;
         snprintf(err->msg, sizeof err->msg, "not a JPEG file (starts with 0x%02x 0x%02x)", data[0],
@@ -233,12 +207,8 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
     if (fl_jpeg_check_limits(w->jpeg, &info, &jerr) < 0)
         goto jpeg_error;
     fl_plan plan;
-    char msg[256];
-    if (fl_plan_sample(&ds->spec, info.width, info.height, seed, epoch, (uint64_t)index, &plan, msg, sizeof msg) < 0) {
-        err->code = FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    if (fl_plan_sample(&ds->spec, info.width, info.height, seed, epoch, (uint64_t)index, &plan, err) < 0)
         return -1;
-    }
     /* region in source pixels: exactly what the render reads (the crop box
      * for RandomResizedCrop, the filter support of the centre window for
      * Resize + CenterCrop), so nothing else is decoded */
@@ -273,12 +243,8 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
     uint64_t t2 = timing ? fl_now_ns() : 0;
     w->decode_ns += t2 - t1;
     fl_view view = {w->pix.data, reg.w, reg.h, stride, ch, (double)x0, (double)y0, m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
-    int rrc = fl_render(&ds->spec, &plan, &view, out, &w->scratch, msg, sizeof msg);
-    if (rrc < 0) {
-        err->code = rrc == -2 ? FL_ERR_NOMEM : FL_ERR_INVALID;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    if (fl_render(&ds->spec, &plan, &view, out, &w->scratch, err) < 0)
         return -1;
-    }
     if (timing)
         w->render_ns += fl_now_ns() - t2;
     w->samples++;

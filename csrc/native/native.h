@@ -73,7 +73,7 @@ typedef struct {
     int64_t by;           /* replacement index, or the batch slot for a fix-up; -1 otherwise */
     int code;             /* FL_ERR_* */
     int errnum;           /* errno of an FL_ERR_IO failure, else 0 */
-    char msg[384];        /* the reason, without the file name (the binding adds it from the index:
+    char msg[FL_ERR_MSG_MAX]; /* the reason, without the file name (the binding adds it from the index:
                            * a long or non-UTF-8 path can then never cut or garble the reason) */
 } fl_native_event;
 
@@ -125,10 +125,6 @@ int fl_native_render_encoded(fl_native_worker *w, const fl_native_ds *ds, const 
 int fl_native_render_decoded(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *pixels, int width,
                              int height, int channels, int64_t index, uint64_t seed, uint64_t epoch, void *out,
                              fl_err *err);
-
-/* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM),
- * judged by its first bytes?  Pure. */
-int fl_native_maybe_other_image(const uint8_t *d, size_t n);
 
 /* How many other samples on_error="replace" tries before giving up. */
 #define FL_NATIVE_REPLACE_TRIES 16

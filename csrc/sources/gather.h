@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "image/jpeg.h"   /* fl_err */
+#include "core/err.h"
 
 typedef struct fl_region fl_region;
 

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "native/native.h"
 #include "core/rng.h"
 #include "sources/tar.h"
 
@@ -269,7 +268,7 @@ add_skipped(shards_source *ss, const char *url, const fl_err *err)
     if (ss->nskipped < ss->capskipped) {
         skipped_shard *k = &ss->skipped[ss->nskipped++];
         fl_stream_url_for_message(url, k->url, sizeof k->url);
-        snprintf(k->reason, sizeof k->reason, "%s", err->msg);
+        snprintf(k->reason, sizeof k->reason, "%.*s", (int)sizeof k->reason - 1, err->msg); /* a skip reason is cut to its field */
     }
     pthread_mutex_unlock(&ss->mu);
     atomic_fetch_add(&ss->shards_skipped, 1);
@@ -620,7 +619,7 @@ shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *bu
         pthread_cond_wait(&ss->more, &ss->mu);
     }
     if (r && !r->error && r->len >= 2 && !(r->image[0] == 0xFF && r->image[1] == 0xD8) &&
-        fl_native_maybe_other_image(r->image, r->len)) {
+        fl_source_maybe_other_image(r->image, r->len)) {
         /* the pipeline hands this one to Pillow, which reads it back by index */
         shard_rec *keep = malloc(sizeof *keep);
         if (keep) {

@@ -202,3 +202,21 @@ fl_source_files_path(const fl_source *s, int64_t i)
         return NULL;
     return ((const files_source *)s)->paths[i];
 }
+
+int
+fl_source_maybe_other_image(const uint8_t *d, size_t n)
+{
+    if (n >= 8 && memcmp(d, "\x89PNG\r\n\x1a\n", 8) == 0)
+        return 1;
+    if (n >= 6 && (memcmp(d, "GIF87a", 6) == 0 || memcmp(d, "GIF89a", 6) == 0))
+        return 1;
+    if (n >= 2 && d[0] == 'B' && d[1] == 'M')
+        return 1;
+    if (n >= 4 && (memcmp(d, "II*\0", 4) == 0 || memcmp(d, "MM\0*", 4) == 0))
+        return 1;
+    if (n >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WEBP", 4) == 0)
+        return 1;
+    if (n >= 2 && d[0] == 'P' && d[1] >= '1' && d[1] <= '6')
+        return 1;
+    return 0;
+}

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "image/jpeg.h"   /* fl_err */
+#include "core/err.h"
 
 /* Files larger than this are refused rather than read (no JPEG that passes
  * the pixel limit needs more). */
@@ -133,5 +133,10 @@ fl_source *fl_source_files_new(char **paths, int64_t n);
 
 /* The path of sample i of a files source, or NULL for another kind.  Pure. */
 const char *fl_source_files_path(const fl_source *s, int64_t i);
+
+/* Another image format Pillow may read (PNG, GIF, BMP, TIFF, WebP, PPM),
+ * judged by its first bytes?  Pure.  Here, not in image/, because the
+ * shard reader asks it of a member before any decoder sees it. */
+int fl_source_maybe_other_image(const uint8_t *d, size_t n);
 
 #endif

@@ -66,7 +66,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "image/jpeg.h"   /* fl_err */
+#include "core/err.h"
 
 typedef struct fl_stream fl_stream;
 

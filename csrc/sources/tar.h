@@ -74,7 +74,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "image/jpeg.h"     /* fl_err */
+#include "core/err.h"
 #include "sources/stream.h"
 
 typedef struct fl_tar fl_tar;
