@@ -2,11 +2,12 @@
 
 The harness itself -- the pipelines, the timed loop, one fresh process per
 configuration, the /proc memory readers, interleaved rounds and their
-statistics, table formatting -- is fastloader/_harness.py, the same code
+statistics, table formatting -- is fastloader/tools/harness.py, the same code
 ``python -m fastloader bench`` runs; its docstring says how time and memory are
-measured.  It is loaded here by file path, not through the package, so the
-torch half of a benchmark (``--only torch``) runs without a built extension and
-torch's measured processes never import fastloader.
+measured.  It is imported as ``fastloader.tools.harness``, except where that
+would import fastloader: in a measured process (so torch's never import it)
+and without a built extension (so the torch half, ``--only torch``, still
+runs); see ``_harness`` below.
 
 This file adds what only the scripts need: importing an in-tree fastloader
 with a clear message, the Markdown report with the machine's description, and
@@ -21,22 +22,42 @@ import platform
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_HARNESS_PATH = os.path.join(REPO, "fastloader", "_harness.py")
 
 
-def _load_harness():
-    # the name the measured processes give it too, so a child loads it once
-    name = "_fastloader_harness"
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, _HARNESS_PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+def _ensure_repo_on_path():
+    """Make an in-tree fastloader importable if no installed one is."""
+    if importlib.util.find_spec("fastloader") is None and REPO not in sys.path:
+        sys.path.insert(0, REPO)
+
+
+def _load_alone(relpath, name):
+    """The module at REPO/relpath loaded from its file alone, without the
+    package (which needs the built extension)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, relpath))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
     return mod
 
 
-H = _load_harness()
+def _harness():
+    # a measured process has the harness already, loaded from its file by
+    # harness.CHILD_BOOT without the package: reuse it, so that importing this
+    # file there does not import fastloader into torch's measured processes
+    mod = sys.modules.get("_fastloader_harness")  # harness.MODULE_NAME
+    if mod is not None:
+        return mod
+    _ensure_repo_on_path()
+    try:
+        from fastloader.tools import harness
+    except ImportError:
+        # no built extension, so no `import fastloader`; the harness needs only
+        # the standard library, so load its file alone, as CHILD_BOOT does
+        harness = _load_alone(os.path.join("fastloader", "tools", "harness.py"), "_fastloader_harness")
+    return harness
+
+
+H = _harness()
 rss_now_mib = H.rss_now_mib
 median_of, spread, paired_ratio = H.median_of, H.spread, H.paired_ratio
 fmt, fmt_ratio, markdown_table = H.fmt, H.fmt_ratio, H.markdown_table
@@ -90,12 +111,6 @@ class FastloaderMissing(RuntimeError):
     pass
 
 
-def _ensure_repo_on_path():
-    """Make an in-tree fastloader importable if no installed one is."""
-    if importlib.util.find_spec("fastloader") is None and REPO not in sys.path:
-        sys.path.insert(0, REPO)
-
-
 def import_fastloader(*names):
     """Import fastloader and check that it has ``names`` (dotted paths allowed).
 
@@ -126,19 +141,14 @@ def import_fastloader(*names):
 
 
 def load_sample_module():
-    """Return fastloader.sample, loading it from the source tree if the package
+    """Return fastloader.tools.sample, loading it from the source tree if the package
     itself cannot be imported (for example before the C extension is built)."""
     _ensure_repo_on_path()
     try:
-        from fastloader import sample
+        from fastloader.tools import sample
         return sample
     except Exception:
-        path = os.path.join(REPO, "fastloader", "sample.py")
-        spec = importlib.util.spec_from_file_location("_fastloader_sample_standalone", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
+        return _load_alone(os.path.join("fastloader", "tools", "sample.py"), "_fastloader_sample_standalone")
 
 
 # ----------------------------------------------------------------------------

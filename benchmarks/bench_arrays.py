@@ -16,7 +16,7 @@ Two datasets, batch_size 256, shuffle=True, written once into a folder:
           RandomHorizontalFlip, ToDtype(float32, scale=True), Normalize).
 
 For num_workers 0 and 2, fastloader and torch side by side, each run in a
-fresh process, interleaved over rounds (fastloader/_harness.py says how time
+fresh process, interleaved over rounds (fastloader/tools/harness.py says how time
 and memory are measured; the files are in the page cache, so this measures
 the loaders, not the disk).
 

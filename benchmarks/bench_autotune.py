@@ -25,7 +25,7 @@ import _common as C  # noqa: E402
 
 fastloader = C.import_fastloader()  # the installed one, else the in-tree build
 from fastloader.loader import auto_worker_limit  # noqa: E402
-from fastloader.sample import ensure_sample  # noqa: E402
+from fastloader.tools.sample import ensure_sample  # noqa: E402
 
 
 def run(ds, workers, step_s, max_batches):

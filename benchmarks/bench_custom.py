@@ -15,7 +15,7 @@ With --unchanged, a third column runs the "before" class under
 fastloader.DataLoader (the import swap alone); with --before PATH, another
 runs "after" on the fastloader checkout at PATH (built in place), for a
 before/after of a change to the loader in the same run.  Each configuration runs in a
-fresh process (fastloader/_harness.py), all interleaved over the rounds, on
+fresh process (fastloader/tools/harness.py), all interleaved over the rounds, on
 the sample images (``python -m fastloader make-sample``, cached).  The figure
 that matters is "after" at its best num_workers over "before" at its best.
 

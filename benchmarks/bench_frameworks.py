@@ -4,7 +4,7 @@
 Three loaders over the same ImageFolder (the project's sample images), train
 pipeline at 224 (RandomResizedCrop + flip + ToTensor + Normalize), batch 64,
 shuffle, three epochs per run (--epochs); each configuration runs in a fresh
-process (fastloader/_harness.py), interleaved over rounds, one process
+process (fastloader/tools/harness.py), interleaved over rounds, one process
 (accelerate on the CPU):
 
 - ``bare``: ``for x, y in fastloader.DataLoader(...)``;

@@ -22,7 +22,7 @@ import _common as C  # noqa: E402
 
 fastloader = C.import_fastloader()  # the installed one, else the in-tree build
 from fastloader.cuda_delivery import DeviceCopier  # noqa: E402
-from fastloader.sample import ensure_sample  # noqa: E402
+from fastloader.tools.sample import ensure_sample  # noqa: E402
 
 
 def bandwidth(nbytes, reps=20):

@@ -15,7 +15,7 @@ bytes embedded and a ClassLabel column, ``save_to_disk`` (cached under
 
 all with batch_size=64, shuffle=True and the same pipeline (--pipeline,
 default train), for each num_workers of --workers.  Every configuration runs
-in a fresh process, interleaved over --rounds (fastloader/_harness.py).  The
+in a fresh process, interleaved over --rounds (fastloader/tools/harness.py).  The
 page cache is warmed first (the Arrow files and the folder read once).
 
 Reported: images/s after the first batch and time to first batch (building

@@ -1,6 +1,6 @@
 """fastloader's native JPEG pipeline vs torchvision + torch DataLoader.
 
-On an ImageNet-like folder of real JPEG photographs (fastloader.sample,
+On an ImageNet-like folder of real JPEG photographs (fastloader.tools.sample,
 ``--n`` images, generated once and cached), this runs side by side:
 
   fastloader  fastloader.ImageFolder(root, transform=fastloader.transforms.Compose([...]))
@@ -17,7 +17,7 @@ cache) and fully decode it at full size with fastloader.decode_jpeg -- and, for
 reference, the same with PIL (Image.open(...).convert("RGB")).
 
 Every configuration runs in a fresh subprocess; fastloader and torch alternate
-(fastloader/_harness.py: the harness ``python -m fastloader bench`` uses too).
+(fastloader/tools/harness.py: the harness ``python -m fastloader bench`` uses too).
 Reported: images/s after the first batch, time to first batch (including
 scanning the folder and starting workers), peak memory, fastloader/torch
 ratios, fastloader val@2 workers / decode ceiling, and the train
@@ -130,7 +130,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--n", type=int, default=None, help="images in the sample folder (default 2000)")
     p.add_argument("--root", default=None, help="use/create the sample folder here (default: "
-                   "fastloader.sample.default_sample_dir(n)); any ImageFolder-style tree of JPEGs works "
+                   "fastloader.tools.sample.default_sample_dir(n)); any ImageFolder-style tree of JPEGs works "
                    "if it has no fastloader marker and --no-generate is given")
     p.add_argument("--no-generate", action="store_true", help="use --root as is, do not create a sample there")
     p.add_argument("--workers", default=None, help="comma-separated num_workers list (default 0,1,2,4)")
@@ -201,7 +201,7 @@ def main(argv=None):
     rep = C.Report("fastloader image pipeline vs torchvision + torch DataLoader")
     rep.add("\n".join(C.environment_lines()))
     if stats:
-        rep.add(f"- data: {nfiles} JPEGs in {root} (fastloader.sample, seed {stats.get('seed')}): mean "
+        rep.add(f"- data: {nfiles} JPEGs in {root} (fastloader.tools.sample, seed {stats.get('seed')}): mean "
                 f"{stats['mean_width']:.0f} x {stats['mean_height']:.0f}, mean {stats['mean_bytes'] / 1024:.1f} KiB, "
                 f"{stats['progressive']} progressive, {stats['grayscale']} grayscale, {stats['classes']} classes")
     else:

@@ -11,7 +11,7 @@ Two map-style datasets, each about 1 ms of work per sample:
 For num_workers in 0, 1, 2, 4 (batch_size 32) each configuration runs in a fresh
 subprocess, fastloader and torch side by side, for several interleaved rounds;
 the tables show medians and the median of the per-round fastloader/torch
-ratios.  See fastloader/_harness.py for how time and memory are measured.
+ratios.  See fastloader/tools/harness.py for how time and memory are measured.
 
     python benchmarks/bench_python.py [--quick] [--out FILE]
 """

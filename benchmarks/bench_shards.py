@@ -7,7 +7,7 @@ make-sample``), packed with ``python -m fastloader pack shards`` (shuffled at
 pack time, 20 MB shards).  Every loader runs the train pipeline
 (RandomResizedCrop(224) + flip + ToTensor + Normalize) with a 1000-sample
 shuffle buffer where it streams, batch 64, one epoch; each configuration runs
-in a fresh process (fastloader/_harness.py), interleaved over rounds.
+in a fresh process (fastloader/tools/harness.py), interleaved over rounds.
 
     python benchmarks/bench_shards.py [--sample-dir DIR] [--workers 0,2] [--rounds 3] [--out FILE]
 """
@@ -113,7 +113,7 @@ def main(argv=None):
     root = a.sample_dir or C.load_sample_module().ensure_sample(a.n)
     C.import_fastloader("WebDataset")
     from fastloader.datasets import find_classes, make_dataset
-    from fastloader.pack import pack_shards
+    from fastloader.tools.pack import pack_shards
 
     n = len(make_dataset(root, find_classes(root)[1]))   # the sample's size, as ImageFolder counts it
     tmp = tempfile.mkdtemp(prefix="fl-bench-shards-")

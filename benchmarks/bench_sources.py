@@ -12,7 +12,7 @@ each with fastloader.DataLoader(ds, batch_size=64, shuffle=True,
 num_workers=k) (shuffle=False for the stream, which shuffles itself).
 With --tiny N the images are N tiny 32x32 JPEGs instead (made once), where
 opening and reading each file costs more than decoding it.  Every configuration runs in a fresh process and the sources
-alternate (fastloader/_harness.py).  Reported per source and num_workers:
+alternate (fastloader/tools/harness.py).  Reported per source and num_workers:
 images/s after the first batch, time to first batch (building the dataset
 and the loader included), peak RSS and the process's resident file-backed
 and anonymous memory at the end (an LMDB's pages read through its memory map
@@ -61,7 +61,7 @@ def _dataset_folder(path, transform):
 
 
 def _prepare_lmdb(sample_dir, work_dir, repack):
-    from fastloader.pack_lmdb import pack_lmdb
+    from fastloader.tools.pack_lmdb import pack_lmdb
 
     out = os.path.join(work_dir, os.path.basename(os.path.normpath(sample_dir)) + ".lmdb")
     if os.path.exists(out) and not repack and os.path.getmtime(out) >= _newest_mtime(sample_dir):
@@ -77,7 +77,7 @@ def _dataset_lmdb(path, transform):
 
 
 def _prepare_shards(sample_dir, work_dir, repack):
-    from fastloader.pack import pack_shards
+    from fastloader.tools.pack import pack_shards
 
     out = os.path.join(work_dir, os.path.basename(os.path.normpath(sample_dir)) + ".shards")
     index = os.path.join(out, "index.json")

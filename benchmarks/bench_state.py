@@ -83,9 +83,9 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=20000)
     a = p.parse_args(argv)
     tmp = tempfile.mkdtemp()
-    from fastloader._harness import fastloader_transform
-    from fastloader.pack import pack_shards
-    from fastloader.sample import ensure_sample
+    from fastloader.tools.harness import fastloader_transform
+    from fastloader.tools.pack import pack_shards
+    from fastloader.tools.sample import ensure_sample
 
     # the ImageNet-like 2,000-image sample (about 50 KiB per JPEG), as tar shards
     pack_shards(ensure_sample(2000, progress=False), os.path.join(tmp, "wds"), shard_size=32 << 20, progress=False)

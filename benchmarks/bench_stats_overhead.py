@@ -14,8 +14,8 @@ import sys
 
 CHILD = r"""
 import sys, time, torch, fastloader
-from fastloader._harness import fastloader_transform
-from fastloader.sample import ensure_sample
+from fastloader.tools.harness import fastloader_transform
+from fastloader.tools.sample import ensure_sample
 torch.set_num_threads(1)
 ds = fastloader.ImageFolder(ensure_sample(2000, progress=False), transform=fastloader_transform("train"))
 dl = fastloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=int(sys.argv[1]), seed=0)

@@ -5,7 +5,7 @@ simulated model step in --steps (ms per batch, time.sleep):
 
   1. tune: the coarse-to-fine search, timed;
   2. sweep: every configuration of the same grid, measured the same way
-     (fastloader.tuning.measure, one fresh process each), timed;
+     (fastloader.tools.tuning.measure, one fresh process each), timed;
   3. side by side: the configuration tune recommends and the sweep's --top
      best, measured again in --rounds rounds (fresh processes, the order
      rotated each round), because a single run of each of the sweep's
@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 fastloader = C.import_fastloader("tune")
-from fastloader import tuning  # noqa: E402
-from fastloader.sample import ensure_sample  # noqa: E402
+from fastloader.tools import tuning  # noqa: E402
+from fastloader.tools.sample import ensure_sample  # noqa: E402
 
 
 def _csv(s, allow_auto=False):

@@ -88,7 +88,7 @@ class Engine(_EngineBase):
     def submit(self, seq: int, payload: Any, worker: int = ...) -> None: ...
 
 class Source:
-    """Where a dataset's samples' bytes live (csrc/source.h)."""
+    """Where a dataset's samples' bytes live (csrc/sources/source.h)."""
     def __len__(self) -> int: ...
     def read(self, index: int) -> bytes: ...
     @property
@@ -113,7 +113,7 @@ def arrow_source(chunks: Sequence[tuple[int, Any, int, tuple[Any, int, Any, int,
                  rows: Any = ...) -> Source: ...
 
 class LMDBWriter:
-    """A new single-file LMDB (csrc/lmdb_source.h): pairs written in batched transactions."""
+    """A new single-file LMDB (csrc/sources/lmdb_source.h): pairs written in batched transactions."""
     def __init__(self, path: str | os.PathLike[str], map_size: int = ...) -> None: ...
     def put(self, key: bytes | str, value: bytes | bytearray | memoryview) -> None: ...
     def flush(self) -> None: ...
@@ -175,7 +175,7 @@ ERR_INDEX: int
 ERR_INVALID: int
 ERR_RUNTIME: int
 def _error(code: int, errnum: int, msg: str, filename: str | None = ..., where: str = ...) -> BaseException:
-    """The exception a core error record becomes (the one translator, csrc/py_errors.c)."""
+    """The exception a core error record becomes (the one translator, csrc/binding/py_errors.c)."""
 
 def decode_jpeg(src: bytes | bytearray | memoryview | np.ndarray | str, *, mode: str = ...,
                 apply_exif_orientation: bool = ...) -> np.ndarray: ...
@@ -187,7 +187,7 @@ def _plan_sample(spec: dict[str, Any], src_w: int, src_h: int, seed: int = ..., 
 def _render(spec: dict[str, Any], image: np.ndarray, plan: dict[str, Any] | None = ..., seed: int = ...,
             epoch: int = ..., index: int = ..., *, view_scale: tuple[float, float] = ...,
             view_origin: tuple[float, float] = ..., src_size: tuple[int, int] | None = ...) -> np.ndarray: ...
-# test-only bindings of csrc/stream.c and csrc/tar.c (py_stream.c)
+# test-only bindings of csrc/sources/stream.c and csrc/sources/tar.c (py_stream.c)
 def _stream_read(url: str | os.PathLike[str], *, retries: int = ..., backoff_ms: int = ...,
                  stall_timeout_ms: int = ..., chunk: int = ..., cancel_after_ms: int = ...,
                  buffer_bytes: int = ..., connect_timeout_ms: int = ...,

@@ -18,7 +18,6 @@ from .lmdb_dataset import LMDBDataset
 from .hf_datasets import HFImageDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
-from .tuning import tune
 from .accelerate_hook import install as _install_accelerate_hook
 
 # accelerator.prepare keeps fastloader loaders; imports nothing (accelerate_hook.py)
@@ -27,6 +26,25 @@ _install_accelerate_hook()
 __version__ = "0.1.0"
 
 decode_jpeg = _C.decode_jpeg
+
+# public names that live in tools/: imported on first use, so the library
+# never imports tools/ (tools/__init__.py) and `import fastloader` stays lean
+_TOOL_NAMES = {"tune": "fastloader.tools.tuning"}
+
+
+def __getattr__(name):
+    mod = _TOOL_NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_TOOL_NAMES))
 
 
 def build_info() -> dict:

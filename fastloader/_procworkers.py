@@ -8,7 +8,7 @@ processes and the loop each of them runs.
                                                  seed random/torch/NumPy with base_seed + i,
                                                  get_worker_info(), worker_init_fn(i)
     submit: slot = ring.acquire()
-      ("job", gen, seq, indices, slot) ------->  ring.begin(slot); _fetch(...): __getitem__ /
+      ("job", gen, seq, indices, slot) ------->  ring.begin(slot); fetch(...): __getitem__ /
                                                    __getitems__ / next(it), collate_fn; default
                                                    collation stacks straight into the slot
     wait: the pipes and the processes'   <-----  the batch pickled with every array/tensor
@@ -53,9 +53,9 @@ from multiprocessing import reduction as _reduction
 import numpy as np
 
 from . import _C
-from ._worker import _CANCELLED, _ERR, _OK, _Epoch, _annotate, _fetch
-from .state import _Failed
-from .worker_info import WorkerInfo, _tls, patch_torch_worker_info
+from ._worker import CANCELLED, ERR, OK, Epoch, annotate, fetch
+from .state import Failed
+from .worker_info import WorkerInfo, tls, patch_torch_worker_info
 
 try:
     import torch
@@ -265,7 +265,7 @@ def _seed_like_torch(base_seed, wid):
 
 
 def _make_epoch(spec):
-    ep = _Epoch(dataset=spec["dataset"], iterable=spec["iterable"], auto_collation=spec["auto_collation"],
+    ep = Epoch(dataset=spec["dataset"], iterable=spec["iterable"], auto_collation=spec["auto_collation"],
                 batch_size=spec["batch_size"], drop_last=spec["drop_last"], collate_fn=spec["collate_fn"],
                 base_seed=spec["base_seed"], epoch=spec["epoch"], num_workers=spec["num_workers"])
     ep.native_seed = spec["native_seed"]
@@ -342,14 +342,14 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
     seed = _seed_like_torch(spec["base_seed"], wid)
     info = WorkerInfo(wid, num_workers, seed, spec["dataset"], spec["epoch"], spec["base_seed"])
     info.worker_method = "process"
-    _tls.info = info
+    tls.info = info
     patch_torch_worker_info()
     init_error = None
     if spec["worker_init_fn"] is not None:
         try:
             spec["worker_init_fn"](wid)
         except Exception as e:
-            init_error = _annotate(e, f"worker_init_fn({wid}) in worker process {wid}")
+            init_error = annotate(e, f"worker_init_fn({wid}) in worker process {wid}")
     ep = _make_epoch(spec)
     resume_error = _load_dataset_state(ep, wid)  # this epoch's jobs only
     gen = spec["gen"]
@@ -371,7 +371,7 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
             continue
         _, g, seq, indices, slot = msg
         if g != gen or _superseded(conn, pending, g):
-            _send(conn, ("skip", g, seq, wid, 0.0, None, _CANCELLED, 0, b"", None, 0))
+            _send(conn, ("skip", g, seq, wid, 0.0, None, CANCELLED, 0, b"", None, 0))
             continue
         t0 = time.perf_counter()
         st = ep.stage_s[wid]
@@ -382,17 +382,17 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         else:
             ep.pool = None
         if init_error is not None or resume_error is not None:
-            status, value = _ERR, init_error or resume_error
+            status, value = ERR, init_error or resume_error
         else:
-            status, value = _fetch(ep, wid, seq, indices)
+            status, value = fetch(ep, wid, seq, indices)
         body, pickled = b"", 0
-        if status == _OK:
+        if status == OK:
             try:
                 body, pickled = _dump_batch(value, ring, slot)
             except Exception as e:
-                status, value = _ERR, _annotate(e, f"batch {seq} while sending it from worker process {wid}")
-        value = None if status == _OK else value
-        if status == _ERR:
+                status, value = ERR, annotate(e, f"batch {seq} while sending it from worker process {wid}")
+        value = None if status == OK else value
+        if status == ERR:
             value = _portable_exception(value, wid)
         used = ring.used if slot >= 0 else 0
         busy = time.perf_counter() - t0
@@ -412,7 +412,7 @@ def _load_dataset_state(ep, wid):
     try:
         ep.dataset.load_state_dict(states[wid])
     except Exception as e:
-        return _annotate(e, f"dataset.load_state_dict() in worker process {wid}, resuming")
+        return annotate(e, f"dataset.load_state_dict() in worker process {wid}, resuming")
     return None
 
 
@@ -421,7 +421,7 @@ def _portable_snapshot(snap, wid):
     any state_dict() failure in it made picklable."""
     if snap is None:
         return None
-    return tuple(_Failed(_portable_exception(x.exc, wid)) if isinstance(x, _Failed) else x for x in snap)
+    return tuple(Failed(_portable_exception(x.exc, wid)) if isinstance(x, Failed) else x for x in snap)
 
 
 def _send(conn, msg):
@@ -609,7 +609,7 @@ class ProcPool:
                 row = self.stage_s[wid]
                 for i, v in enumerate(stage):
                     row[i] += v
-            if status == _OK:
+            if status == OK:
                 if slot >= 0 and used and self.pin_device >= 0 and self.pin_error is None:
                     self._pin(slot, used)
                 try:
@@ -618,7 +618,7 @@ class ProcPool:
                     if up.pinned:
                         self.pinned_ptrs[seq] = frozenset(up.pinned)
                 except Exception as e:
-                    status, value = _ERR, _annotate(e, f"batch {seq} from worker process {wid}, unpickling it")
+                    status, value = ERR, annotate(e, f"batch {seq} from worker process {wid}, unpickling it")
                 if rest and rest[0] and not self.pickled_warned:
                     self.pickled_warned = True
                     warnings.warn(f"fastloader: a batch of {used + rest[0]} bytes does not fit in a shared-memory "

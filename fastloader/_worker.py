@@ -1,9 +1,9 @@
 """The worker side of Python datasets: what one worker thread runs for a
-batch (`_fetch`: __getitem__ / __getitems__ / next(iterator), then
+batch (`fetch`: __getitem__ / __getitems__ / next(iterator), then
 collate_fn, stacking into the loader's pooled buffers, then pinning what is
 not page-locked yet; or, for a dataset with a batch hook and default
 collation, one `_fl_load_batch(indices, pool)` call), and the engine's view
-of Python (`_WorkerHost`: init / fetch / finish on each worker thread).  Nothing here raises: results
+of Python (`WorkerHost`: init / fetch / finish on each worker thread).  Nothing here raises: results
 are (status, value) pairs, and an exception travels as the value with a note
 naming the sample, batch and worker.
 """
@@ -14,9 +14,9 @@ import sys
 import time
 
 from .collate import collate_into, fast_default_collate
-from .worker_info import WorkerInfo, _tls
+from .worker_info import WorkerInfo, tls
 
-def _annotate(exc, where):
+def annotate(exc, where):
     note = f"fastloader: raised while loading {where}"
     if sys.version_info >= (3, 11):
         if note not in getattr(exc, "__notes__", ()):
@@ -30,10 +30,10 @@ def _annotate(exc, where):
     return new
 
 
-_OK, _ERR, _CANCELLED, _EXHAUSTED = 0, 1, 2, 3
+OK, ERR, CANCELLED, EXHAUSTED = 0, 1, 2, 3
 
 
-class _Epoch:
+class Epoch:
     """Everything a worker needs for one pass over the data.  Holds no
     reference to the iterator or the engine."""
 
@@ -75,7 +75,7 @@ class _Epoch:
         self.batch_hook = hook if hook is not None and collate_fn is fast_default_collate else None
 
 
-def _fetch(ep: _Epoch, wid, seq, indices):
+def fetch(ep: Epoch, wid, seq, indices):
     """Load and collate one batch.  Returns (status, value); never raises."""
     res = _fetch_in_context(ep, wid, seq, indices)
     if ep.snapshot is not None:   # resume (fastloader/state.py): the place after this batch
@@ -83,22 +83,22 @@ def _fetch(ep: _Epoch, wid, seq, indices):
     return res
 
 
-def _fetch_in_context(ep: _Epoch, wid, seq, indices):
+def _fetch_in_context(ep: Epoch, wid, seq, indices):
     if wid >= 0:
-        _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+        tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
         try:
             return _fetch_body(ep, wid, seq, indices)
         finally:
-            _tls.index = _tls.calls = None
+            tls.index = tls.calls = None
     # the main thread (num_workers=0): the context holds only while the
     # loader calls the dataset, so sample_rng() and ImageFolder's
     # __getitem__ outside a loader do not see a stale one
-    prev = getattr(_tls, "epoch_ctx", None), getattr(_tls, "index", None), getattr(_tls, "calls", None)
-    _tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
+    prev = getattr(tls, "epoch_ctx", None), getattr(tls, "index", None), getattr(tls, "calls", None)
+    tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
     try:
         return _fetch_body(ep, wid, seq, indices)
     finally:
-        _tls.epoch_ctx, _tls.index, _tls.calls = prev
+        tls.epoch_ctx, tls.index, tls.calls = prev
 
 
 def _at_sample(index):
@@ -106,18 +106,18 @@ def _at_sample(index):
     __getitems__ or an IterableDataset), for the native call's
     (seed, epoch, index) key (transforms.NativeTransform); `calls` counts
     its calls per index within the sample."""
-    _tls.index = index
-    _tls.calls = None
+    tls.index = index
+    tls.calls = None
 
 
-def _fetch_body(ep: _Epoch, wid, seq, indices):
+def _fetch_body(ep: Epoch, wid, seq, indices):
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
     t0 = time.perf_counter()
     _at_sample(None)
     try:
         if ep.iterable:
             if wid in ep.ended:
-                return (_EXHAUSTED, None)
+                return (EXHAUSTED, None)
             it = ep.iters.get(wid)
             if it is None:
                 it = ep.iters[wid] = iter(ep.dataset)
@@ -127,25 +127,25 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
                 data = []
                 for _ in range(ep.batch_size):
                     if ep.cancelled:
-                        return (_CANCELLED, None)
+                        return (CANCELLED, None)
                     try:
                         data.append(next(it))
                     except StopIteration:
                         ep.ended.add(wid)
                         break
                 if not data or (ep.drop_last and len(data) < ep.batch_size):
-                    return (_EXHAUSTED, None)
+                    return (EXHAUSTED, None)
             else:
                 try:
                     data = next(it)
                 except StopIteration:
                     ep.ended.add(wid)
-                    return (_EXHAUSTED, None)
+                    return (EXHAUSTED, None)
         elif ep.batch_hook is not None:
             try:
                 batch, pinned = ep.batch_hook(indices, ep.pool)
             except Exception as e:
-                return (_ERR, _annotate(e, f"batch {seq} (indices {_short(indices)}) in {where_worker}"))
+                return (ERR, annotate(e, f"batch {seq} (indices {_short(indices)}) in {where_worker}"))
             t1 = time.perf_counter()
             if ep.pin:
                 from .cuda_delivery import pin_batch
@@ -154,31 +154,31 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
             slot = ep.stage_s[wid]
             slot[0] += t1 - t0
             slot[2] += time.perf_counter() - t1
-            return (_OK, batch)
+            return (OK, batch)
         elif ep.auto_collation:
             if ep.getitems is not None:
                 try:
                     data = ep.getitems(indices)
                 except Exception as e:
-                    return (_ERR, _annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
+                    return (ERR, annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
             else:
                 data = []
                 dataset = ep.dataset
                 for idx in indices:
                     if ep.cancelled:
-                        return (_CANCELLED, None)
+                        return (CANCELLED, None)
                     _at_sample(idx)
                     try:
                         data.append(dataset[idx])
                     except Exception as e:
-                        return (_ERR, _annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
+                        return (ERR, annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
         else:
             # a key from a custom sampler may be anything; only an int is an index
             _at_sample(indices if isinstance(indices, numbers.Integral) else None)
             try:
                 data = ep.dataset[indices]
             except Exception as e:
-                return (_ERR, _annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
+                return (ERR, annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
         t1 = time.perf_counter()
         _at_sample(None)
         target = None
@@ -188,7 +188,7 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
             else:
                 batch = ep.collate_fn(data)
         except Exception as e:
-            return (_ERR, _annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
+            return (ERR, annotate(e, f"batch {seq} in collate_fn, {where_worker}"))
         t2 = time.perf_counter()
         if ep.pin:
             from .cuda_delivery import pin_batch
@@ -200,9 +200,9 @@ def _fetch_body(ep: _Epoch, wid, seq, indices):
         slot[0] += t1 - t0
         slot[1] += t2 - t1
         slot[2] += time.perf_counter() - t2
-        return (_OK, batch)
+        return (OK, batch)
     except Exception as e:
-        return (_ERR, _annotate(e, f"batch {seq} in {where_worker}"))
+        return (ERR, annotate(e, f"batch {seq} in {where_worker}"))
 
 
 def _short(indices):
@@ -210,7 +210,7 @@ def _short(indices):
     return s if len(s) <= 8 else f"{s[:8]}..."
 
 
-class _WorkerHost:
+class WorkerHost:
     """The engine's view of Python: init / fetch / finish, run on worker threads."""
 
     def __init__(self, num_workers, dataset, seed_base, epoch, worker_init_fn):
@@ -222,24 +222,24 @@ class _WorkerHost:
         self.init_errors = {}
 
     def init(self, wid):
-        _tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, self.dataset, self.epoch, self.seed_base)
+        tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, self.dataset, self.epoch, self.seed_base)
         if self.worker_init_fn is not None:
             try:
                 self.worker_init_fn(wid)
             except Exception as e:
-                self.init_errors[wid] = _annotate(e, f"worker_init_fn({wid}) in worker {wid}")
+                self.init_errors[wid] = annotate(e, f"worker_init_fn({wid}) in worker {wid}")
 
     def fetch(self, wid, payload):
         ep, seq, indices = payload
         err = self.init_errors.get(wid)
         if err is not None:
-            return (_ERR, err)
-        info = _tls.info
+            return (ERR, err)
+        info = tls.info
         info.epoch = ep.epoch
         info.base_seed = ep.base_seed
-        return _fetch(ep, wid, seq, indices)
+        return fetch(ep, wid, seq, indices)
 
     def finish(self, wid):
         for attr in ("info", "epoch_ctx", "index", "calls"):
-            if hasattr(_tls, attr):
-                delattr(_tls, attr)
+            if hasattr(tls, attr):
+                delattr(tls, attr)

@@ -10,7 +10,7 @@ Two ways a batch is made:
   are), with fastloader.DataLoader and the default collate_fn, a worker
   thread makes one call per batch, `_fl_load_batch`: the rows the sampler
   chose are copied in C, without the GIL, straight from the map into the
-  batch buffers (csrc/gather.c; page-locked pooled buffers when pinning).
+  batch buffers (csrc/sources/gather.c; page-locked pooled buffers when pinning).
   The batch is a list of stacked tensors, as torch's default_collate makes
   of TensorDataset's tuples.  With a custom collate_fn, or batch_size=None,
   the loader falls back to `ds[i]` and collate_fn per sample, as torch does
@@ -37,7 +37,7 @@ import os
 import numpy as np
 
 from . import _C
-from .datasets import LazySamples, NativeImageDataset, _to_output
+from .datasets import LazySamples, NativeImageDataset, to_output
 
 try:
     import torch
@@ -226,10 +226,10 @@ class ArrayDataset(_Dataset):
             rows = list(range(*index.indices(len(self))))
         elif _is_int(index):
             bufs = _C.gather(self._sources, [operator.index(index)])
-            return tuple(_to_output(b)[0] for b in bufs)
+            return tuple(to_output(b)[0] for b in bufs)
         else:
             rows = _as_index_list(index)
-        return tuple(_to_output(b) for b in _C.gather(self._sources, rows))
+        return tuple(to_output(b) for b in _C.gather(self._sources, rows))
 
     @property
     def _fl_load_batch(self):
@@ -246,7 +246,7 @@ class ArrayDataset(_Dataset):
         (batch, addresses of the page-locked buffers), the batch a list as
         default_collate makes of TensorDataset's tuples."""
         bufs = _C.gather(self._sources, indices, pool)
-        return [_to_output(b) for b in bufs], frozenset(b.ptr for b in bufs if b.pinned)
+        return [to_output(b) for b in bufs], frozenset(b.ptr for b in bufs if b.pinned)
 
 
 def _is_int(x):

@@ -5,7 +5,7 @@ the memory budget, delivery to a device, statistics and shutdown.
 
     NativeBackend   fastloader.ImageFolder / ImageList with default collation:
                     a job is (seq, indices, epoch, seed); worker threads
-                    build whole batches in C without the GIL (csrc/native.c),
+                    build whole batches in C without the GIL (csrc/native/native.c),
                     then, for batches that need it, run the dataset's Python
                     part themselves (datasets.py _post), so the consumer
                     only files the finished batch
@@ -26,7 +26,8 @@ import itertools
 import time
 
 from . import _C, sysinfo
-from ._worker import _CANCELLED, _ERR, _EXHAUSTED, _WorkerHost, _fetch
+from ._worker import CANCELLED as _CANCELLED, ERR as _ERR, EXHAUSTED as _EXHAUSTED, WorkerHost as _WorkerHost, \
+    fetch as _fetch
 from .collate import batch_len
 
 try:
@@ -36,6 +37,7 @@ except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
 
 AGAIN = object()   # finish(): this result gives no batch (an iterable worker ended); wait for the next
 END = object()     # next_indices(): the sampler is exhausted
+ANY_WORKER = -1    # _pick_worker(): whichever worker is free (the engines' worker=-1)
 
 
 class _Backend:
@@ -73,6 +75,29 @@ class _Backend:
     def gil_watch(self):
         """Keyword arguments of the iterator's GilMonitor (stats.py)."""
         return {}
+
+    def submit(self, seq, next_indices):
+        """Hand batch `seq` to a worker; False when nothing is left to load
+        (the sampler is exhausted, or every worker's iterator has ended)."""
+        w = self._pick_worker(seq)  # first: indices drawn with no worker to take them would be lost
+        if w is None:
+            return False
+        indices = next_indices()
+        if indices is END:
+            return False
+        self._send(seq, indices, w)
+        return True
+
+    def _pick_worker(self, seq):
+        """The worker for batch `seq`, ANY_WORKER, or None: none is left."""
+        return ANY_WORKER
+
+    def load_inline(self, seq, next_indices):
+        """num_workers=0: batch `seq` loaded here; StopIteration at the end."""
+        indices = next_indices()
+        if indices is END:
+            raise StopIteration
+        return self._load(seq, indices)
 
 
 class NativeBackend(_Backend):
@@ -114,17 +139,10 @@ class NativeBackend(_Backend):
             self.engine = _C.NativeEngine(self.num_workers, ds._native, post=ds._post, post_always=ds._post_always)
         return None
 
-    def submit(self, seq, next_indices):
-        indices = next_indices()
-        if indices is END:
-            return False
+    def _send(self, seq, indices, w):  # w is ANY_WORKER: the native engine deals jobs out itself
         self.engine.submit(seq, indices, self.epoch, self.seed)
-        return True
 
-    def load_inline(self, seq, next_indices):
-        indices = next_indices()
-        if indices is END:
-            raise StopIteration
+    def _load(self, seq, indices):
         return self.dataset.load_batch(indices, self.epoch, self.seed, seq=seq)
 
     def finish(self, seq, wid, result):
@@ -181,12 +199,15 @@ class PythonBackend(_Backend):
         if not self._engine_ready():
             self.host = _WorkerHost(self.num_workers, self.dataset, base_seed, ep.epoch, self.worker_init_fn)
             self.engine = _C.Engine(self.num_workers, self.host.fetch, self.host.init, self.host.finish)
+        self._start_turns(ep)
+        self.stats0 = self.engine.worker_stats()
+        return self.stats0
+
+    def _start_turns(self, ep):
         self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended
         self.cycle = itertools.cycle(range(self.num_workers))
         if ep.resume is not None:  # a resumed iterable: ended workers idle, the round robin where it was
             ep.resume.restore_workers(self)
-        self.stats0 = self.engine.worker_stats()
-        return self.stats0
 
     def _next_worker(self):
         for _ in range(self.num_workers):
@@ -195,27 +216,14 @@ class PythonBackend(_Backend):
                 return w
         return None
 
-    def submit(self, seq, next_indices):
-        ep = self.ep
-        if ep.iterable:  # each job pinned to a worker, which keeps its own iterator
-            w = self._next_worker()
-            if w is None:
-                return False
-            indices = next_indices()
-            if indices is END:
-                return False
-            self.engine.submit(seq, (ep, seq, indices), w)
-            return True
-        indices = next_indices()
-        if indices is END:
-            return False
-        self.engine.submit(seq, (ep, seq, indices))
-        return True
+    def _pick_worker(self, seq):
+        # an iterable's job is pinned to a worker, which keeps its own iterator
+        return self._next_worker() if self.ep.iterable else ANY_WORKER
 
-    def load_inline(self, seq, next_indices):
-        indices = next_indices()
-        if indices is END:
-            raise StopIteration
+    def _send(self, seq, indices, w):
+        self.engine.submit(seq, (self.ep, seq, indices), w)
+
+    def _load(self, seq, indices):
         status, value = _fetch(self.ep, -1, seq, indices)
         if status == _EXHAUSTED:
             raise StopIteration
@@ -291,10 +299,7 @@ class ProcessBackend(PythonBackend):
             pin_device = ep.pool.pin_device if ep.pin and ep.pool is not None else -1
             self.engine = ProcPool(self.num_workers, self.mp_context, self._spec(ep), self.nslots, pin_device)
         self.engine.stage_s = ep.stage_s
-        self.active = [True] * self.num_workers
-        self.cycle = itertools.cycle(range(self.num_workers))
-        if ep.resume is not None:  # a resumed iterable: ended workers idle, the round robin where it was
-            ep.resume.restore_workers(self)
+        self._start_turns(ep)
         return None
 
     def _next_worker(self):
@@ -305,22 +310,17 @@ class ProcessBackend(PythonBackend):
                 return w
         return None
 
-    def submit(self, seq, next_indices):
+    def _pick_worker(self, seq):
         if not self.ep.iterable and self.engine.active_n == self.num_workers:
             # map-style, every worker active: batch k goes to worker k mod n,
             # as torch's round robin gives it, also from the middle of a
             # resumed epoch (whose batches keep their numbers), so that each
             # worker's copy of the dataset sees the batches it saw before
-            w = seq % self.num_workers
-        else:
-            w = self._next_worker()
-            if w is None:
-                return False
-        indices = next_indices()
-        if indices is END:
-            return False
+            return seq % self.num_workers
+        return self._next_worker()
+
+    def _send(self, seq, indices, w):
         self.engine.submit(seq, indices, w)
-        return True
 
     def finish(self, seq, wid, result):
         if self.engine is not None:

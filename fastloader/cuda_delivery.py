@@ -8,7 +8,7 @@ Data flow for `DataLoader(..., device="cuda")`:
                       stacks into it, and the worker pins what else is left)
     consumer       -> _C.DeviceCopier.copy: cudaMemcpyAsync into a pooled
                       device buffer on the loader's non-blocking stream, then
-                      an event (csrc/devpool.c); the host does not wait
+                      an event (csrc/cuda/devpool.c); the host does not wait
                    -> torch.from_dlpack(DeviceTensor): torch passes its current
                       stream to __dlpack__(stream=...), and that stream waits
                       on the copy's event on the GPU (no device-wide sync)
@@ -68,16 +68,16 @@ def cuda_available():
     return torch is not None and torch.cuda.is_available()
 
 
-def _map_tensors(fn, batch):
+def map_tensors(fn, batch):
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, dict):
-        return type(batch)({k: _map_tensors(fn, v) for k, v in batch.items()}) if type(batch) is not dict else \
-            {k: _map_tensors(fn, v) for k, v in batch.items()}
+        return type(batch)({k: map_tensors(fn, v) for k, v in batch.items()}) if type(batch) is not dict else \
+            {k: map_tensors(fn, v) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_map_tensors(fn, v) for v in batch))
+        return type(batch)(*(map_tensors(fn, v) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_map_tensors(fn, v) for v in batch)
+        return type(batch)(map_tensors(fn, v) for v in batch)
     return batch
 
 
@@ -95,7 +95,7 @@ def pin_batch(batch, pinned_ptrs=()):
             return t
         return t if t.is_pinned() else t.pin_memory()
 
-    return _map_tensors(pin, batch)
+    return map_tensors(pin, batch)
 
 
 class DeviceCopier:
@@ -107,7 +107,7 @@ class DeviceCopier:
     tensors stay referenced until their copy has finished (polled with
     copy_done(), never a blocking sync), which bounds host memory to the
     copies in flight.  `max_buffers` caps the device buffers of one size kept
-    by the pool (see csrc/devpool.h).
+    by the pool (see csrc/cuda/devpool.h).
 
     Lifetime: a DataLoader caches one copier (`loader._fl_copier`) for all
     its epochs, and each of its iterators holds it too, so an iterator that
@@ -165,7 +165,7 @@ class DeviceCopier:
         while len(self._inflight) >= self.MAX_INFLIGHT:
             self._inflight[0].wait()
             self._retire()
-        return _map_tensors(self._copy, batch)
+        return map_tensors(self._copy, batch)
 
     def inflight(self):
         self._release_finished()

@@ -2,7 +2,7 @@
 
 With `fastloader.DataLoader` and the default collate_fn, worker threads
 read, decode (libjpeg-turbo), transform and write each sample straight into
-its slot of the batch (csrc/native.c), without Python.  A batch is
+its slot of the batch (csrc/native/native.c), without Python.  A batch is
 `(images, labels)`: images [B, C, H, W] (or [B, H, W, C]) in the transform's
 dtype, labels int64 [B] -- what torchvision's ImageFolder + the same
 transforms + default_collate give.
@@ -12,7 +12,7 @@ target_transform, Pillow for files that are not JPEG -- runs in the worker
 thread that built the batch, right after the C work (`_post`), never on the
 training loop's thread: that thread only takes the finished batch and files
 the records (`_take`).  A transform tail or target_transform runs for one
-batch at a time, in batch order (csrc/native_engine.h), so draws from
+batch at a time, in batch order (csrc/native/native_engine.h), so draws from
 torch's generator there come out as with num_workers=0.
 
 Indexing one sample (`ds[i]`) also works, so the datasets can be used with
@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 from . import _C
-from ._worker import _annotate
+from ._worker import annotate
 from .transforms import compile_transform
 
 try:
@@ -43,14 +43,14 @@ except ImportError:  # pragma: no cover
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def _to_output(buf):
+def to_output(buf):
     return torch.from_dlpack(buf) if torch is not None else np.from_dlpack(buf)
 
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _user_stacklevel():
+def user_stacklevel():
     """warnings.warn's stacklevel, called from the function that warns, for
     the first frame outside this package (the user's loop or call)."""
     f, level = sys._getframe(2), 2
@@ -229,7 +229,7 @@ class NativeImageDataset(_Dataset):
         return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
 
     # -- batch post-processing ---------------------------------------------------
-    # _post runs on the worker thread that built the batch (csrc/native_engine.h
+    # _post runs on the worker thread that built the batch (csrc/native/native_engine.h
     # says when), or on the calling thread with num_workers=0; _take runs on
     # the consumer at the batch's turn.  A batch that needed no Python reaches
     # the consumer raw and goes through both there (_finish).
@@ -247,7 +247,7 @@ class NativeImageDataset(_Dataset):
         return self._take(self._build(result, epoch, seed, seq, -1, 0.0))
 
     def _post(self, result, epoch, seed, seq, worker, native_s):
-        """The engine's post hook (csrc/native_engine.h): runs on worker
+        """The engine's post hook (csrc/native/native_engine.h): runs on worker
         `worker`, GIL held, right after the batch's C work (native_s
         seconds).  Returns a _Finished for the consumer's _take; what it
         raises, the consumer raises at this batch's turn."""
@@ -265,8 +265,8 @@ class NativeImageDataset(_Dataset):
                 raise RuntimeError(f"fastloader: a batch failed with no error recorded{where} (this is a bug)")
             kind, index, _, msg, code, errnum = events[-1]
             raise self._error(code, errnum, msg, index, where)
-        images = _to_output(images_buf)
-        labels = _to_output(labels_buf)
+        images = to_output(images_buf)
+        labels = to_output(labels_buf)
         notes = []
         keep = None
         for kind, index, by, msg, _code, _errnum in events:
@@ -290,7 +290,7 @@ class NativeImageDataset(_Dataset):
             try:
                 outs = [self._rest(img) for img in images]
             except Exception as e:
-                raise _annotate(e, f"{self._batch_name(seq, worker)} in the transform's Python part "
+                raise annotate(e, f"{self._batch_name(seq, worker)} in the transform's Python part "
                                    f"({self._rest!r})")
             images = torch.stack(outs) if torch is not None else np.stack(outs)
             tail_s = time.perf_counter() - t0
@@ -298,7 +298,7 @@ class NativeImageDataset(_Dataset):
             try:
                 labels = [self.target_transform(int(t)) for t in labels]
             except Exception as e:
-                raise _annotate(e, f"{self._batch_name(seq, worker)} in target_transform")
+                raise annotate(e, f"{self._batch_name(seq, worker)} in target_transform")
             if torch is not None and collate_targets:
                 from .collate import fast_default_collate
 
@@ -327,9 +327,9 @@ class NativeImageDataset(_Dataset):
         if pillow is not None:
             warnings.warn(f"fastloader: {pillow} is not a JPEG; decoding it (and any other non-JPEG files) "
                           "through Pillow, which is slower than the native path", UserWarning,
-                          stacklevel=_user_stacklevel())
+                          stacklevel=user_stacklevel())
         if tail is not None:
-            warnings.warn(tail, UserWarning, stacklevel=_user_stacklevel())
+            warnings.warn(tail, UserWarning, stacklevel=user_stacklevel())
         return fin.batch
 
     def _tail_measure(self, fin):
@@ -377,7 +377,7 @@ class NativeImageDataset(_Dataset):
             return self._fixup_failed(err, images, labels, slot, index, epoch, seed, notes)
         if arr.ndim == 2:
             arr = arr[:, :, None]
-        sample = _to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
+        sample = to_output(self._native.render_array(np.ascontiguousarray(arr), index, int(epoch), int(seed)))
         images[slot] = sample
         return True
 
@@ -401,7 +401,7 @@ class NativeImageDataset(_Dataset):
         for alt in self._native.replacement_candidates(index, int(epoch), int(seed)):
             res = self._native.load_batch([alt], int(epoch), int(seed))
             if not res[3] and not res[2]:
-                images[slot] = _to_output(res[0])[0]
+                images[slot] = to_output(res[0])[0]
                 labels[slot] = self.targets[alt]  # the replacement's label, as the native path does
                 notes.append(("replaced", index, (path, self.samples[alt][0], str(err))))
                 return True

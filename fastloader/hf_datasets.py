@@ -6,7 +6,7 @@ load_dataset).  The usual recipe decodes every sample in Python: the row
 is turned into a dict, Pillow decodes the bytes, torchvision transforms the
 PIL image.  Here the column's Arrow buffers (validity bitmaps, offsets,
 data: every chunk's) are handed to C once (`_C.arrow_source`,
-csrc/arrow_source.h) and the worker threads read each image's bytes in
+csrc/sources/arrow_source.h) and the worker threads read each image's bytes in
 place, decode and transform them as ImageFolder does: the same transforms,
 on_error, determinism, stats() and device delivery.  Rows whose bytes are
 null are read from their `path` (what datasets stores for local image
@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 
 from . import _C
-from .datasets import LazySamples, NativeImageDataset, _user_stacklevel
+from .datasets import LazySamples, NativeImageDataset, user_stacklevel
 
 INSTALL_HINT = "pip install 'fastloader[datasets]' (or pip install datasets)"
 
@@ -201,7 +201,7 @@ class HFImageDataset(NativeImageDataset):
         if fmt.get("type") == "custom":
             warnings.warn("fastloader.HFImageDataset: the dataset's with_transform / set_transform function is not "
                           "run (the native pipeline reads the Arrow table); pass transform= instead", UserWarning,
-                          stacklevel=_user_stacklevel())
+                          stacklevel=user_stacklevel())
         self.hf_dataset = hf_dataset
         self.image_column = image_column
         self.label_column = label_column

@@ -19,7 +19,7 @@ database; the environment is a directory (data.mdb) or a single file.
 Worker threads read each value in place (a view into LMDB's memory map,
 one read transaction per worker) and decode and transform it in C, as
 ImageFolder does with files: the same transforms, on_error, determinism,
-stats() and device delivery.  csrc/lmdb_source.h says which LMDB flags are
+stats() and device delivery.  csrc/sources/lmdb_source.h says which LMDB flags are
 used and why.
 """
 from __future__ import annotations

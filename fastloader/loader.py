@@ -2,7 +2,7 @@
 
 Data flow (docs/architecture.md has the whole map):
 
-    consumer thread (this module)              worker threads (csrc/engine.c)
+    consumer thread (this module)              worker threads (csrc/core/engine.c)
     ----------------------------------        ---------------------------------
     sampler -> index lists                     take a job: a native batch in C
     backend.submit(seq, indices)  -------->      (no GIL), or dataset[i] /
@@ -19,7 +19,7 @@ backend's (backends.py); the worker side of Python datasets is _worker.py.
 Objects and references (no cycles, so iterators die by refcount and their
 threads are joined on the consumer thread):
     DataLoader -> _Iter (persistent workers only) -> backend -> engine -> _WorkerHost
-    _Iter -> _Epoch;  jobs carry (_Epoch, seq, indices)
+    _Iter -> Epoch;  jobs carry (Epoch, seq, indices)
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _C, sysinfo
 from . import state as _state
-from ._worker import _Epoch
+from ._worker import Epoch
 from .autotune import AutoTuner
 from .backends import AGAIN, END, NativeBackend, PythonBackend
 from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
@@ -132,7 +132,7 @@ class _Iter:
 
     def _make_backend(self, loader):
         """Native image datasets with default collation: workers build whole
-        batches in C without the GIL (csrc/native.c); anything else runs the
+        batches in C without the GIL (csrc/native/native.c); anything else runs the
         dataset's Python in the worker threads."""
         self._convert = None
         collate_fn = loader.collate_fn
@@ -219,7 +219,7 @@ class _Iter:
         collate_fn = loader.collate_fn
         if collate_fn in DEFAULT_COLLATES:
             collate_fn = fast_default_collate
-        self._ep = _Epoch(
+        self._ep = Epoch(
             dataset=loader.dataset, iterable=loader._dataset_kind_iterable, auto_collation=loader._auto_collation,
             batch_size=loader.batch_size, drop_last=loader.drop_last, collate_fn=collate_fn,
             base_seed=self._base_seed, epoch=epoch, num_workers=self._num_workers,

@@ -215,7 +215,7 @@ class _Pulls:
         return v
 
 
-class _Failed:
+class Failed:
     """A worker-side state_dict() that raised: raised again by state_dict()."""
 
     __slots__ = ("exc",)
@@ -250,12 +250,12 @@ class WorkerSnapshot:
                 try:
                     st = itr.state_dict()
                 except Exception as e:
-                    st = _Failed(e)
+                    st = Failed(e)
         if self.ds_stateful:
             try:
                 ds_st = ep.dataset.state_dict()
             except Exception as e:
-                ds_st = _Failed(e)
+                ds_st = Failed(e)
         ep.snaps[seq] = (wid, st, ds_st)
 
 
@@ -626,19 +626,19 @@ class Tracker:
                 iters = []
                 for wid in sorted(self.workers):
                     b, st = self.workers[wid]
-                    if isinstance(st, _Failed):
+                    if isinstance(st, Failed):
                         raise st.exc
                     iters.append([wid, b, st])
                 workers = {"iters": iters, "ended": sorted(self.ended), "last": self.last_wid}
             ds_state = self.ds_state
-            if isinstance(ds_state, _Failed):
+            if isinstance(ds_state, Failed):
                 raise ds_state.exc
             ds_workers = None
             if self.ds_workers:
                 ds_workers = []
                 for wid in sorted(self.ds_workers):
                     st = self.ds_workers[wid]
-                    if isinstance(st, _Failed):
+                    if isinstance(st, Failed):
                         raise st.exc
                     ds_workers.append([wid, st])
             return {"format": FORMAT, "version": VERSION, "epoch": self.epoch, "num_yielded": k,

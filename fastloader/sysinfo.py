@@ -14,7 +14,8 @@ import os
 _V1_UNLIMITED = 1 << 62
 
 
-def _read(path):
+def read_text(path):
+    """The stripped text of a /proc or /sys file, or None if it cannot be read."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -22,7 +23,7 @@ def _read(path):
         return None
 
 
-def _parse_cpulist(s):
+def parse_cpulist(s):
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
     out = []
     for part in (s or "").split(","):
@@ -41,7 +42,7 @@ def _parse_cpulist(s):
 # cgroups
 
 
-def _cgroup_dirs(controller, cgroup_text=None, mountinfo_text=None):
+def cgroup_dirs(controller, cgroup_text=None, mountinfo_text=None):
     """Directories (deepest first) whose limit files apply to this process for
     ``controller`` ('cpu' or 'memory'), as [(version, dir)].
 
@@ -50,8 +51,8 @@ def _cgroup_dirs(controller, cgroup_text=None, mountinfo_text=None):
     the host's hierarchy.  The ancestors up to the mount point are included,
     since a parent's limit binds the child too.
     """
-    text = _read("/proc/self/cgroup") if cgroup_text is None else cgroup_text
-    info = _read("/proc/self/mountinfo") if mountinfo_text is None else mountinfo_text
+    text = read_text("/proc/self/cgroup") if cgroup_text is None else cgroup_text
+    info = read_text("/proc/self/mountinfo") if mountinfo_text is None else mountinfo_text
     if not text or not info:
         return []
     v1_paths, v2_path = {}, None
@@ -97,7 +98,7 @@ def _cgroup_dirs(controller, cgroup_text=None, mountinfo_text=None):
         if version == 1 and controller in opts and controller in v1_paths:
             out.extend(chain(1, mroot, mpoint, v1_paths[controller]))
         elif version == 2 and v2_path is not None:
-            ctrl = _read(os.path.join(mpoint, "cgroup.controllers")) or ""
+            ctrl = read_text(os.path.join(mpoint, "cgroup.controllers")) or ""
             if controller in ctrl.split():
                 out.extend(chain(2, mroot, mpoint, v2_path))
     return out
@@ -108,18 +109,18 @@ def cpu_quota(dirs=None):
 
     ``dirs`` ([(cgroup version, directory)]) defaults to this process's cgroups."""
     best = (None, None)
-    for version, d in (_cgroup_dirs("cpu") if dirs is None else dirs):
+    for version, d in (cgroup_dirs("cpu") if dirs is None else dirs):
         q = None
         if version == 2:
-            s = _read(os.path.join(d, "cpu.max"))
+            s = read_text(os.path.join(d, "cpu.max"))
             if s:
                 parts = s.split()
                 if parts[0] != "max" and len(parts) >= 2 and int(parts[1]) > 0:
                     q = int(parts[0]) / int(parts[1])
                     src = f"cgroup v2 {os.path.join(d, 'cpu.max')} = {s}"
         else:
-            qs = _read(os.path.join(d, "cpu.cfs_quota_us"))
-            ps = _read(os.path.join(d, "cpu.cfs_period_us"))
+            qs = read_text(os.path.join(d, "cpu.cfs_quota_us"))
+            ps = read_text(os.path.join(d, "cpu.cfs_period_us"))
             if qs and ps and int(qs) > 0 and int(ps) > 0:
                 q = int(qs) / int(ps)
                 src = f"cgroup v1 {d}/cpu.cfs_quota_us = {qs} / cpu.cfs_period_us = {ps}"
@@ -131,9 +132,9 @@ def cpu_quota(dirs=None):
 def memory_limit(dirs=None):
     """The tightest cgroup memory limit as (bytes, source), or (None, None)."""
     best = (None, None)
-    for version, d in (_cgroup_dirs("memory") if dirs is None else dirs):
+    for version, d in (cgroup_dirs("memory") if dirs is None else dirs):
         name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-        s = _read(os.path.join(d, name))
+        s = read_text(os.path.join(d, name))
         if not s or s == "max":
             continue
         try:
@@ -147,9 +148,10 @@ def memory_limit(dirs=None):
     return best
 
 
-def _meminfo():
+def meminfo():
+    """/proc/meminfo as {field: bytes}."""
     out = {}
-    for line in (_read("/proc/meminfo") or "").splitlines():
+    for line in (read_text("/proc/meminfo") or "").splitlines():
         k, _, v = line.partition(":")
         parts = v.split()
         if parts and parts[0].isdigit():
@@ -162,7 +164,8 @@ def _meminfo():
 # CPUs
 
 
-def _affinity():
+def affinity_cpus():
+    """The CPUs this process may run on (its affinity mask), sorted."""
     try:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -172,7 +175,7 @@ def _affinity():
 def usable_cpus(affinity=None, quota=None):
     """CPUs this process can keep busy: its affinity, capped by the cgroup
     CPU quota (rounded up).  Both default to what the kernel says now."""
-    aff = _affinity() if affinity is None else affinity
+    aff = affinity_cpus() if affinity is None else affinity
     if affinity is None and quota is None:
         quota, _ = cpu_quota()
     n = len(aff)
@@ -198,7 +201,7 @@ def system_idle_s():
 def memory_limits():
     """(available bytes, limit bytes): the tighter of the cgroup limit and
     MemAvailable / MemTotal; None where unknown."""
-    info = _meminfo()
+    info = meminfo()
     avail, total = info.get("MemAvailable"), info.get("MemTotal")
     limit, _ = memory_limit()
     if limit is not None:

@@ -31,13 +31,13 @@ equivalent torchvision transform, for debugging.
 
 :class:`NativeTransform` wraps a pipeline for a custom dataset's own
 ``__getitem__``: one call reads, decodes and transforms an image in C with
-the GIL released, as ImageFolder's workers do (csrc/py_native_call.c).
+the GIL released, as ImageFolder's workers do (csrc/binding/py_native_call.c).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .worker_info import _tls
+from .worker_info import tls
 
 __all__ = [
     "CenterCrop",
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-_SCALE_NONE, _SCALE_DIV, _SCALE_MUL = 0, 1, 2   # csrc/imgops.h FL_SCALE_*
+_SCALE_NONE, _SCALE_DIV, _SCALE_MUL = 0, 1, 2   # csrc/image/imgops.h FL_SCALE_*
 
 
 def _pair(size: Any, name: str) -> tuple[int, int]:
@@ -369,7 +369,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     layout: "CHW" or "HWC" for the native output.
 
     Returns (spec, rest, description): spec is the dict the C pipeline takes
-    (keys as csrc/imgops.h fl_tspec; see fastloader._C._render); rest is None
+    (keys as csrc/image/imgops.h fl_tspec; see fastloader._C._render); rest is None
     or a callable to run per sample on the native output tensor; description
     says which part runs where.  Output dtype: uint8 unless the prefix has
     ToTensor (float32) or a float ToDtype.  A spec whose out_h/out_w are 0
@@ -455,7 +455,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def _mix64(z: int) -> int:
-    """SplitMix64's finalizer (csrc/rng.h fl_mix64): a bijective 64-bit mixer."""
+    """SplitMix64's finalizer (csrc/core/rng.h fl_mix64): a bijective 64-bit mixer."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
@@ -552,15 +552,15 @@ class NativeTransform:
 
     def _key(self, index: int | None) -> tuple[int, int, int]:
         """(index, epoch, seed) for this call's random choices (class doc)."""
-        ctx = getattr(_tls, "epoch_ctx", None)
+        ctx = getattr(tls, "epoch_ctx", None)
         if ctx is not None:
             if index is None:
-                index = getattr(_tls, "index", None)
+                index = getattr(tls, "index", None)
             if index is not None:
                 index = int(index)
-                calls = getattr(_tls, "calls", None)
+                calls = getattr(tls, "calls", None)
                 if calls is None:
-                    calls = _tls.calls = {}
+                    calls = tls.calls = {}
                 k = calls.get(index, 0)
                 calls[index] = k + 1
                 seed = ctx[2]

@@ -1,6 +1,6 @@
 """fastloader.WebDataset: tar shards in the WebDataset layout, read, decoded
-and transformed by the native pipeline (csrc/shards.h, csrc/tar.h,
-csrc/stream.h).
+and transformed by the native pipeline (csrc/sources/shards.h, csrc/sources/tar.h,
+csrc/sources/stream.h).
 
 One rank reads one ordered stream of samples per epoch: its share of the
 shards (the list shuffled by (seed, epoch), the same on every rank, then
@@ -122,7 +122,7 @@ _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 
 def _wds_key(name):
-    """The sample key of a member name by webdataset's rule (csrc/tar.h), or
+    """The sample key of a member name by webdataset's rule (csrc/sources/tar.h), or
     None for a member it drops."""
     base = name.rsplit("/", 1)[-1]
     first = name.split("/", 1)[0]
@@ -182,7 +182,7 @@ class WebDataset(NativeImageDataset, _Iterable):
             listed in `skipped_shards` with a warning).
         rank, world_size: default torch.distributed's when initialised,
             else 0 and 1.
-        retries, backoff, stall_timeout: HTTP faults (csrc/stream.h):
+        retries, backoff, stall_timeout: HTTP faults (csrc/sources/stream.h):
             retries in a row, first back-off and stall limit in seconds.
         ca_file: PEM certificates to verify https servers with (a private
             object store's CA) instead of the system's.
@@ -284,7 +284,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         The shard order and shuffle follow `order`, else set_epoch's value
         when it was called, else `epoch`.  skip > 0 (a resume,
         fastloader/state.py): positions below it are read but dropped,
-        never decoded (csrc/shards.h)."""
+        never decoded (csrc/sources/shards.h)."""
         self._stream_epoch = int(epoch)
         self._fl_batch_size = batch_size
         if order is None:

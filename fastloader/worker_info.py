@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
 
 __all__ = ["WorkerInfo", "get_worker_info", "sample_rng", "epoch_context"]
 
-_tls = threading.local()
+tls = threading.local()
 
 
 class WorkerInfo:
@@ -55,7 +55,7 @@ def _make_rng(base_seed, epoch, index):
 
 def get_worker_info():
     """Like torch.utils.data.get_worker_info(): a WorkerInfo in a worker thread, else None."""
-    return getattr(_tls, "info", None)
+    return getattr(tls, "info", None)
 
 
 def sample_rng(index) -> np.random.Generator:
@@ -64,7 +64,7 @@ def sample_rng(index) -> np.random.Generator:
     Works in worker threads and, with num_workers=0, in the main thread while
     the loader calls the dataset.  Outside a loader it raises RuntimeError.
     """
-    ctx = getattr(_tls, "epoch_ctx", None)
+    ctx = getattr(tls, "epoch_ctx", None)
     if ctx is None:
         raise RuntimeError("fastloader.sample_rng() is only available while a fastloader.DataLoader loads a sample")
     return _make_rng(ctx[0], ctx[1], index)
@@ -105,4 +105,4 @@ def epoch_context():
     """(base_seed, epoch, native_seed) while a fastloader.DataLoader loads a
     sample on this thread (a worker thread, or the main thread with
     num_workers=0); None elsewhere."""
-    return getattr(_tls, "epoch_ctx", None)
+    return getattr(tls, "epoch_ctx", None)

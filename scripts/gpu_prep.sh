@@ -16,7 +16,7 @@ mkdir -p .debs/sources
     libldap-2.5-0 libsasl2-2)
 "$PY" - <<'PYEOF'
 import os, shutil
-from fastloader import sample
+from fastloader.tools import sample
 src = sample._skimage_data_dir()
 for name, _ in sample._COLOR_SOURCES + sample._GRAY_SOURCES:
     if os.path.exists(os.path.join(src, name)):

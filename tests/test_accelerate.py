@@ -2,7 +2,6 @@
 accelerator.prepare keeps a fastloader.DataLoader a fastloader.DataLoader,
 sharded exactly as accelerate shards torch's."""
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,8 @@ from torch.utils.data import Dataset, Sampler  # noqa: E402
 import fastloader  # noqa: E402
 from fastloader import accelerate_hook  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
+from helpers_distributed import child_env, free_port  # noqa: E402
 
 pytestmark = pytest.mark.fastloader_only
 TF = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor()])
@@ -231,7 +231,7 @@ def test_hf_image_dataset_is_sharded_natively(images):
 
 @pytest.fixture(scope="module")
 def shards(images, tmp_path_factory):
-    from fastloader.pack import pack_shards
+    from fastloader.tools.pack import pack_shards
 
     out = tmp_path_factory.mktemp("acc-shards")
     pack_shards(str(images), str(out), shard_size=4000, shuffle_seed=None, progress=False)
@@ -339,12 +339,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_with_gloo(images, tmp_path):
     """Two CPU processes (gloo) through accelerator.prepare: each trains on
     fastloader batches, the shards are disjoint and cover the data with equal
@@ -353,13 +347,10 @@ def test_two_processes_with_gloo(images, tmp_path):
     sample once, and dispatch_batches loads on process 0 only."""
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([pkg_parent, os.environ.get("PYTHONPATH", "")]))
+        env = child_env(MASTER_PORT=port, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         procs.append(subprocess.Popen([sys.executable, str(script), str(images), str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []

@@ -6,11 +6,10 @@ the same arrays (type, dtype, shape, values, order); with a transform, the
 image rows give what ImageFolder / ImageList give for the same pixels saved
 as PNG (lossless), and what torchvision gives on PIL images.
 """
+import functools
 import gc
 import os
 import pickle
-import socket
-import subprocess
 import sys
 import textwrap
 
@@ -22,6 +21,9 @@ from torch.utils.data import TensorDataset  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
+from helpers_datasets import assert_same_batches  # noqa: E402
+from helpers_distributed import torchrun  # noqa: E402
+from helpers_pipelines import train_tf  # noqa: E402
 
 pytestmark = pytest.mark.fastloader_only
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,16 +48,6 @@ def arrays(tmp_path_factory):
     return paths, arrs
 
 
-def _assert_same(got, ref):
-    """Batches of fastloader and torch: same count, container, dtypes, shapes, values."""
-    assert len(got) == len(ref)
-    for g, r in zip(got, ref):
-        assert type(g) is type(r) and len(g) == len(r), (type(g), type(r))
-        for u, v in zip(g, r):
-            assert u.dtype == v.dtype and u.shape == v.shape, (u.dtype, v.dtype, u.shape, v.shape)
-            assert torch.equal(u, v)
-
-
 def _tensors(arrs, names):
     return TensorDataset(*(torch.from_numpy(arrs[n]) for n in names))
 
@@ -73,7 +65,7 @@ def test_batches_equal_torch_tensordataset(arrays, num_workers, drop_last):
     got = list(dl)
     ref = list(torch.utils.data.DataLoader(_tensors(arrs, names), generator=torch.Generator().manual_seed(3), **kw))
     assert len(got) == (4 if drop_last else 5)
-    _assert_same(got, ref)
+    assert_same_batches(got, ref)
     st = dl.stats()
     assert st["path"] == "batch" and st["pipeline"].startswith("ArrayDataset: tokens.npy int64 (128,)")
 
@@ -82,11 +74,11 @@ def test_batches_equal_torch_tensordataset(arrays, num_workers, drop_last):
 def test_one_or_two_arrays_and_arrays_in_memory(arrays, which):
     paths, arrs = arrays
     ref = list(torch.utils.data.DataLoader(_tensors(arrs, which), batch_size=50))
-    _assert_same(list(fastloader.DataLoader(fastloader.ArrayDataset(*(paths[n] for n in which)), batch_size=50,
-                                            num_workers=2)), ref)
+    got = list(fastloader.DataLoader(fastloader.ArrayDataset(*(paths[n] for n in which)), batch_size=50, num_workers=2))
+    assert_same_batches(got, ref)
     # arrays already in memory (and a memmap) gather the same way
     inmem = [arrs[n] if k else np.load(paths[n], mmap_mode="r") for k, n in enumerate(which)]
-    _assert_same(list(fastloader.DataLoader(fastloader.ArrayDataset(*inmem), batch_size=50)), ref)
+    assert_same_batches(list(fastloader.DataLoader(fastloader.ArrayDataset(*inmem), batch_size=50)), ref)
 
 
 def test_every_numeric_dtype_and_row_shape(tmp_path):
@@ -104,7 +96,7 @@ def test_every_numeric_dtype_and_row_shape(tmp_path):
                                            generator=torch.Generator().manual_seed(0)))
     got = list(fastloader.DataLoader(fastloader.ArrayDataset(*paths), batch_size=16, shuffle=True, num_workers=2,
                                      generator=torch.Generator().manual_seed(0)))
-    _assert_same(got, ref)
+    assert_same_batches(got, ref)
 
 
 def test_getitem_like_tensordataset(arrays):
@@ -162,7 +154,7 @@ def test_custom_collate_and_unbatched_fall_back_to_getitem(arrays):
     # batch_size=None: one sample at a time, default_convert
     got = list(fastloader.DataLoader(ds, batch_size=None, num_workers=2))
     ref = list(torch.utils.data.DataLoader(ref_ds, batch_size=None))
-    _assert_same(got, ref)
+    assert_same_batches(got, ref)
 
 
 def test_a_subclass_with_its_own_getitem_is_called(arrays):
@@ -228,7 +220,8 @@ def test_gather_into_a_pool_and_its_refusals(arrays):
     assert toks.ptr == ptr and pool.stats()["pooled"] == 4
     # a loader (which pools its collation) gives the same batches
     dl = fastloader.DataLoader(ds, batch_size=64, num_workers=2)
-    _assert_same(list(dl), list(torch.utils.data.DataLoader(_tensors(arrs, ["tokens", "labels"]), batch_size=64)))
+    assert_same_batches(list(dl),
+                        list(torch.utils.data.DataLoader(_tensors(arrs, ["tokens", "labels"]), batch_size=64)))
     assert dl._fl_pool.stats()["pooled"] > 0
     with pytest.raises(TypeError, match="array Sources"):
         _C.gather([_C.file_source([paths["tokens"]])], [0])
@@ -356,9 +349,7 @@ def images(tmp_path_factory):
             "png": png, "gray_png": gpng, "arr": imgs, "lab": labels, "garr": gray}
 
 
-def _train(size=32):
-    return FT.Compose([FT.RandomResizedCrop(size), FT.RandomHorizontalFlip(), FT.ToTensor(),
-                       FT.Normalize([0.5, 0.4, 0.3], [0.2, 0.25, 0.3])])
+_train = functools.partial(train_tf, 32, norm=([0.5, 0.4, 0.3], [0.2, 0.25, 0.3]))
 
 
 @pytest.mark.filterwarnings("ignore:fastloader.*not a JPEG")
@@ -482,11 +473,9 @@ def _fake_child():
 
 
 def test_device_delivery_on_the_fake_cuda_runtime(tmp_path_factory):
-    from helpers_fakecuda import build_fake_cudart, run_on_fake_cudart
+    from helpers_fakecuda import run_test_function
 
-    lib = build_fake_cudart(tmp_path_factory)
-    r = run_on_fake_cudart(lib, ["-c", "import test_arrays as t; t._fake_child()"], devices=1,
-                           marker="FAKECUDA-ARRAYS", timeout=120, extra_path=[HERE], cwd=os.path.dirname(HERE))
+    r = run_test_function(tmp_path_factory, "test_arrays", "_fake_child", marker="FAKECUDA-ARRAYS")
     assert r["nw0_equal"] and r["nw2_equal"], r
     assert r["nw0_host_allocs"] > 0 and r["nw2_host_allocs"] > 0, r  # page-locked pool buffers
     assert r["pin_copies"] == 0, r                                    # gathered into them: nothing pinned twice
@@ -513,12 +502,6 @@ RANKS = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_with_distributed_sampler(arrays, tmp_path):
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
@@ -526,13 +509,7 @@ def test_two_ranks_with_distributed_sampler(arrays, tmp_path):
     paths, arrs = arrays
     script = tmp_path / "run.py"
     script.write_text(RANKS)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([pkg_parent, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", str(script), paths["tokens"], paths["labels"], str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun(script, paths["tokens"], paths["labels"], tmp_path, timeout=240)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for epoch in range(2):
         (i0, b0), (i1, b1) = ranks[0][epoch], ranks[1][epoch]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.fastloader_only
 pytest.importorskip("skimage")  # make-sample's source photographs
 
 from fastloader import __main__ as cli  # noqa: E402
-from fastloader import doctor  # noqa: E402
+from fastloader.tools import doctor  # noqa: E402
 
 
 def _env(**extra):
@@ -127,8 +127,8 @@ def test_recommend_divides_cpus_among_ranks():
 
 
 def test_parse_cpulist():
-    assert doctor._parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert doctor._parse_cpulist("") == []
+    assert doctor.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert doctor.parse_cpulist("") == []
 
 
 def test_cgroup_v2_quota_and_memory_limit_from_a_fake_hierarchy(tmp_path):
@@ -143,11 +143,11 @@ def test_cgroup_v2_quota_and_memory_limit_from_a_fake_hierarchy(tmp_path):
     (job / "memory.max").write_text("max\n")
     cgroup = "0::/user.slice/job\n"
     mountinfo = f"30 25 0:26 / {mnt} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-    cpu_dirs = doctor._cgroup_dirs("cpu", cgroup, mountinfo)
+    cpu_dirs = doctor.cgroup_dirs("cpu", cgroup, mountinfo)
     assert cpu_dirs[0] == (2, str(job)) and cpu_dirs[-1] == (2, str(mnt))
     q, src = doctor.cpu_quota(cpu_dirs)
     assert q == 1.5 and "cpu.max" in src
-    lim, src = doctor.memory_limit(doctor._cgroup_dirs("memory", cgroup, mountinfo))
+    lim, src = doctor.memory_limit(doctor.cgroup_dirs("memory", cgroup, mountinfo))
     assert lim == 1 << 30 and "user.slice" in src
     # no quota anywhere
     (job / "cpu.max").write_text("max 100000\n")
@@ -167,8 +167,8 @@ def test_cgroup_v1_quota_from_a_fake_hierarchy(tmp_path):
     cgroup = "4:memory:/\n3:cpu,cpuacct:/docker/abc\n"
     mountinfo = (f"32 31 0:29 / {cpu} rw - cgroup cgroup rw,cpu,cpuacct\n"
                  f"35 31 0:32 / {mem} rw - cgroup cgroup rw,memory\n")
-    assert doctor.cpu_quota(doctor._cgroup_dirs("cpu", cgroup, mountinfo))[0] == 0.5
-    assert doctor.memory_limit(doctor._cgroup_dirs("memory", cgroup, mountinfo)) == (None, None)
+    assert doctor.cpu_quota(doctor.cgroup_dirs("cpu", cgroup, mountinfo))[0] == 0.5
+    assert doctor.memory_limit(doctor.cgroup_dirs("memory", cgroup, mountinfo)) == (None, None)
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset not installed")
@@ -201,7 +201,7 @@ def test_make_sample_writes_jpegs(tiny_sample, capsys):
     assert len({p.parent.name for p in files}) == 3
     for p in files[:5]:
         assert p.read_bytes()[:3] == b"\xff\xd8\xff"
-    from fastloader.sample import read_stats
+    from fastloader.tools.sample import read_stats
 
     st = read_stats(tiny_sample)
     assert st["n"] == 30 and st["seed"] == 3
@@ -271,7 +271,7 @@ def test_bench_step_lowers_consumer_wait(tiny_sample, tmp_path, capsys):
 def test_sample_sources_override(tmp_path, monkeypatch):
     """FASTLOADER_SAMPLE_SOURCES (used on the offline GPU box) replaces
     scikit-image's folder; a missing folder is a clear error."""
-    from fastloader import sample
+    from fastloader.tools import sample
     src = tmp_path / "sources"
     src.mkdir()
     real = sample._skimage_data_dir()

@@ -1,5 +1,5 @@
 """Python datasets collate straight into pooled batch buffers (_C.BatchPool,
-csrc/py_buffer.c): same batches as torch's default_collate, buffers reused
+csrc/binding/py_buffer.c): same batches as torch's default_collate, buffers reused
 once the consumer drops a batch and never while it lives, batches that
 outlive their loader, and with pin_memory page-locked buffers that
 pin_batch does not copy again.
@@ -326,7 +326,7 @@ def test_pin_memory_still_pins_a_user_collate_fns_tensors(fake_results):
     assert fake_results["user_collate_copies"] == 2 and fake_results["user_collate_ok"] is True, fake_results
 
 
-# ---- glibc's mmap threshold (csrc/pool.c settle_mmap_threshold) ------------------------
+# ---- glibc's mmap threshold (csrc/core/pool.c settle_mmap_threshold) ------------------------
 
 _THRESHOLD_CHILD = r"""
 import ctypes, json

@@ -1,4 +1,4 @@
-"""CUDA loaded at run time (csrc/cuda.c, csrc/py_cuda.c).
+"""CUDA loaded at run time (csrc/cuda/cuda.c, csrc/binding/py_cuda.c).
 
 The CPU tests run everywhere: with no CUDA library at all, with a CUDA
 runtime but no driver (a build box), or on a GPU machine; each one skips,

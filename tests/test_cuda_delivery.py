@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
 
 HAVE_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device (torch.cuda.is_available() is False)")

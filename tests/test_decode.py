@@ -1,4 +1,4 @@
-"""fastloader's JPEG decoder (csrc/jpeg.c via csrc/py_image.c) against Pillow.
+"""fastloader's JPEG decoder (csrc/image/jpeg.c via csrc/binding/py_image.c) against Pillow.
 
 The reference is Pillow 13, whose bundled libjpeg-turbo uses the same accurate
 integer IDCT and fancy upsampling: full-size decodes must be bit-identical to

@@ -1,4 +1,4 @@
-"""The device copier (csrc/devpool.c, csrc/py_devcopy.c) on the CPU.
+"""The device copier (csrc/cuda/devpool.c, csrc/binding/py_devcopy.c) on the CPU.
 
 No GPU is needed: tests/fakecuda/fake_cudart.c is a stand-in CUDA runtime in
 which device memory is host memory and every stream is a thread that runs

@@ -1,9 +1,5 @@
 """Native datasets (ImageFolder, LMDBDataset) under torchrun (2 processes,
 gloo on CPU) with DistributedSampler."""
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,8 +8,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import fastloader  # noqa: E402
-from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
+from helpers_distributed import torchrun  # noqa: E402
+from helpers_pipelines import train_tf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
@@ -41,33 +38,21 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
 def test_two_ranks_shard_and_augment_like_one_process(tmp_path, kind):
     root = tmp_path / "data"
     make_sample(str(root), n=30, classes=3, seed=5, progress=False, processes=1)
     data = root
     if kind == "lmdb":  # the same images packed: each rank reads the one LMDB file
-        from fastloader.pack_lmdb import pack_lmdb
+        from fastloader.tools.pack_lmdb import pack_lmdb
 
         data = tmp_path / "data.lmdb"
         pack_lmdb(root, data)
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([pkg_parent, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", str(script), str(data), str(tmp_path), kind]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun(script, data, tmp_path, kind, timeout=240)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    tf = FT.Compose([FT.RandomResizedCrop(64), FT.RandomHorizontalFlip(), FT.ToTensor()])
+    tf = train_tf(64, norm=None)  # the script's
     ds = fastloader.ImageFolder(str(root), transform=tf)
     for epoch in range(2):
         i0, x0, n0 = ranks[0][epoch]

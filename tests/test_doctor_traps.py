@@ -9,7 +9,7 @@ import time
 import pytest
 
 from fastloader import __main__ as cli
-from fastloader import doctor
+from fastloader.tools import doctor
 
 pytestmark = pytest.mark.fastloader_only
 

@@ -60,7 +60,7 @@ def test_every_file_names_a_target():
 @pytest.mark.parametrize("name", [f for f in FILES if f.startswith("tar-")])
 def test_tar_regression_input_reads_or_raises_decode_error(name, tmp_path):
     """tar-duplicate-ext-case: "k.jpg" then "k.JPG" was returned as one sample
-    with "jpg" twice; webdataset refuses it (csrc/tar.c compares lower-cased)."""
+    with "jpg" twice; webdataset refuses it (csrc/sources/tar.c compares lower-cased)."""
     data = bytearray(_read(name))
     mode, shard = data[0], data[1:]
     if mode & 1:  # the harness rewrites every block's checksum

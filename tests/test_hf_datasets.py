@@ -1,4 +1,4 @@
-"""HFImageDataset and the Arrow source (csrc/arrow_source.c): Hugging Face
+"""HFImageDataset and the Arrow source (csrc/sources/arrow_source.c): Hugging Face
 `datasets` image columns read in place, compared with fastloader.ImageFolder
 over the same files (pixels, labels, augmentation), through save_to_disk,
 Parquet, paths, indices mappings, Arrow layouts (chunks, slices,
@@ -12,14 +12,15 @@ import subprocess
 import sys
 import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from PIL import Image  # noqa: E402
 
 import fastloader  # noqa: E402
-from fastloader import transforms as FT  # noqa: E402
+from helpers_compare import assert_same_epochs, seeded_epochs  # noqa: E402
+from helpers_formats import (CLASSES, PER_CLASS, check_batches_equal_imagefolder, check_on_error_raise,  # noqa: E402
+                             check_on_error_skip_and_replace, make_class_folder, make_png_folder)
+from helpers_pipelines import train_tf, val_tf  # noqa: E402
 
 try:
     import datasets as hfds
@@ -31,62 +32,14 @@ except ImportError:
 needs_datasets = pytest.mark.skipif(hfds is None, reason="the `datasets` package is not installed "
                                                          "(pip install fastloader[datasets])")
 
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-CLASSES = ["cat", "dog", "eel"]
-PER_CLASS = 7  # 21 images: batches of 5 leave a short last one
-
-
-def _image(i):
-    """A deterministic photo-like image of a varying size; every 5th is grayscale."""
-    rng = np.random.default_rng(i)
-    h, w = 40 + 7 * (i % 5), 52 + 5 * (i % 7)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([(x * (3 + i % 4)) % 256, (y * 5 + 30 * i) % 256, ((x + y) * 2) % 256], -1)
-    arr = np.clip(base + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-    im = Image.fromarray(arr)
-    return im.convert("L") if i % 5 == 4 else im
-
-
-def _train_tf():
-    return FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-
-
-def _val_tf():
-    return FT.Compose([FT.Resize(36), FT.CenterCrop(32), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-
-
-def _epochs(ds, num_workers, shuffle, epochs=2, **kw):
-    """All batches of `epochs` epochs, the shuffle and the augmentation seeded."""
-    dl = fastloader.DataLoader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers, seed=7,
-                               generator=torch.Generator().manual_seed(11), **kw)
-    return [[(x.clone(), y.clone()) for x, y in dl] for _ in range(epochs)]
-
-
-def _assert_same(a, b):
-    assert len(a) == len(b)
-    for ea, eb in zip(a, b):
-        assert len(ea) == len(eb)
-        for (xa, ya), (xb, yb) in zip(ea, eb):
-            assert xa.dtype == xb.dtype and xa.shape == xb.shape
-            assert torch.equal(ya, yb)
-            assert torch.equal(xa, xb), (xa - xb).abs().max()
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf") / "train"
-    i = 0
-    for c in CLASSES:
-        os.makedirs(root / c)
-        for k in range(PER_CLASS):
-            _image(i).save(root / c / f"{c}_{k:02d}.jpg", quality=90)
-            i += 1
-    return str(root)
+    return make_class_folder(tmp_path_factory.mktemp("hf") / "train")
 
 
 @pytest.fixture(scope="module")
 def ref(folder):
-    return fastloader.ImageFolder(folder, transform=_val_tf())
+    return fastloader.ImageFolder(folder, transform=val_tf())
 
 
 def _features():
@@ -118,7 +71,7 @@ def test_metadata_and_bytes_in_place(saved, ref):
     hf = hfds.load_from_disk(saved)
     col = _table(hf)
     assert col.num_chunks == 3 and col.chunk(0).field("bytes").null_count == 0  # embedded, several chunks
-    ds = fastloader.HFImageDataset(hf, transform=_val_tf())
+    ds = fastloader.HFImageDataset(hf, transform=val_tf())
     assert len(ds) == len(ref) == 3 * PER_CLASS
     assert ds.classes == CLASSES and ds.class_to_idx == ref.class_to_idx and ds.targets == ref.targets
     assert ds.name == saved and ds._source.kind == "arrow"
@@ -135,14 +88,8 @@ def test_metadata_and_bytes_in_place(saved, ref):
 def test_batches_equal_imagefolder(folder, saved, pipeline, num_workers):
     """Pixels, labels, batch order and augmentation over two epochs equal
     ImageFolder's with the same generator and seed, whatever num_workers."""
-    tf = _train_tf if pipeline == "train" else _val_tf
-    shuffle = pipeline == "train"
-    want = _epochs(fastloader.ImageFolder(folder, transform=tf()), 0, shuffle)
-    got = _epochs(fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=tf()), num_workers, shuffle)
-    _assert_same(got, want)
-    assert len(got[0]) == 5 and len(got[0][-1][1]) == 1
-    if shuffle:  # a new order and new crops in the second epoch
-        assert not torch.equal(got[0][0][0], got[1][0][0])
+    check_batches_equal_imagefolder(
+        folder, lambda tf: fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=tf), pipeline, num_workers)
 
 
 @needs_datasets
@@ -151,12 +98,12 @@ def test_parquet_through_load_dataset(saved, folder, ref, tmp_path):
     hfds.load_from_disk(saved).to_parquet(pq)
     hf = hfds.load_dataset("parquet", data_files=pq, split="train", cache_dir=str(tmp_path / "cache"))
     assert type(hf.features["image"]).__name__ == "Image"
-    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    ds = fastloader.HFImageDataset(hf, transform=train_tf())
     assert ds.name == "parquet:train"
     assert ds.samples[2][0] == f"parquet:train row 2 ({os.path.basename(ref.samples[2][0])})"
     assert ds.targets == ref.targets
-    _assert_same(_epochs(ds, 2, True, epochs=1),
-                 _epochs(fastloader.ImageFolder(folder, transform=_train_tf()), 0, True, epochs=1))
+    assert_same_epochs(seeded_epochs(ds, 2, True, epochs=1),
+                       seeded_epochs(fastloader.ImageFolder(folder, transform=train_tf()), 0, True, epochs=1))
 
 
 @needs_datasets
@@ -165,10 +112,10 @@ def test_rows_with_null_bytes_read_their_path(ref, folder):
     through the files path, batches as ImageFolder's."""
     hf = _from_paths(ref)
     assert _table(hf).chunk(0).field("bytes").null_count == len(ref)
-    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    ds = fastloader.HFImageDataset(hf, transform=train_tf())
     assert ds.name == "Dataset(in memory)" and ds.samples[0][0] == f"Dataset(in memory) row 0 ({ref.samples[0][0]})"
-    _assert_same(_epochs(ds, 2, True, epochs=1),
-                 _epochs(fastloader.ImageFolder(folder, transform=_train_tf()), 0, True, epochs=1))
+    assert_same_epochs(seeded_epochs(ds, 2, True, epochs=1),
+                       seeded_epochs(fastloader.ImageFolder(folder, transform=train_tf()), 0, True, epochs=1))
 
 
 # ---- indices mappings ------------------------------------------------------------
@@ -190,13 +137,13 @@ def test_indices_mappings_are_applied(saved, ref, how):
         hf = hf.shuffle(seed=5).select(range(4, 16))
     assert hf._indices is not None
     rows = hf._indices.column(0).to_pylist()
-    ds = fastloader.HFImageDataset(hf, transform=_train_tf(), name="mapped")
+    ds = fastloader.HFImageDataset(hf, transform=train_tf(), name="mapped")
     assert len(ds) == len(hf) == len(rows)
     assert ds.targets == hf["label"] == [ref.targets[r] for r in rows]
     assert ds.samples[1][0].startswith(f"mapped row {rows[1]} (")
     want = fastloader.ImageList([ref.samples[r][0] for r in rows], [ref.targets[r] for r in rows],
-                                transform=_train_tf())
-    _assert_same(_epochs(ds, 2, True), _epochs(want, 0, True))
+                                transform=train_tf())
+    assert_same_epochs(seeded_epochs(ds, 2, True), seeded_epochs(want, 0, True))
 
 
 # ---- Arrow layouts -----------------------------------------------------------------
@@ -232,31 +179,28 @@ def test_arrow_layouts(ref, layout):
                                           for i, (b, p) in enumerate(zip(data, paths))], t)])
     table = pa.table({"image": col, "label": pa.array(ref.targets, pa.int64())})
     hf = hfds.Dataset(hfds.table.InMemoryTable(table))
-    ds = fastloader.HFImageDataset(hf, transform=_train_tf())
+    ds = fastloader.HFImageDataset(hf, transform=train_tf())
     assert ds.classes == [] and ds.targets == ref.targets
     assert [ds._source.read(i) for i in range(n)] == data
-    want = fastloader.ImageFolder(os.path.dirname(os.path.dirname(ref.samples[0][0])), transform=_train_tf())
-    _assert_same(_epochs(ds, 2, True, epochs=1), _epochs(want, 0, True, epochs=1))
+    want = fastloader.ImageFolder(os.path.dirname(os.path.dirname(ref.samples[0][0])), transform=train_tf())
+    assert_same_epochs(seeded_epochs(ds, 2, True, epochs=1), seeded_epochs(want, 0, True, epochs=1))
 
 
 @needs_datasets
 def test_png_rows_go_through_pillow(tmp_path):
     """PNG images (MNIST- and CIFAR-like datasets store them) take the
     Pillow fix-up with their bytes, as ImageFolder's PNG files do."""
-    root = tmp_path / "png"
-    os.makedirs(root / "a")
-    _image(1).save(root / "a" / "x.png")
-    _image(2).save(root / "a" / "y.jpg", quality=90)
+    root = make_png_folder(tmp_path / "png")
     files = [str(root / "a" / "x.png"), str(root / "a" / "y.jpg")]
     hf = hfds.Dataset.from_dict({"image": [open(f, "rb").read() for f in files], "label": [0, 0]},
                                 features=hfds.Features({"image": hfds.Value("binary"), "label": hfds.Value("int64")}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want = _epochs(fastloader.ImageFolder(root, transform=_train_tf()), 0, True)
+        want = seeded_epochs(fastloader.ImageFolder(root, transform=train_tf()), 0, True)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        got = _epochs(fastloader.HFImageDataset(hf, transform=_train_tf(), name="pngs"), 2, True)
-    _assert_same(got, want)
+        got = seeded_epochs(fastloader.HFImageDataset(hf, transform=train_tf(), name="pngs"), 2, True)
+    assert_same_epochs(got, want)
     assert any("pngs row 0 is not a JPEG" in str(x.message) for x in w), [str(x.message) for x in w]
 
 
@@ -278,28 +222,19 @@ def corrupt(ref, tmp_path):
 
 @needs_datasets
 def test_on_error_raise_names_the_dataset_and_the_row(corrupt):
-    ds = fastloader.HFImageDataset(hfds.load_from_disk(corrupt), transform=_val_tf())
-    for nw in (0, 2):
-        with pytest.raises(fastloader.DecodeError) as e:
-            list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw))
-        msg = str(e.value)
-        assert f"{corrupt} row 3 (cat_03.jpg)" in msg and "sample index 3" in msg, msg
+    ds = fastloader.HFImageDataset(hfds.load_from_disk(corrupt), transform=val_tf())
+    check_on_error_raise(ds, f"{corrupt} row 3 (cat_03.jpg)")
 
 
 @needs_datasets
 def test_on_error_skip_and_replace(corrupt, ref):
     hf = hfds.load_from_disk(corrupt)
-    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="skip")
-    labels = torch.cat([y for _, y in fastloader.DataLoader(ds, batch_size=5, num_workers=2)]).tolist()
-    assert labels == [t for i, t in enumerate(ref.targets) if i not in (3, 8)]
-    assert sorted(p for p, _ in ds.skipped) == [f"{corrupt} row 3 (cat_03.jpg)", f"{corrupt} row 8 (dog_01.jpg)"]
-    assert "not a JPEG" in dict(ds.skipped)[f"{corrupt} row 8 (dog_01.jpg)"]
 
-    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="replace")
-    batches = list(fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=1))
-    assert [len(y) for _, y in batches] == [5, 5, 5, 5, 1]
-    assert sorted(bad for bad, _, _ in ds.replaced) == [f"{corrupt} row 3 (cat_03.jpg)",
-                                                        f"{corrupt} row 8 (dog_01.jpg)"]
+    def make(on_error):
+        return fastloader.HFImageDataset(hf, transform=val_tf(), on_error=on_error)
+
+    check_on_error_skip_and_replace(make, ref.targets,
+                                    [f"{corrupt} row 3 (cat_03.jpg)", f"{corrupt} row 8 (dog_01.jpg)"])
 
 
 @needs_datasets
@@ -314,7 +249,7 @@ def test_rows_without_an_image(ref, tmp_path):
             {"bytes": good, "path": None}]
     table = pa.table({"image": pa.array(rows, t), "label": pa.array(range(6), pa.int64())})
     hf = hfds.Dataset(hfds.table.InMemoryTable(table))
-    ds = fastloader.HFImageDataset(hf, transform=_val_tf(), name="holes")
+    ds = fastloader.HFImageDataset(hf, transform=val_tf(), name="holes")
     for i, kind, pattern in [(1, OSError, "holes row 1: no image: the row's image is null"),
                              (2, OSError, "holes row 2: no image: bytes and path are both null"),
                              (3, FileNotFoundError, r"No such file.*'holes row 3 \(.*gone.jpg\)'"),
@@ -323,7 +258,7 @@ def test_rows_without_an_image(ref, tmp_path):
             list(fastloader.DataLoader(torch.utils.data.Subset(ds, [0, i]), batch_size=2))
         with pytest.raises(kind):
             ds._source.read(i)
-    skip = fastloader.HFImageDataset(hf, transform=_val_tf(), on_error="skip")
+    skip = fastloader.HFImageDataset(hf, transform=val_tf(), on_error="skip")
     assert torch.cat([y for _, y in fastloader.DataLoader(skip, batch_size=3)]).tolist() == [0, 5]
     assert len(skip.skipped) == 4
 
@@ -342,12 +277,12 @@ def test_refusals_say_what_to_do(saved, tmp_path):
     floats = hf.cast_column("label", hfds.Value("float32"))
     with pytest.raises(TypeError, match="not integers"):
         fastloader.HFImageDataset(floats)
-    nolabels = fastloader.HFImageDataset(hf, label_column=None, transform=_val_tf())
+    nolabels = fastloader.HFImageDataset(hf, label_column=None, transform=val_tf())
     assert nolabels.targets == [-1] * len(hf) and nolabels.classes == []
     with pytest.raises(TypeError, match="one split, not a DatasetDict"):
         fastloader.HFImageDataset(hfds.DatasetDict({"train": hf}))
     with pytest.warns(UserWarning, match="with_transform / set_transform function is not run"):
-        fastloader.HFImageDataset(hf.with_transform(lambda b: b), transform=_val_tf())
+        fastloader.HFImageDataset(hf.with_transform(lambda b: b), transform=val_tf())
 
 
 @needs_datasets
@@ -376,7 +311,7 @@ def test_fastloader_works_without_datasets():
 
 @needs_datasets
 def test_stats_report_read_and_decode(saved, ref):
-    ds = fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=_train_tf())
+    ds = fastloader.HFImageDataset(hfds.load_from_disk(saved), transform=train_tf())
     dl = fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=3)
     for _ in dl:
         pass
@@ -386,33 +321,13 @@ def test_stats_report_read_and_decode(saved, ref):
     assert st["samples"] == len(ds)
 
 
-DEVICE_CHILD = """
-import json, sys, torch
-sys.path.insert(0, sys.argv[2])
-import datasets, scenarios, fastloader
-from fastloader import transforms as FT
-scenarios.stub_torch_cuda(scenarios.new_stream())
-tf = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize([0.5] * 3, [0.25] * 3)])
-ds = fastloader.HFImageDataset(datasets.load_from_disk(sys.argv[1]).shuffle(seed=2), transform=tf)
-out = {}
-for nw in (0, 2):
-    dev = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, device="cuda", seed=5))
-    cpu = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, seed=5))
-    out[nw] = [len(dev) == len(cpu) == 5] + [torch.equal(a, c) and torch.equal(b, d)
-                                              for (a, b), (c, d) in zip(dev, cpu)]
-print("HF-DEVICE " + json.dumps(out), flush=True)
-"""
-
-
 @needs_datasets
 def test_device_delivery_on_the_fake_cuda_runtime(saved, tmp_path, tmp_path_factory):
     """device="cuda" through the stand-in CUDA runtime (tests/fakecuda): a
     shuffled (index-mapped) dataset's batches arrive equal to the CPU
     path's (uint8 on the wire, normalized on the device)."""
-    from helpers_fakecuda import FAKE_DIR, build_fake_cudart, run_on_fake_cudart
+    from helpers_fakecuda import device_vs_cpu
 
-    lib = build_fake_cudart(tmp_path_factory)
-    script = tmp_path / "child.py"
-    script.write_text(DEVICE_CHILD)
-    res = run_on_fake_cudart(lib, [str(script), saved, FAKE_DIR], devices=1, marker="HF-DEVICE", timeout=120)
+    res = device_vs_cpu(tmp_path, tmp_path_factory, saved, "fastloader.HFImageDataset(datasets.load_from_disk("
+                        "sys.argv[1]).shuffle(seed=2), transform=tf)", marker="HF-DEVICE", imports="import datasets")
     assert res == {"0": [True] * 6, "2": [True] * 6}, res

@@ -19,7 +19,7 @@ from torch.utils.data import DistributedSampler, Sampler  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
 
 pytestmark = pytest.mark.fastloader_only
 TF = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor()])

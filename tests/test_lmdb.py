@@ -1,4 +1,4 @@
-"""LMDBDataset, pack_lmdb and the LMDB source (csrc/lmdb_source.c): the same
+"""LMDBDataset, pack_lmdb and the LMDB source (csrc/sources/lmdb_source.c): the same
 batches as ImageFolder over the same folder, interoperability with the
 `lmdb` package both ways, bad values and bad paths, stats, device=."""
 import json
@@ -10,43 +10,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 lmdb = pytest.importorskip("lmdb")
-from PIL import Image  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import _C  # noqa: E402
-from fastloader import transforms as FT  # noqa: E402
 from fastloader.lmdb_dataset import sample_key  # noqa: E402
-from fastloader.pack_lmdb import pack_lmdb  # noqa: E402
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-CLASSES = ["cat", "dog", "eel"]
-PER_CLASS = 7  # 21 images: batches of 5 leave a short last one
-
-
-def _image(i):
-    """A deterministic photo-like image of a varying size; every 5th is grayscale."""
-    rng = np.random.default_rng(i)
-    h, w = 40 + 7 * (i % 5), 52 + 5 * (i % 7)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([(x * (3 + i % 4)) % 256, (y * 5 + 30 * i) % 256, ((x + y) * 2) % 256], -1)
-    arr = np.clip(base + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-    im = Image.fromarray(arr)
-    return im.convert("L") if i % 5 == 4 else im
-
-
-def _make_folder(root):
-    i = 0
-    for c in CLASSES:
-        os.makedirs(root / c)
-        for k in range(PER_CLASS):
-            _image(i).save(root / c / f"{c}_{k:02d}.jpg", quality=90)
-            i += 1
-    return str(root)
+from fastloader.tools.pack_lmdb import pack_lmdb  # noqa: E402
+from helpers_compare import assert_same_epochs, seeded_epochs  # noqa: E402
+from helpers_formats import (CLASSES, PER_CLASS, check_batches_equal_imagefolder, check_on_error_raise,  # noqa: E402
+                             check_on_error_skip_and_replace, make_class_folder, make_png_folder)
+from helpers_pipelines import train_tf, val_tf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return _make_folder(tmp_path_factory.mktemp("lmdb") / "train")
+    return make_class_folder(tmp_path_factory.mktemp("lmdb") / "train")
 
 
 @pytest.fixture(scope="module")
@@ -54,31 +31,6 @@ def packed(folder, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("packed") / "train.lmdb")
     pack_lmdb(folder, out)
     return out
-
-
-def _train_tf():
-    return FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-
-
-def _val_tf():
-    return FT.Compose([FT.Resize(36), FT.CenterCrop(32), FT.ToTensor(), FT.Normalize(MEAN, STD)])
-
-
-def _epochs(ds, num_workers, shuffle, epochs=2, **kw):
-    """All batches of `epochs` epochs, the shuffle and the augmentation seeded."""
-    dl = fastloader.DataLoader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers, seed=7,
-                               generator=torch.Generator().manual_seed(11), **kw)
-    return [[(x.clone(), y.clone()) for x, y in dl] for _ in range(epochs)]
-
-
-def _assert_same(a, b):
-    assert len(a) == len(b)
-    for ea, eb in zip(a, b):
-        assert len(ea) == len(eb)
-        for (xa, ya), (xb, yb) in zip(ea, eb):
-            assert xa.dtype == xb.dtype and xa.shape == xb.shape
-            assert torch.equal(ya, yb)
-            assert torch.equal(xa, xb), (xa - xb).abs().max()
 
 
 def _write_layout(env, images, labels, classes=None, names=None, count=None, skip=()):
@@ -100,8 +52,8 @@ def _write_layout(env, images, labels, classes=None, names=None, count=None, ski
 # ---- the same dataset as ImageFolder ------------------------------------------------
 
 def test_metadata_equals_imagefolder(folder, packed):
-    ref = fastloader.ImageFolder(folder, transform=_val_tf())
-    ds = fastloader.LMDBDataset(packed, transform=_val_tf())
+    ref = fastloader.ImageFolder(folder, transform=val_tf())
+    ds = fastloader.LMDBDataset(packed, transform=val_tf())
     assert len(ds) == len(ref) == 3 * PER_CLASS
     assert ds.classes == ref.classes == CLASSES and ds.class_to_idx == ref.class_to_idx
     assert ds.targets == ref.targets
@@ -117,19 +69,13 @@ def test_metadata_equals_imagefolder(folder, packed):
 def test_batches_equal_imagefolder(folder, packed, pipeline, num_workers):
     """Pixels, labels, batch order and augmentation over two epochs equal
     ImageFolder's with the same generator and seed, whatever num_workers."""
-    tf = _train_tf if pipeline == "train" else _val_tf
-    shuffle = pipeline == "train"
-    ref = _epochs(fastloader.ImageFolder(folder, transform=tf()), 0, shuffle)
-    got = _epochs(fastloader.LMDBDataset(packed, transform=tf()), num_workers, shuffle)
-    _assert_same(got, ref)
-    assert len(got[0]) == 5 and len(got[0][-1][1]) == 1
-    if shuffle:  # a new order and new crops in the second epoch
-        assert not torch.equal(got[0][0][0], got[1][0][0])
+    check_batches_equal_imagefolder(folder, lambda tf: fastloader.LMDBDataset(packed, transform=tf), pipeline,
+                                    num_workers)
 
 
 def test_getitem_and_torch_dataloader(packed, folder):
-    ds = fastloader.LMDBDataset(packed, transform=_val_tf())
-    ref = fastloader.ImageFolder(folder, transform=_val_tf())
+    ds = fastloader.LMDBDataset(packed, transform=val_tf())
+    ref = fastloader.ImageFolder(folder, transform=val_tf())
     x, y = ds[4]
     assert torch.equal(x, ref[4][0]) and y == ref[4][1]
     xb, yb = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
@@ -142,7 +88,7 @@ def test_lmdb_package_reads_what_pack_wrote(folder, tmp_path):
     out = str(tmp_path / "o.lmdb")
     calls = []
     st = pack_lmdb(folder, out, progress=lambda *a: calls.append(a))
-    ref = fastloader.ImageFolder(folder, transform=_val_tf())
+    ref = fastloader.ImageFolder(folder, transform=val_tf())
     files = [open(p, "rb").read() for p, _ in ref.samples]
     n = len(files)
     assert st["count"] == n and st["classes"] == 3 and st["bytes"] == sum(map(len, files))
@@ -171,15 +117,15 @@ def test_reads_an_lmdb_written_by_the_lmdb_package(folder, tmp_path, lock):
     in the documented layout, written in reverse key order; the optional
     keys left out.  lock=True registers each of 4 workers' transactions in
     the lock file."""
-    ref = fastloader.ImageFolder(folder, transform=_train_tf())
+    ref = fastloader.ImageFolder(folder, transform=train_tf())
     images = [open(p, "rb").read() for p, _ in ref.samples]
     env = lmdb.open(str(tmp_path / "env"), map_size=1 << 24)
     _write_layout(env, images, ref.targets)
     env.close()
-    ds = fastloader.LMDBDataset(tmp_path / "env", transform=_train_tf(), lock=lock)
+    ds = fastloader.LMDBDataset(tmp_path / "env", transform=train_tf(), lock=lock)
     assert ds.classes == [] and ds.class_to_idx == {} and ds.targets == ref.targets
     assert ds.samples[2][0] == f"{tmp_path / 'env'}[2]"
-    _assert_same(_epochs(ds, 4, True, epochs=1), _epochs(ref, 0, True, epochs=1))
+    assert_same_epochs(seeded_epochs(ds, 4, True, epochs=1), seeded_epochs(ref, 0, True, epochs=1))
 
 
 def test_writer_grows_its_map_and_overwrites(tmp_path):
@@ -224,7 +170,7 @@ def test_pack_refuses_an_existing_output_unless_overwrite(folder, tmp_path):
         pack_lmdb(folder, out, progress=interrupt, overwrite=True)
     assert out.read_bytes() == b"precious" and os.listdir(tmp_path) == ["o.lmdb"]
     assert pack_lmdb(folder, out, overwrite=True)["count"] == 3 * PER_CLASS
-    assert len(fastloader.LMDBDataset(out, transform=_val_tf())) == 3 * PER_CLASS
+    assert len(fastloader.LMDBDataset(out, transform=val_tf())) == 3 * PER_CLASS
     with pytest.raises(FileNotFoundError):
         pack_lmdb(folder, tmp_path / "no" / "such" / "dir.lmdb")
     with pytest.raises(FileNotFoundError):
@@ -247,44 +193,33 @@ def corrupt(folder, tmp_path):
 
 
 def test_on_error_raise_names_the_lmdb_and_the_index(corrupt):
-    ds = fastloader.LMDBDataset(corrupt, transform=_val_tf())
-    for nw in (0, 2):
-        with pytest.raises(fastloader.DecodeError) as e:
-            list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw))
-        msg = str(e.value)
-        assert f"{corrupt}[3] (cat/cat_03.jpg)" in msg and "sample index 3" in msg, msg
+    check_on_error_raise(fastloader.LMDBDataset(corrupt, transform=val_tf()), f"{corrupt}[3] (cat/cat_03.jpg)")
 
 
 def test_on_error_skip_and_replace(corrupt, folder):
-    ref = fastloader.ImageFolder(folder, transform=_val_tf())
-    ds = fastloader.LMDBDataset(corrupt, transform=_val_tf(), on_error="skip")
-    batches = list(fastloader.DataLoader(ds, batch_size=5, num_workers=2))
-    labels = torch.cat([y for _, y in batches]).tolist()
-    assert labels == [t for i, t in enumerate(ref.targets) if i not in (3, 8)]
-    assert sorted(p for p, _ in ds.skipped) == [f"{corrupt}[3] (cat/cat_03.jpg)", f"{corrupt}[8] (dog/dog_01.jpg)"]
-    assert "not a JPEG" in dict(ds.skipped)[f"{corrupt}[8] (dog/dog_01.jpg)"]
+    ref = fastloader.ImageFolder(folder, transform=val_tf())
 
-    ds = fastloader.LMDBDataset(corrupt, transform=_val_tf(), on_error="replace")
-    batches = list(fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=1))
-    assert [len(y) for _, y in batches] == [5, 5, 5, 5, 1]
-    assert sorted(bad for bad, _, _ in ds.replaced) == [f"{corrupt}[3] (cat/cat_03.jpg)",
-                                                        f"{corrupt}[8] (dog/dog_01.jpg)"]
+    def make(on_error):
+        return fastloader.LMDBDataset(corrupt, transform=val_tf(), on_error=on_error)
+
+    ds = check_on_error_skip_and_replace(make, ref.targets,
+                                         [f"{corrupt}[3] (cat/cat_03.jpg)", f"{corrupt}[8] (dog/dog_01.jpg)"])
     assert all(repl.startswith(f"{corrupt}[") for _, repl, _ in ds.replaced)
 
 
 def test_a_missing_sample_key(folder, tmp_path):
     """The metadata says 6 samples, key 2 is missing: an OSError naming the
     key, the LMDB and the index; on_error applies to it."""
-    images = [open(p, "rb").read() for p, _ in fastloader.ImageFolder(folder, transform=_val_tf()).samples[:6]]
+    images = [open(p, "rb").read() for p, _ in fastloader.ImageFolder(folder, transform=val_tf()).samples[:6]]
     env = lmdb.open(str(tmp_path / "env"), map_size=1 << 22)
     _write_layout(env, images, [0] * 6, skip={2})
     env.close()
-    ds = fastloader.LMDBDataset(tmp_path / "env", transform=_val_tf())
+    ds = fastloader.LMDBDataset(tmp_path / "env", transform=val_tf())
     with pytest.raises(OSError, match=r"env\[2\]: no value under key '0000000002'.*sample index 2"):
         list(fastloader.DataLoader(ds, batch_size=3))
     with pytest.raises(OSError, match="no value under key"):
         ds._source.read(2)
-    ds = fastloader.LMDBDataset(tmp_path / "env", transform=_val_tf(), on_error="skip")
+    ds = fastloader.LMDBDataset(tmp_path / "env", transform=val_tf(), on_error="skip")
     assert [len(y) for _, y in fastloader.DataLoader(ds, batch_size=3)] == [2, 3]
 
 
@@ -331,58 +266,35 @@ def test_lmdbs_not_in_the_layout(tmp_path):
 # ---- stats, Pillow fix-up, device ------------------------------------------------------
 
 def test_stats_report_read_and_decode(packed, folder):
-    ds = fastloader.LMDBDataset(packed, transform=_train_tf())
+    ds = fastloader.LMDBDataset(packed, transform=train_tf())
     dl = fastloader.DataLoader(ds, batch_size=5, num_workers=2, seed=3)
     for _ in dl:
         pass
     st = dl.stats()
     assert st["stages_s"]["read_s"] > 0 and st["stages_s"]["decode_s"] > 0 and st["stages_s"]["transform_s"] > 0
-    assert st["bytes_read"] == sum(os.path.getsize(p) for p, _ in fastloader.ImageFolder(folder, transform=_val_tf()).samples)
+    assert st["bytes_read"] == sum(os.path.getsize(p) for p, _ in fastloader.ImageFolder(folder, transform=val_tf()).samples)
     assert st["samples"] == len(ds)
 
 
 def test_png_value_goes_through_pillow(tmp_path):
-    root = tmp_path / "png"
-    os.makedirs(root / "a")
-    _image(1).save(root / "a" / "x.png")
-    _image(2).save(root / "a" / "y.jpg", quality=90)
+    root = make_png_folder(tmp_path / "png")
     pack_lmdb(root, tmp_path / "p.lmdb")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = _epochs(fastloader.ImageFolder(root, transform=_train_tf()), 0, True)
+        ref = seeded_epochs(fastloader.ImageFolder(root, transform=train_tf()), 0, True)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        got = _epochs(fastloader.LMDBDataset(tmp_path / "p.lmdb", transform=_train_tf()), 2, True)
-    _assert_same(got, ref)
+        got = seeded_epochs(fastloader.LMDBDataset(tmp_path / "p.lmdb", transform=train_tf()), 2, True)
+    assert_same_epochs(got, ref)
     assert any("p.lmdb[0] (a/x.png) is not a JPEG" in str(x.message) for x in w), [str(x.message) for x in w]
-
-
-DEVICE_CHILD = """
-import json, sys, torch
-sys.path.insert(0, sys.argv[2])
-import scenarios, fastloader
-from fastloader import transforms as FT
-scenarios.stub_torch_cuda(scenarios.new_stream())
-tf = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor(), FT.Normalize([0.5] * 3, [0.25] * 3)])
-ds = fastloader.LMDBDataset(sys.argv[1], transform=tf)
-out = {}
-for nw in (0, 2):
-    dev = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, device="cuda", seed=5))
-    cpu = list(fastloader.DataLoader(ds, batch_size=5, num_workers=nw, seed=5))
-    out[nw] = [len(dev) == len(cpu) == 5] + [torch.equal(a, c) and torch.equal(b, d)
-                                              for (a, b), (c, d) in zip(dev, cpu)]
-print("LMDB-DEVICE " + json.dumps(out), flush=True)
-"""
 
 
 def test_device_delivery_on_the_fake_cuda_runtime(packed, tmp_path, tmp_path_factory):
     """device="cuda" through the stand-in CUDA runtime (tests/fakecuda):
     the LMDB's batches arrive equal to the CPU path's (uint8 on the wire,
     normalized on the device)."""
-    from helpers_fakecuda import FAKE_DIR, build_fake_cudart, run_on_fake_cudart
+    from helpers_fakecuda import device_vs_cpu
 
-    lib = build_fake_cudart(tmp_path_factory)
-    script = tmp_path / "child.py"
-    script.write_text(DEVICE_CHILD)
-    res = run_on_fake_cudart(lib, [str(script), packed, FAKE_DIR], devices=1, marker="LMDB-DEVICE", timeout=120)
+    res = device_vs_cpu(tmp_path, tmp_path_factory, packed, "fastloader.LMDBDataset(sys.argv[1], transform=tf)",
+                        marker="LMDB-DEVICE")
     assert res == {"0": [True] * 6, "2": [True] * 6}, res

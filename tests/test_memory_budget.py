@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
 from fastloader.loader import resolve_max_memory  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 Samples equal to ImageFolder's under fastloader.DataLoader, torchvision's
 pixels and torch's generator outside it, every input kind, Pillow for other
 formats, errors that name the file, and the GIL released for the whole call."""
+import functools
 import io
 import os
 import pathlib
@@ -22,13 +23,13 @@ from torchvision.transforms import v2  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
 
+from helpers_compare import seeded_epochs  # noqa: E402
+from helpers_pipelines import MEAN, STD, val_tf  # noqa: E402
 from imgutil import make_jpeg  # noqa: E402
 
 pytestmark = pytest.mark.fastloader_only
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,7 @@ def _train_v2(size=64):
                        v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
 
 
-def _val_tf():
-    return T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])
+_val_tf = functools.partial(val_tf, 72, 64, lib=T)  # torchvision's
 
 
 class Custom(torch.utils.data.Dataset):
@@ -66,10 +66,8 @@ class Custom(torch.utils.data.Dataset):
         return tuple(self.load(path) for _ in range(self.views)) + (label,)
 
 
-def _epochs(ds, num_workers, epochs=2):
-    dl = fastloader.DataLoader(ds, batch_size=8, shuffle=True, num_workers=num_workers, seed=13,
-                               generator=torch.Generator().manual_seed(2))
-    return [list(dl) for _ in range(epochs)]
+# the batches as the loader yields them (each=None: not copied)
+_epochs = functools.partial(seeded_epochs, shuffle=True, batch_size=8, seed=13, generator_seed=2, each=None)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -1,5 +1,6 @@
 """fastloader.ImageFolder / ImageList through fastloader.DataLoader: pixels
 against torchvision, determinism across num_workers and epochs, bad files."""
+import functools
 import io
 import os
 import shutil
@@ -15,9 +16,8 @@ from torchvision.transforms import functional as TF  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+from fastloader.tools.sample import make_sample  # noqa: E402
+from helpers_pipelines import MEAN, STD, train_tf, val_tf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,7 @@ def folder(tmp_path_factory):
     return str(root)
 
 
-def _val_tf():
-    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
-
-
-def _train_tf(lib):
-    return lib.Compose([lib.RandomResizedCrop(160), lib.RandomHorizontalFlip(), lib.ToTensor(), lib.Normalize(MEAN, STD)])
+_val_tf = functools.partial(val_tf, 256, 224, lib=T)  # torchvision's, at ImageNet's evaluation sizes
 
 
 def test_imagefolder_matches_torchvision_metadata(folder):
@@ -59,7 +54,7 @@ def test_val_pipeline_bit_identical_to_torchvision(folder, num_workers):
 
 
 def test_train_pipeline_equals_torchvision_with_the_same_parameters(folder):
-    ds = fastloader.ImageFolder(folder, transform=_train_tf(FT))
+    ds = fastloader.ImageFolder(folder, transform=train_tf(160))
     seed, epoch = 11, 0
     images, labels = next(iter(fastloader.DataLoader(ds, batch_size=48, num_workers=2, seed=seed)))
     flips = 0
@@ -79,7 +74,7 @@ def test_train_pipeline_equals_torchvision_with_the_same_parameters(folder):
 
 
 def test_batches_bit_identical_for_any_num_workers_and_differ_between_epochs(folder):
-    ds = fastloader.ImageFolder(folder, transform=_train_tf(FT))
+    ds = fastloader.ImageFolder(folder, transform=train_tf(160))
     runs = {}
     for nw in (0, 1, 2, 4):
         dl = fastloader.DataLoader(ds, batch_size=10, num_workers=nw, shuffle=True,
@@ -95,7 +90,7 @@ def test_batches_bit_identical_for_any_num_workers_and_differ_between_epochs(fol
 
 
 def test_seed_from_generator_when_no_seed_given(folder):
-    ds = fastloader.ImageFolder(folder, transform=_train_tf(FT))
+    ds = fastloader.ImageFolder(folder, transform=train_tf(160))
 
     def first(nw):
         dl = fastloader.DataLoader(ds, batch_size=8, num_workers=nw, generator=torch.Generator().manual_seed(1))

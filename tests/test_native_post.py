@@ -1,6 +1,6 @@
 """The Python part of a native batch -- a transform tail, target_transform,
 Pillow for non-JPEG files -- runs on the worker thread that built the batch
-(datasets.py _post, csrc/native_engine.c), never on the consumer: same
+(datasets.py _post, csrc/native/native_engine.c), never on the consumer: same
 batches as before and as torchvision, in batch order, errors at their batch,
 and a clean close while workers are inside it."""
 import itertools
@@ -24,7 +24,7 @@ from torchvision import transforms as T  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import _C  # noqa: E402
-from fastloader.sample import make_sample  # noqa: E402
+from fastloader.tools.sample import make_sample  # noqa: E402
 
 # the tail's cost warning (test_the_tail_warning_says_what_it_costs checks it)
 pytestmark = pytest.mark.filterwarnings("ignore:fastloader. part of the transform runs in Python:UserWarning")

@@ -1,4 +1,4 @@
-"""fastloader.pack: `python -m fastloader pack shards` -- ImageFolder to tar
+"""fastloader.tools.pack: `python -m fastloader pack shards` -- ImageFolder to tar
 shards in the WebDataset layout, checked against torchvision's ImageFolder
 scan and read back with the webdataset library."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 
 from fastloader import __main__ as cli
-from fastloader.pack import pack_shards, parse_size
+from fastloader.tools.pack import pack_shards
+from fastloader.tools.sizes import parse_size
 
 pytestmark = pytest.mark.fastloader_only
 

@@ -1,5 +1,5 @@
 """worker_mode="process" and "auto": torch's worker-process semantics with
-batches in shared memory (fastloader/_procworkers.py, csrc/shmring.c).
+batches in shared memory (fastloader/_procworkers.py, csrc/core/shmring.c).
 
 Equality tests compare with torch.utils.data.DataLoader itself (forked
 workers; torch's result does not depend on the start method, so the spawn
@@ -181,10 +181,6 @@ def _run(loader_cls, ds, *, seed=0, epochs=1, **kw):
     return out
 
 
-def _assert_same(a, b):
-    H.assert_same(a, b)
-
-
 # --------------------------------------------------------------------------
 # equality with torch
 
@@ -196,7 +192,7 @@ def test_same_batches_and_draws_as_torch_fork(num_workers, persistent):
     epochs = 2 if persistent else 1
     want = _run(TorchDL, RandomDraws(), epochs=epochs, **kw)
     got = _run(fl.DataLoader, RandomDraws(), epochs=epochs, worker_mode="process", **kw)
-    _assert_same(got, want)
+    H.assert_same(got, want)
     # the workers really ran in processes, each seeded base_seed + id
     seeds = {w[2] - w[0] for ep in got for b in ep for w in zip(*[t.tolist() for t in b["worker"]])}
     assert len(seeds) == 1
@@ -207,7 +203,7 @@ def test_same_batches_as_torch_spawn():
     kw = dict(batch_size=4, shuffle=True, num_workers=2)
     want = _run(TorchDL, RandomDraws(16), **kw)  # torch's seeding does not depend on the start method
     got = _run(fl.DataLoader, RandomDraws(16), worker_mode="process", multiprocessing_context="spawn", **kw)
-    _assert_same(got, want)
+    H.assert_same(got, want)
 
 
 def test_iterable_sharding_and_worker_init_fn_as_torch():
@@ -215,7 +211,7 @@ def test_iterable_sharding_and_worker_init_fn_as_torch():
     kw = dict(batch_size=4, num_workers=3, worker_init_fn=split_range)
     want = _run(TorchDL, RangeIterable(0, 23), **kw)
     got = _run(fl.DataLoader, RangeIterable(0, 23), worker_mode="process", **kw)
-    _assert_same(got, want)
+    H.assert_same(got, want)
     assert sorted(x for b in got[0] for x in b.tolist()) == list(range(23))
 
 
@@ -358,7 +354,8 @@ def test_ctrl_c_while_waiting():
     assert time.monotonic() - t0 < 2.5  # the busy workers are stopped, not waited for
 
 
-PARENT_KILLED = textwrap.dedent(
+# a parent whose 2 worker processes are busy in a 30 s sample; then `then`
+LIVE_WORKERS = textwrap.dedent(
     """
     import os, signal, sys, time
     sys.path.insert(0, {here!r})
@@ -371,20 +368,27 @@ PARENT_KILLED = textwrap.dedent(
     next(it)
     print("PIDS", *it._backend.engine.pids(), flush=True)
     time.sleep(0.3)  # the workers are now inside a 30 s sample
-    os.kill(os.getpid(), signal.SIGKILL)
     """
 )
 
 
-def test_parent_killed_leaves_no_processes_and_no_shared_memory():
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _run_live_workers(then):
+    """Run LIVE_WORKERS and the line `then`; returns (the process, when it
+    ended, its workers' pids)."""
     import fastloader
 
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastloader.__file__)))
-    proc = subprocess.run([sys.executable, "-c", PARENT_KILLED.format(here=HERE)], capture_output=True, text=True,
-                          timeout=120, env=env)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", LIVE_WORKERS.format(here=HERE) + then + "\n"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    done = time.time()
     pids = [int(p) for line in proc.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
+    return proc, done, pids
+
+
+def test_parent_killed_leaves_no_processes_and_no_shared_memory():
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    proc, _, pids = _run_live_workers("os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert len(pids) == 2
 
     def alive(pid):
@@ -402,35 +406,11 @@ def test_parent_killed_leaves_no_processes_and_no_shared_memory():
         assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if "fastloader" in n}
 
 
-EXIT_LIVE = textwrap.dedent(
-    """
-    import sys, time
-    sys.path.insert(0, {here!r})
-    import fastloader
-    from test_process_workers import SlowAfter
-
-    dl = fastloader.DataLoader(SlowAfter(64, fast=4), batch_size=1, num_workers=2, worker_mode="process",
-                               persistent_workers=True)
-    it = iter(dl)
-    next(it)
-    print("PIDS", *it._backend.engine.pids(), flush=True)
-    time.sleep(0.3)  # the workers are now inside a 30 s sample
-    print("END", time.time(), flush=True)
-    """
-)
-
-
 def test_interpreter_exit_with_a_live_iterator_does_not_hang():
-    import fastloader
-
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastloader.__file__)))
-    proc = subprocess.run([sys.executable, "-c", EXIT_LIVE.format(here=HERE)], capture_output=True, text=True,
-                          timeout=120, env=env)
-    done = time.time()
+    proc, done, pids = _run_live_workers('print("END", time.time(), flush=True)')
     assert proc.returncode == 0, proc.stderr
     end = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("END")]
     assert end and done - end[0] < 3.0, f"exit took {done - end[0]:.1f} s"
-    pids = [int(p) for line in proc.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
     assert len(pids) == 2 and not [p for p in pids if os.path.exists(f"/proc/{p}")]
     assert "Traceback" not in proc.stderr, proc.stderr
 
@@ -570,11 +550,9 @@ def _fake_pin_child():
 
 
 def test_pin_memory_page_locks_the_slots_once(tmp_path_factory):
-    from helpers_fakecuda import build_fake_cudart, run_on_fake_cudart
+    from helpers_fakecuda import run_test_function
 
-    lib = build_fake_cudart(tmp_path_factory)
-    r = run_on_fake_cudart(lib, ["-c", "import test_process_workers as t; t._fake_pin_child()"], devices=1,
-                           marker="FAKECUDA-PROC", timeout=120, extra_path=[HERE], cwd=os.path.dirname(HERE))
+    r = run_test_function(tmp_path_factory, "test_process_workers", "_fake_pin_child", marker="FAKECUDA-PROC")
     assert r["values_ok"] and r["kept_ok"], r
     # every slot locked, sized from the first batch (a quarter more, whole pages)
     assert all(b >= r["batch_bytes"] for b in r["pinned_slots"]), r
@@ -600,7 +578,7 @@ def test_native_dataset_in_process_mode_gives_no_process_warning(tmp_path):
     """A native dataset ignores worker_mode="process" (its workers are C
     threads), so torch's warning about worker processes is not given."""
     fl = _fl()
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
 
     make_sample(str(tmp_path / "train"), n=4, classes=2, seed=1, progress=False, processes=1)
     n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) + 1

@@ -1,4 +1,4 @@
-"""fastloader.progress.Progress: the command line's progress line."""
+"""fastloader.tools.progress.Progress: the command line's progress line."""
 from __future__ import annotations
 
 import io
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from fastloader.progress import Progress
+from fastloader.tools.progress import Progress
 
 
 class _Tty(io.StringIO):
@@ -37,7 +37,7 @@ def test_forced_onto_a_file_writes_whole_lines():
 
 def test_terminal_redraws_in_place_and_ends_the_line(monkeypatch):
     t = [100.0]
-    monkeypatch.setattr("fastloader.progress.time.monotonic", lambda: t[0])
+    monkeypatch.setattr("fastloader.tools.progress.time.monotonic", lambda: t[0])
     s = _Tty()
     bar = Progress(10, "job", stream=s)
     for _ in range(10):

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,9 @@ from torch.utils.data import (BatchSampler, Dataset, IterableDataset, RandomSamp
                               SubsetRandomSampler, get_worker_info)
 
 import fastloader  # noqa: E402
-from fastloader import transforms as T  # noqa: E402
+from helpers_compare import assert_same_epochs, collect_epochs, take_batches  # noqa: E402
+from helpers_distributed import child_env, torchrun  # noqa: E402
+from helpers_pipelines import train_tf  # noqa: E402
 
 pytestmark = pytest.mark.fastloader_only
 
@@ -55,8 +56,8 @@ def _tolist(batch):
     return batch.tolist()
 
 
-def _epochs(dl, n):
-    return [[_tolist(b) for b in dl] for _ in range(n)]
+def _epochs(dl, n):  # as lists: the index datasets' runs compare with ==
+    return collect_epochs(dl, n, _tolist)
 
 
 def _interrupt(dl, epochs_before, k):
@@ -65,13 +66,8 @@ def _interrupt(dl, epochs_before, k):
     for _ in range(epochs_before):
         for _ in dl:
             pass
-    it = iter(dl)
-    got = []
-    for _ in range(k):
-        try:
-            got.append(_tolist(next(it)))
-        except StopIteration:
-            break
+    it = iter(dl)  # alive while the state is read: batches still in flight
+    got = take_batches(it, k, _tolist)
     return got, dl.state_dict(), torch.get_rng_state()
 
 
@@ -216,17 +212,7 @@ def images(tmp_path_factory):
     return paths
 
 
-TRAIN = T.Compose([T.RandomResizedCrop(8), T.RandomHorizontalFlip(), T.ToTensor()])
-
-
-def _tensors(dl, n):
-    return [[(x.clone(), y.clone()) for x, y in dl] for _ in range(n)]
-
-
-def _same(a, b):
-    return len(a) == len(b) and all(
-        len(x) == len(y) and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(x, y))
-        for x, y in zip(a, b))
+TRAIN = train_tf(8, norm=None)
 
 
 @pytest.mark.parametrize("on_error", ["replace", "skip"])
@@ -241,14 +227,14 @@ def test_native_bit_identical_any_num_workers(images, on_error):
         return fastloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=n,
                                      generator=torch.Generator().manual_seed(3))
 
-    ref = _tensors(make(0), 2)
+    ref = collect_epochs(make(0), 2)
     for nw, nw_after, e, k in [(0, 2, 0, 2), (1, 4, 0, 5), (2, 0, 1, 1), (4, 1, 0, 3), (2, 2, 0, 4)]:
         dl = make(nw)
         for _ in range(e):
             for _ in dl:
                 pass
         it = iter(dl)
-        got = [(x.clone(), y.clone()) for _, (x, y) in zip(range(k), it)]
+        got = take_batches(it, k)
         if nw:
             assert it._send > k   # more batches were in flight than the loop received
         state = _roundtrip(dl.state_dict(), "torch")
@@ -256,8 +242,8 @@ def test_native_bit_identical_any_num_workers(images, on_error):
         del it
         dl2 = make(nw_after)
         dl2.load_state_dict(state)
-        rest = _tensors(dl2, 2 - e)
-        assert _same(ref[:e] + [got + rest[0]] + rest[1:], ref), (nw, nw_after, e, k)
+        rest = collect_epochs(dl2, 2 - e)
+        assert_same_epochs(ref[:e] + [got + rest[0]] + rest[1:], ref, where=(nw, nw_after, e, k))
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "array"])
@@ -267,7 +253,7 @@ def test_other_native_sources(images, tmp_path, kind):
     if kind == "lmdb":
         import shutil
 
-        from fastloader.pack_lmdb import pack_lmdb
+        from fastloader.tools.pack_lmdb import pack_lmdb
 
         root = tmp_path / "folder"
         for i, p in enumerate(images):
@@ -285,16 +271,16 @@ def test_other_native_sources(images, tmp_path, kind):
         return fastloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=n, seed=3,
                                      generator=torch.Generator().manual_seed(3))
 
-    ref = _tensors(make(2), 2)
+    ref = collect_epochs(make(2), 2)
     dl = make(2)
     it = iter(dl)
-    got = [(x.clone(), y.clone()) for _, (x, y) in zip(range(3), it)]
+    got = take_batches(it, 3)
     state = _roundtrip(dl.state_dict(), "json")
     del it
     dl2 = make(0)
     dl2.load_state_dict(state)
-    rest = _tensors(dl2, 2)
-    assert _same([got + rest[0]] + rest[1:], ref)
+    rest = collect_epochs(dl2, 2)
+    assert_same_epochs([got + rest[0]] + rest[1:], ref)
 
 
 def test_native_persistent_auto_and_seed(images):
@@ -304,25 +290,19 @@ def test_native_persistent_auto_and_seed(images):
         return fastloader.DataLoader(ds, batch_size=3, shuffle=True, num_workers=n, persistent_workers=True,
                                      seed=42, generator=torch.Generator().manual_seed(1))
 
-    ref = _tensors(make(2), 3)
+    ref = collect_epochs(make(2), 3)
     for e, k in [(0, 4), (1, 0), (1, 8)]:   # (1, 8): after epoch 1's StopIteration
         dl = make(2)
         for _ in range(e):
             for _ in dl:
                 pass
-        got, state = [], None
         it = iter(dl)
-        for _ in range(k):
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            got.append((x.clone(), y.clone()))
+        got = take_batches(it, k)
         state = _roundtrip(dl.state_dict(), "json")
         dl2 = make("auto")
         dl2.load_state_dict(state)
-        rest = _tensors(dl2, 3 - e)
-        assert _same(ref[:e] + [got + rest[0]] + rest[1:], ref), (e, k)
+        rest = collect_epochs(dl2, 3 - e)
+        assert_same_epochs(ref[:e] + [got + rest[0]] + rest[1:], ref, where=(e, k))
     other = fastloader.DataLoader(ds, batch_size=3, seed=7)
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="seed=42"):
@@ -342,28 +322,22 @@ def test_webdataset_resume_skips_without_decoding(tmp_path):
         ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=9, seed=2)
         return fastloader.DataLoader(ds, batch_size=6, num_workers=n, seed=4)
 
-    ref = _tensors(make(0), 2)
+    ref = collect_epochs(make(0), 2)
     assert len(ref[0]) == 9
     for nw, nw_after, k in [(0, 2, 3), (2, 0, 8), (2, 1, 9), (1, 3, 10)]:   # 9: all received, 10: finished
         dl = make(nw)
         it = iter(dl)
-        got = []
-        for _ in range(k):
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            got.append((x.clone(), y.clone()))
+        got = take_batches(it, k)
         state = _roundtrip(dl.state_dict(), "json")
         del it
         dl2 = make(nw_after)
         dl2.load_state_dict(state)
-        first = _tensors(dl2, 1)
+        first = collect_epochs(dl2, 1)
         if k < 9:
             assert dl2.stats()["stream"]["samples"] == 50 - 6 * k
-        rest = first + _tensors(dl2, 1)
+        rest = first + collect_epochs(dl2, 1)
         out = [got + rest[0]] + rest[1:] if k <= 9 else [got] + rest[:1]
-        assert _same(out, ref), (nw, nw_after, k)
+        assert_same_epochs(out, ref, where=(nw, nw_after, k))
 
     # fields= (other members, collected by stream position) stay with their samples
     from test_webdataset import _add
@@ -573,10 +547,7 @@ def test_state_is_small_plain_and_safe_from_another_thread():
 # -- processes: torchrun with 2 ranks, and SIGKILL ------------------------------------------
 
 def _env():
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(fastloader.__file__)))
-    return dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([pkg_parent, os.path.dirname(__file__),
-                                            os.environ.get("PYTHONPATH", "")]))
+    return child_env(os.path.dirname(__file__))
 
 
 RANKS = textwrap.dedent("""
@@ -620,12 +591,6 @@ RANKS = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_two_ranks(images, tmp_path):
     """Each rank saves and restores its own state (DistributedSampler with
     set_epoch over an ImageList, and a WebDataset dealt out by rank): each
@@ -641,10 +606,7 @@ def test_torchrun_two_ranks(images, tmp_path):
     shards = write_shards(str(tmp_path / "wds"), n=24, per=6)
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", str(script), ",".join(good), ",".join(shards), str(tmp_path)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun(script, ",".join(good), ",".join(shards), tmp_path, timeout=300, path=[os.path.dirname(__file__)])
     labels = [torch.load(tmp_path / f"labels{r}.pt") for r in range(2)]
     for kind, n in ((0, 20), (1, 24)):
         for e in range(2):
@@ -707,4 +669,4 @@ def test_sigkill_mid_epoch_then_restart(images, tmp_path):
     r = torch.load(ckpt + ".result")
     ref, resumed, last = r["ref"], r["resumed"], r["last"]
     assert torch.equal(ref[3][0], last[0]) and torch.equal(ref[3][1], last[1])   # the state is after batch 3
-    assert _same([resumed], [ref[4:]])
+    assert_same_epochs([resumed], [ref[4:]])

@@ -1,4 +1,4 @@
-"""The source layer (csrc/source.h) as Python sees it: _C.Source."""
+"""The source layer (csrc/sources/source.h) as Python sees it: _C.Source."""
 import errno
 import os
 

@@ -41,7 +41,7 @@ def test_slow_consumer_is_not_data_starved():
 
 def test_native_stats_has_stage_times_and_bytes(tmp_path):
     from fastloader import transforms as FT
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
 
     make_sample(str(tmp_path / "d"), n=16, classes=2, progress=False, processes=1)
     ds = fastloader.ImageFolder(str(tmp_path / "d"), transform=FT.Compose([FT.RandomResizedCrop(32), FT.ToTensor()]))
@@ -110,7 +110,7 @@ def test_stats_hammered_from_another_thread(kind, tmp_path):
     n = 16
     if kind == "native":
         from fastloader import transforms as FT
-        from fastloader.sample import make_sample
+        from fastloader.tools.sample import make_sample
 
         make_sample(str(tmp_path / "d"), n=n, classes=2, progress=False, processes=1)
         ds = fastloader.ImageFolder(str(tmp_path / "d"),

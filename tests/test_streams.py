@@ -1,4 +1,4 @@
-"""csrc/stream.c and csrc/tar.c through their test-only bindings (_C._stream_read,
+"""csrc/sources/stream.c and csrc/sources/tar.c through their test-only bindings (_C._stream_read,
 _C._tar_samples): local files, pipe: commands and http(s) against the real nginx
 (tests/nginx_server.py), with faults; tar shards compared with the webdataset
 library's own reading of the same files."""

@@ -1,4 +1,4 @@
-"""Native transforms (csrc/imgops.h and its units, csrc/py_transform.c, fastloader/transforms.py)
+"""Native transforms (csrc/image/imgops.h and its units, csrc/binding/py_transform.c, fastloader/transforms.py)
 against PIL / torchvision on real photos.
 
 The reference is what torchvision does on PIL images (ImageFolder loads PIL

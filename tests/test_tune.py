@@ -15,7 +15,8 @@ import pytest
 
 import fastloader
 from fastloader import __main__ as cli
-from fastloader import sysinfo, tuning
+from fastloader import sysinfo
+from fastloader.tools import tuning
 
 pytestmark = pytest.mark.fastloader_only
 
@@ -197,8 +198,8 @@ def test_targets_and_specs():
     with pytest.raises(ValueError, match="fresh process"):
         tuning.as_target(lambda: None)
     with pytest.raises(ValueError, match="MODULE:CALLABLE"):
-        tuning._import_target("no_colon")
-    assert tuning._import_target("helpers_tune:cheap") is cheap
+        tuning.measure._import_target("no_colon")
+    assert tuning.measure._import_target("helpers_tune:cheap") is cheap
     g = tuning.Grid([64, 32], [0, 2, "auto"], (2, 4), (False, True))
     cfgs = g.configs()
     # num_workers=0 has no prefetch window and nothing persistent: one configuration per batch size

@@ -1,4 +1,4 @@
-"""fastloader.WebDataset: tar shards through the native pipeline (csrc/shards.h).
+"""fastloader.WebDataset: tar shards through the native pipeline (csrc/sources/shards.h).
 
 References: fastloader.ImageFolder over the same images (pixels and labels),
 the webdataset library's ShardWriter (the layout), and the real nginx on
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fastloader  # noqa: E402
 from fastloader import transforms as T  # noqa: E402
-from fastloader.pack import pack_shards  # noqa: E402
+from fastloader.tools.pack import pack_shards  # noqa: E402
 
 N = 60          # samples
 PER_SHARD = 10  # -> 6 shards

@@ -661,7 +661,7 @@ def loader_end_to_end():
 
     import fastloader
     from fastloader import transforms as FT
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
     lib.fakecuda_set_copy_delay_us(2000)
     s = new_stream()
     stub_torch_cuda(s)
@@ -747,7 +747,7 @@ def no_stray_context():
 
     import fastloader
     from fastloader import transforms as FT
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
     lib.fakecuda_set_copy_delay_us(0)
     lib.cudaSetDevice(1)  # as after torch.cuda.set_device(1)
     lib.fakecuda_forget_contexts()
@@ -883,7 +883,7 @@ def copier_freed_with_loader():
 
     import fastloader
     from fastloader import transforms as FT
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
     lib.fakecuda_set_copy_delay_us(0)
     s = new_stream()
     stub_torch_cuda(s)
@@ -925,7 +925,7 @@ def pinned_free_without_gil():
 
     import fastloader
     from fastloader import transforms as FT
-    from fastloader.sample import make_sample
+    from fastloader.tools.sample import make_sample
     root = tempfile.mkdtemp(prefix="fl-pin-")
     make_sample(root, n=4, classes=2, progress=False, processes=1)
     ds = fastloader.ImageFolder(root, transform=FT.Compose([FT.Resize(40), FT.CenterCrop(32), FT.ToTensor()]))
@@ -965,8 +965,8 @@ def webdataset_on_device():
 
     import fastloader
     from fastloader import transforms as FT
-    from fastloader.pack import pack_shards
-    from fastloader.sample import make_sample
+    from fastloader.tools.pack import pack_shards
+    from fastloader.tools.sample import make_sample
     s = new_stream()
     stub_torch_cuda(s)
     root = tempfile.mkdtemp(prefix="fl-fake-wds-")

@@ -67,7 +67,7 @@ def load_dataset(script=None, spec=None):
 
 
 def _native_kind(ds):
-    from . import datasets
+    from .. import datasets
 
     for cls in type(ds).__mro__:
         if cls.__module__.startswith("fastloader") and cls.__name__ in _NATIVE_TYPES:
@@ -160,10 +160,10 @@ def _timed_run(ds, mode, num_workers, batch_size, collate_fn, seconds, n_samples
     (samples/s after the first batch, the loader's stats)."""
     import warnings
 
-    from .loader import DataLoader
-    from .stats import PerformanceWarning
+    from ..loader import DataLoader
+    from ..stats import PerformanceWarning
 
-    from .sysinfo import system_idle_s
+    from ..sysinfo import system_idle_s
 
     kw = {} if collate_fn is None else {"collate_fn": collate_fn}
     idle0, t0 = system_idle_s(), time.perf_counter()
@@ -196,7 +196,7 @@ def _timed_run(ds, mode, num_workers, batch_size, collate_fn, seconds, n_samples
 
 
 def _batch_len(b):
-    from .collate import batch_len
+    from ..collate import batch_len
 
     return batch_len(b)
 
@@ -210,7 +210,7 @@ def examine(ds, *, batch_size=32, collate_fn=None, num_workers=None, seconds=1.5
     """Measure `ds` and say which path it should take.  Returns a dict with
     the measurements and `path` in native_dataset / native_call /
     process_workers / threads."""
-    from .sysinfo import usable_cpus
+    from ..sysinfo import usable_cpus
 
     cpus = usable_cpus()
     nw = num_workers or max(2, min(cpus, 4))

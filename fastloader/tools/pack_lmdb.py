@@ -1,6 +1,6 @@
 """pack_lmdb: an ImageFolder into one LMDB file in fastloader's layout.
 
-    from fastloader.pack_lmdb import pack_lmdb
+    from fastloader.tools.pack_lmdb import pack_lmdb
     pack_lmdb("train/", "train.lmdb")      # python -m fastloader pack lmdb train/ train.lmdb
 
 The class order and the file set are exactly ImageFolder's (the same
@@ -25,9 +25,9 @@ import uuid
 
 import numpy as np
 
-from . import _C
-from .datasets import IMG_EXTENSIONS, find_classes, make_dataset
-from .lmdb_dataset import CLASSES_KEY, FORMAT, LABELS_KEY, META_KEY, NAMES_KEY, VERSION, sample_key
+from .. import _C
+from ..datasets import IMG_EXTENSIONS, find_classes, make_dataset
+from ..lmdb_dataset import CLASSES_KEY, FORMAT, LABELS_KEY, META_KEY, NAMES_KEY, VERSION, sample_key
 
 
 def _fsync_dir(path):

@@ -92,7 +92,7 @@ def _skimage_data_dir() -> str:
         import skimage  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise RuntimeError(
-            "fastloader.sample needs scikit-image for its source photographs; "
+            "fastloader.tools.sample needs scikit-image for its source photographs; "
             "install it with: pip install scikit-image") from e
     d = os.path.join(os.path.dirname(skimage.__file__), "data")
     if not os.path.isdir(d):  # pragma: no cover
@@ -259,7 +259,7 @@ def make_sample(root, n: int = 5000, *, seed: int = 0, classes: int = 10, progre
     function (which is then replaced).  ``processes`` defaults to the number
     of CPUs (at most 8); 1 disables multiprocessing.  ``progress``: a
     progress line on stderr when it is a terminal ("always": even when it is
-    not; fastloader.progress) and a summary line at the end.  Raises
+    not; fastloader.tools.progress) and a summary line at the end.  Raises
     RuntimeError if scikit-image is not installed.
     """
     if n < 1 or classes < 1:
@@ -367,7 +367,7 @@ def ensure_sample(n: int = 5000, root=None, *, seed: int = 0, classes: int = 10,
 def _main(argv=None):
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m fastloader.sample", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fastloader.tools.sample", description=__doc__.split("\n\n")[0])
     p.add_argument("root", nargs="?", help="output folder (default: %(default)s -> default_sample_dir())")
     p.add_argument("-n", type=int, default=5000)
     p.add_argument("--seed", type=int, default=0)

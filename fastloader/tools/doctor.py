@@ -19,8 +19,8 @@ import resource
 import sys
 import sysconfig
 
-from .sysinfo import (_affinity, _cgroup_dirs, _meminfo, _parse_cpulist, _read,  # noqa: F401 - doctor's API
-                      cpu_quota, memory_limit, usable_cpus)
+from ..sysinfo import (affinity_cpus, cgroup_dirs, cpu_quota, meminfo, memory_limit,  # noqa: F401 - doctor's API
+                       parse_cpulist, read_text, usable_cpus)
 
 __all__ = ["collect", "recommend", "render", "main"]
 
@@ -50,7 +50,7 @@ def _fmt_bytes(n):
 
 
 def check_cpus():
-    aff = _affinity()
+    aff = affinity_cpus()
     quota, src = cpu_quota()
     usable = usable_cpus(aff, quota)
     return {"usable_cpus": usable, "affinity_cpus": len(aff), "affinity": aff,
@@ -59,7 +59,7 @@ def check_cpus():
 
 def check_memory():
     lim, src = memory_limit()
-    mi = _meminfo()
+    mi = meminfo()
     total = mi.get("MemTotal")
     eff = min(v for v in (lim, total) if v is not None) if (lim or total) else None
     return {"limit_bytes": eff, "cgroup_limit_bytes": lim, "cgroup_source": src,
@@ -96,9 +96,9 @@ def check_numa():
     except OSError:
         names = []
     for n in names:
-        cpus = _parse_cpulist(_read(os.path.join(base, n, "cpulist")))
+        cpus = parse_cpulist(read_text(os.path.join(base, n, "cpulist")))
         nodes.append({"node": int(n[4:]), "cpus": cpus})
-    aff = set(_affinity())
+    aff = set(affinity_cpus())
     used = [nd["node"] for nd in nodes if aff & set(nd["cpus"])]
     return {"nodes": len(nodes) or None, "node_cpus": nodes, "nodes_in_affinity": used}
 
@@ -146,7 +146,7 @@ def check_build_and_cuda():
 
 def _cpu_flags():
     flags, features = set(), set()
-    for line in (_read("/proc/cpuinfo") or "").splitlines():
+    for line in (read_text("/proc/cpuinfo") or "").splitlines():
         k, _, v = line.partition(":")
         k = k.strip().lower()
         if k == "flags":
@@ -240,8 +240,8 @@ def check_settings_memory(settings, limit_bytes, base_mib=None):
     interpreter, torch, fastloader) + the batches in flight (batch_size x
     sample_bytes x (prefetch_factor x num_workers + 2)) + for worker processes
     one base each (``worker_mib`` overrides it).  The same line tune fits,
-    with slope 1 (fastloader/tuning.py)."""
-    from .tuning import predict_peak_mib
+    with slope 1 (fastloader/tools/tuning/memory.py)."""
+    from .tuning.memory import predict_peak_mib
 
     if base_mib is None:
         try:
@@ -359,7 +359,7 @@ def trap_findings(rep):
         lim = sm["limit_bytes"]
         pk = sm["predicted_mib"] * _MiB
         inflight = s["batch_size"] * s["sample_bytes"]
-        from .tuning import inflight_batches
+        from .tuning.memory import inflight_batches
 
         nb = inflight_batches(s["num_workers"], s["prefetch_factor"])
         inflight_note = (f"{nb} batches in flight x {_fmt_bytes(inflight)} (batch_size {s['batch_size']} x "
@@ -641,7 +641,7 @@ def add_arguments(p):
 def _settings_from_args(args):
     sb = getattr(args, "sample_bytes", None)
     if sb is not None:
-        from .pack import parse_size
+        from .sizes import parse_size
 
         sb = parse_size(sb)
     return {"batch_size": getattr(args, "batch_size", None), "num_workers": getattr(args, "num_workers", None),

@@ -13,7 +13,7 @@ redrawn in place with a carriage return, at most every 0.2 s; forced onto
 something else it is written as whole lines, at most one every 10 s, so a
 log does not fill with redraws.
 
-No dependency on the compiled extension (fastloader.sample uses it too).
+No dependency on the compiled extension (fastloader.tools.sample uses it too).
 """
 from __future__ import annotations
 

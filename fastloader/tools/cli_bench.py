@@ -4,7 +4,7 @@ The numbers people collect by hand when tuning ``num_workers``, for both
 loaders side by side on the same folder of JPEGs, plus a PNG plot of
 images/s against num_workers.  This is the command-line front end: the
 pipelines, the timed loop, the fresh process per configuration and the memory
-sampling are fastloader/_harness.py's, shared with benchmarks/.
+sampling are fastloader/tools/harness.py's, shared with benchmarks/.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from . import _harness as H
+from . import harness as H
 
 PIPELINES = H.PIPELINES
 LABELS = {"fastloader": "fastloader", "torch": "torch"}
@@ -47,7 +47,7 @@ and leaves the CPU free -- what an asynchronous GPU step looks like from the CPU
 see from which num_workers on loading stops mattering (wait % near 0, images/s near
 batch_size / step).  --step-busy spins the CPU instead (a CPU-bound step on the same cores).
 
-Without DIR, a cached ImageNet-like sample of 2000 JPEGs is used (fastloader.sample,
+Without DIR, a cached ImageNet-like sample of 2000 JPEGs is used (fastloader.tools.sample,
 created on first use in about 15 s).
 """
 
@@ -132,7 +132,7 @@ def _nice_step(span, target=5):
     return 10 * mag
 
 
-def _font(size):
+def font(size):
     from PIL import ImageFont
 
     try:
@@ -149,7 +149,7 @@ def write_plot(path, results, workers, impls, *, title, subtitle="", ceiling=Non
     left, right, top, bottom = 90, 30, 100, 70
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
-    f_title, f_text, f_small = _font(20), _font(15), _font(13)
+    f_title, f_text, f_small = font(20), font(15), font(13)
 
     series = {}
     for impl in impls:

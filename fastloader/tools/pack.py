@@ -74,31 +74,12 @@ import time
 from typing import Callable, NamedTuple
 
 from .progress import Progress
+from .sizes import parse_size
 
-__all__ = ["pack_shards", "parse_size", "FORMATS"]
+__all__ = ["pack_shards", "FORMATS"]
 
 INDEX = "index.json"
 _BLOCK = tarfile.BLOCKSIZE  # 512: header size and data granule
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(text) -> int:
-    """Bytes from "256MB" (10**6), "256MiB" or "256M" (2**20), "500kB",
-    "1.5GB" or a plain number of bytes; units are case-insensitive.
-    Raises ValueError for anything else or a size below 1 byte."""
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
-        unit = m.group(2).lower() if m else None
-        if unit not in _SIZE_UNITS:
-            raise ValueError(f"not a size: {text!r} (examples: 256MB, 1GiB, 500kB, 1048576)")
-        value = int(float(m.group(1)) * _SIZE_UNITS[unit])
-    if value < 1:
-        raise ValueError(f"size must be at least 1 byte, got {text!r}")
-    return value
 
 
 # ----------------------------------------------------------------------------
@@ -107,7 +88,7 @@ def parse_size(text) -> int:
 
 def _scan(src):
     """(classes, [(path, label)]) of an ImageFolder, in its order; errors name `src`."""
-    from .datasets import find_classes, make_dataset
+    from ..datasets import find_classes, make_dataset
 
     src = os.path.abspath(os.fspath(src))
     if not os.path.exists(src):
@@ -124,7 +105,7 @@ def _scan(src):
 
 def _read(path) -> bytes:
     """The bytes of regular file `path`; OSError naming it otherwise (a FIFO
-    or device is refused without blocking, as csrc/source.c does)."""
+    or device is refused without blocking, as csrc/sources/source.c does)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -290,7 +271,7 @@ def pack_shards(src, out_dir, shard_size: int = 256 << 20, max_count: int | None
         shuffle_seed: samples are shuffled with random.Random(seed); None
             keeps ImageFolder order.
         progress: a progress line on stderr -- True: when it is a terminal,
-            "always", or False (fastloader.progress.Progress).
+            "always", or False (fastloader.tools.progress.Progress).
         prefix: shard file names are ``<prefix>-NNNNNN.tar``.
         overwrite: replace the shards and index already in `out_dir`.
 

@@ -1,6 +1,6 @@
 """``python -m fastloader tune``: its options, the progress line, the table,
 the recommendation, the heatmap PNG and the JSON file.  The search and the
-measurements are fastloader/tuning.py's."""
+measurements are fastloader/tools/tuning/'s."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from . import _harness as H
+from . import harness as H
 from . import tuning as T
 
 DESCRIPTION = """\
@@ -224,7 +224,7 @@ def write_heatmap(path, res, *, title="samples/s over batch_size x num_workers",
     """The heatmap PNG of res["cells"]; returns path."""
     from PIL import Image, ImageDraw
 
-    from .cli_bench import _font
+    from .cli_bench import font
 
     cells = res["cells"]
     bss = res["grid"]["batch_size"]
@@ -235,7 +235,7 @@ def write_heatmap(path, res, *, title="samples/s over batch_size x num_workers",
     Hh = top + ch * len(bss) + bottom
     img = Image.new("RGB", (W, Hh), "white")
     d = ImageDraw.Draw(img)
-    f_title, f_text, f_small, f_big = _font(20), _font(15), _font(12), _font(17)
+    f_title, f_text, f_small, f_big = font(20), font(15), font(12), font(17)
     d.text((left, 14), title, fill="black", font=f_title)
     if subtitle:
         lines = []
@@ -359,7 +359,7 @@ def search_estimate(grid):
 
 
 def run(a) -> int:
-    from .pack import parse_size
+    from .sizes import parse_size
     from .progress import Progress
 
     if a.epochs < 1 or a.samples < 1 or a.min_batches < 1:
@@ -403,7 +403,7 @@ def run(a) -> int:
     # the total is an estimate (the search stops axes early); set once the grid is known
     from fastloader.loader import auto_worker_limit
 
-    grid = T.Grid(bss, workers if workers is not None else T._default_workers(auto_worker_limit()), pfs, persistent)
+    grid = T.Grid(bss, workers if workers is not None else T.default_workers(auto_worker_limit()), pfs, persistent)
     bar.total = len(grid.configs()) if a.exhaustive else search_estimate(grid)
     _log(f"fastloader tune: {'all' if a.exhaustive else 'a coarse-to-fine search over'} {len(grid.configs())} "
          "configurations" + (", each in a fresh process" if not a.in_process else ", in this process"))

@@ -33,10 +33,12 @@ Memory.
   Both include the ~0.5 GB that ``import torch`` holds; ``base_rss_mib`` is
   the RSS just before the loader is built.
 
-This module must stay importable on its own: the measured processes and
-benchmarks/_common.py load it by file path, so that the torch runs never
-import the fastloader package and the torch half of a benchmark runs without
-a built extension.  At module level it imports the standard library only.
+This module must stay importable on its own: the measured processes load it
+by file path (CHILD_BOOT), so that the torch runs never import the fastloader
+package, and benchmarks/_common.py does so too when there is no built
+extension, so that the torch half of a benchmark runs without one.
+Elsewhere it is ``fastloader.tools.harness``.  At module level it imports the
+standard library only.
 """
 from __future__ import annotations
 
@@ -324,7 +326,7 @@ def pipeline_child(cfg) -> dict:
 
 
 def module_child(cfg) -> dict:
-    """A measured function that lives in an importable module (fastloader.tuning's
+    """A measured function that lives in an importable module (fastloader.tools.tuning.measure's
     ``measure``): ``cfg["call"]`` is "package.module:function"; ``cfg["sys_path"]``
     goes first on sys.path, so the child imports what the parent imports (the
     same fastloader, the user's own modules)."""
