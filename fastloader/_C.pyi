@@ -174,6 +174,7 @@ ERR_IO: int
 ERR_INDEX: int
 ERR_INVALID: int
 ERR_RUNTIME: int
+ERR_EXPORT: int
 def _error(code: int, errnum: int, msg: str, filename: str | None = ..., where: str = ...) -> BaseException:
     """The exception a core error record becomes (the one translator, csrc/binding/py_errors.c)."""
 

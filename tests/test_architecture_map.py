@@ -130,10 +130,12 @@ def test_core_errors_have_one_shape():
 
 def test_only_the_translator_makes_exceptions_from_core_errors():
     """binding/py_errors.c is the one translator: no other binding file turns
-    an errno into an exception itself (so each FL_ERR_IO gets its subclass)."""
+    an errno or a core record's message into an exception itself (so each
+    FL_ERR_IO gets its subclass and each code its type)."""
     for path, src in _csrc_files().items():
         if path.startswith("binding/") and path != "binding/py_errors.c":
             assert "PyErr_SetFromErrno" not in src, path
+            assert not re.search(r"PyErr_\w+\([^;]*(\.|->)msg\b", src), path
 
 
 # ---- the package ------------------------------------------------------------------

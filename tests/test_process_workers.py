@@ -513,6 +513,31 @@ def test_shm_ring_contract():
     del ring, worker, buf
 
 
+def test_shm_ring_errors_get_the_types_of_their_errno(tmp_path):
+    """The ring's failures go through the one translator: an OS failure is
+    the OSError subclass of its errno (it used to be a bare OSError, and
+    every other failure a ValueError)."""
+    import errno
+
+    from fastloader import _C
+
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory cannot be mapped for writing
+    try:
+        with pytest.raises(PermissionError, match="mmap of the shared-memory batch ring") as e:
+            _C.ShmRing.attach(fd, 1, 64)
+        assert e.value.errno == errno.EACCES
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)
+    with pytest.raises(OSError, match="duplicating the shared-memory ring's descriptor") as e:
+        _C.ShmRing.attach(r, 1, 64)  # a closed descriptor
+    assert e.value.errno == errno.EBADF
+    with pytest.raises(ValueError, match="nslots"):
+        _C.ShmRing(0, 64)
+
+
 # --------------------------------------------------------------------------
 # pin_memory, against the stand-in CUDA runtime (tests/fakecuda)
 

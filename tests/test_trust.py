@@ -116,7 +116,7 @@ def test_translator_covers_every_code():
     C = fastloader._C
     cases = {C.ERR_DECODE: fastloader.DecodeError, C.ERR_LIMIT: fastloader.DecodeError,
              C.ERR_NOMEM: MemoryError, C.ERR_INDEX: IndexError, C.ERR_INVALID: ValueError,
-             C.ERR_RUNTIME: RuntimeError, C.ERR_IO: OSError}
+             C.ERR_RUNTIME: RuntimeError, C.ERR_IO: OSError, C.ERR_EXPORT: BufferError}
     for code, typ in cases.items():
         e = C._error(code, 0, "why", None, " [here]")
         assert type(e) is typ and str(e) == "why [here]", (code, e)

@@ -263,11 +263,7 @@ devtensor_dlpack(fl_devtensor *self, PyObject *args, PyObject *kwargs)
     fl_err err = {0};
     /* takes the export's buffer reference and queues the stream wait */
     int rc = fl_devbuf_export(self->buf, stream, no_wait, &err);
-    if (rc == -2) { /* too many streams: the protocol's refusal, a type no FL_ERR_ code names */
-        PyErr_SetString(PyExc_BufferError, err.msg);
-        return NULL;
-    }
-    if (rc != FL_CUDA_OK)
+    if (rc != FL_CUDA_OK) /* -2: too many streams, FL_ERR_EXPORT (BufferError) */
         return raise_err((PyObject *)self, &err);
     PyObject *cap = fl_dlpack_capsule(fl_devbuf_ptr(self->buf), where, self->ndim, self->shape,
                                       self->dtype, req.versioned, dev_export_release, self->buf);

@@ -18,6 +18,8 @@
  *                            are not a valid image, or exceed a limit
  *   FL_ERR_INVALID           ValueError
  *   FL_ERR_RUNTIME           RuntimeError
+ *   FL_ERR_EXPORT            BufferError (DLPack: memory that cannot be
+ *                            exported as asked)
  *   anything else            SystemError saying this is a bug
  *
  * `where` is appended to the message (" [sample index 3 (batch 0)]"), so the
@@ -75,6 +77,9 @@ error_from_text(PyObject *module, int code, int errnum, PyObject *text, PyObject
         break;
     case FL_ERR_RUNTIME:
         type = PyExc_RuntimeError;
+        break;
+    case FL_ERR_EXPORT:
+        type = PyExc_BufferError;
         break;
     default:
         return PyObject_CallFunction(PyExc_SystemError, "N",
@@ -139,7 +144,8 @@ fl_register_errors(PyObject *m)
         PyModule_AddIntConstant(m, "ERR_IO", FL_ERR_IO) < 0 ||
         PyModule_AddIntConstant(m, "ERR_INDEX", FL_ERR_INDEX) < 0 ||
         PyModule_AddIntConstant(m, "ERR_INVALID", FL_ERR_INVALID) < 0 ||
-        PyModule_AddIntConstant(m, "ERR_RUNTIME", FL_ERR_RUNTIME) < 0)
+        PyModule_AddIntConstant(m, "ERR_RUNTIME", FL_ERR_RUNTIME) < 0 ||
+        PyModule_AddIntConstant(m, "ERR_EXPORT", FL_ERR_EXPORT) < 0)
         return -1;
     return 0;
 }

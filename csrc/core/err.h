@@ -32,6 +32,7 @@ typedef struct {
 #define FL_ERR_INDEX 5    /* a sample index outside the dataset         -> IndexError */
 #define FL_ERR_INVALID 6  /* invalid parameters (plan, region, spec)    -> ValueError */
 #define FL_ERR_RUNTIME 7  /* a failure of the runtime (CUDA, threads)   -> RuntimeError */
+#define FL_ERR_EXPORT 8   /* memory cannot be exported as asked (DLPack) -> BufferError */
 
 /* Fill *err (a no-op when err is NULL: a caller that only wants the return
  * code passes NULL).  The message is cut to fit. */

@@ -456,8 +456,8 @@ fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, fl_err *err)
     if (!known) {
         if (b->nusers == FL_DEVBUF_MAX_USERS) {
             pthread_mutex_unlock(&p->lock);
-            /* a refusal, not a CUDA failure (the binding raises BufferError) */
-            fl_err_set(err, FL_ERR_INVALID, 0,
+            /* a refusal of the export protocol, not a CUDA failure */
+            fl_err_set(err, FL_ERR_EXPORT, 0,
                        "a fastloader device batch can be imported on at most %d different streams",
                        FL_DEVBUF_MAX_USERS);
             return -2;

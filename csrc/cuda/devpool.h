@@ -145,8 +145,9 @@ int fl_devbuf_copy_ms(fl_devbuf *b, float *ms, fl_err *err);
  * consumer's stream must outlive its use of b: the release is recorded on
  * it.  Takes a new reference for the consumer (drop it
  * with fl_devbuf_unref).  Returns 0, a CUDA error, or -2 when b already has
- * FL_DEVBUF_MAX_USERS other streams (*err says so, FL_ERR_INVALID: a refusal,
- * not a CUDA failure; the binding raises DLPack's BufferError for it). */
+ * FL_DEVBUF_MAX_USERS other streams (*err says so, FL_ERR_EXPORT: a refusal
+ * of the export, not a CUDA failure, which the translator makes DLPack's
+ * BufferError). */
 int fl_devbuf_export(fl_devbuf *b, fl_cudaStream_t stream, int no_wait, fl_err *err);
 
 void fl_devbuf_ref(fl_devbuf *b);
