@@ -131,7 +131,7 @@ def _replaced(prepared, why):
     """Leave what accelerate built, saying once that fastloader is not in it."""
     fix = {
         "stateful": "drop use_stateful_dataloader=True: fastloader.DataLoader has state_dict() and "
-                    "load_state_dict() itself (torchdata's meaning; README, 'Checkpoint and resume'); checkpoint "
+                    "load_state_dict() itself (torchdata's meaning; docs/resume.md); checkpoint "
                     "it beside the model.",
     }.get(why, "report the accelerate version; meanwhile shard the fastloader.DataLoader yourself "
                "(a DistributedSampler) and leave it out of accelerator.prepare().")

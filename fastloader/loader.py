@@ -545,7 +545,7 @@ class DataLoader(_Base):
     (torch's semantics: per-worker seeds, `multiprocessing_context`, a copy
     of the dataset per worker), its batches written into shared memory;
     `"auto"` starts with threads and moves to processes, once, when the
-    dataset's Python holds the threads back (README, "The GIL trade-off").
+    dataset's Python holds the threads back (docs/process-workers.md, "The GIL trade-off").
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
@@ -657,7 +657,7 @@ class DataLoader(_Base):
         replaced; for Python
         datasets stages_s (dataset/collate/pin seconds), pool_bytes (the
         buffers default collation stacks into) and, with workers,
-        gil (see README, "The GIL trade-off"); with device=, device,
+        gil (see docs/process-workers.md, "The GIL trade-off"); with device=, device,
         h2d_enqueue_s, h2d_gpu_s (the copies' time on the GPU), h2d_bytes,
         h2d_copies_in_flight, device_pool_bytes, device_pool_buffers.
         Returns {} before the first epoch.
@@ -674,7 +674,7 @@ class DataLoader(_Base):
         torchdata's StatefulDataLoader.state_dict(): a small dict of plain
         types that survives torch.save and JSON.  Cheap enough for every step
         and safe while batches are in flight.  fastloader/state.py says what
-        it holds; README.md "Checkpoint and resume" what is exact."""
+        it holds; docs/resume.md what is exact."""
         return _state.tracker(self).state_dict(self)
 
     def load_state_dict(self, state_dict: dict) -> None:

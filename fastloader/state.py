@@ -46,7 +46,7 @@ uninterrupted run's.
 Native datasets' output is a function of (seed, epoch, index) (or stream
 position), so with the sampler back in place a resumed epoch is bit-identical
 to an uninterrupted one, for any num_workers.  What is and is not exact is
-listed in README.md, "Checkpoint and resume".
+listed in docs/resume.md.
 
 The loader calls in here from a few places (loader.py _Iter): `begin` when
 an epoch is set up (before its sampler iterator is made and its base seed

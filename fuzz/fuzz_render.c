@@ -21,7 +21,7 @@
  * and columns with 1 or 3 channels, and an output size in 1..FL_MAX_DIM.
  * Specs that fail fl_tspec_check are still fed to fl_plan_sample and
  * fl_native_load_one, which must refuse them; they are never fed to
- * fl_render directly (its callers always check first; see HARDENING.md).
+ * fl_render directly (its callers always check first; see docs/hardening.md).
  *
  * Input: FZ_RENDER_PARAMS (64) parameter bytes, then the JPEG file; the
  * parameter bytes are read in the order of build_spec() and the mode code.
@@ -445,7 +445,7 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
         v.origin_y = (vo & 8) ? v.origin_x : 0.0;
     }
 #ifdef FZ_SKIP_KNOWN
-    /* known finding (HARDENING.md): fl_render converts NaN / infinite / huge
+    /* known finding (docs/hardening.md): fl_render converts NaN / infinite / huge
      * view origins and scales to int (undefined behaviour) */
     if (!(fabs(v.origin_x) <= 1e6 && fabs(v.origin_y) <= 1e6 && v.scale_x <= 1e6 && v.scale_y <= 1e6)) {
         v.origin_x = v.origin_y = 0.0;
@@ -457,7 +457,7 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
          * (the binding computes it in double and converts to int) */
         double sx = (w + v.origin_x) / v.scale_x + 0.5, sy = (h + v.origin_y) / v.scale_y + 0.5;
         if (!(sx > INT_MIN && sx < INT_MAX && sy > INT_MIN && sy < INT_MAX))
-            goto done;   /* see HARDENING.md: the binding's int conversion is undefined here */
+            goto done;   /* see docs/hardening.md: the binding's int conversion is undefined here */
         int src_w = (int)sx, src_h = (int)sy;
         if (fl_plan_sample(t, src_w, src_h, seed, epoch, index, &plan, &ferr) < 0) {
             fz_check_err(&ferr, "fl_plan_sample");

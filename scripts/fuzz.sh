@@ -4,7 +4,7 @@
 #   bash scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 #   SECONDS  total fuzzing time, split evenly over the targets (default 600:
-#            the 10-minute run recorded in HARDENING.md; 60 is the CI smoke pass)
+#            the 10-minute run recorded in docs/hardening.md; 60 is the CI smoke pass)
 #   TARGET   decode | region | render | render-noavx2 | tar (default: decode region render;
 #            tar is fuzz/fuzz_tar.c, the shard reader, run on request)
 #            render-noavx2 is the render binary with FASTLOADER_NO_AVX2=1 (the
@@ -22,7 +22,7 @@
 # Environment: FASTLOADER_VENV (a virtual environment with Pillow, default
 # .venv, else python3), FUZZ_ARGS (extra libFuzzer flags), FUZZ_SKIP_KNOWN=1
 # (build the harnesses without the checks that trip on known, still unfixed
-# findings; see HARDENING.md).
+# findings; see docs/hardening.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,7 +59,7 @@ fi
 CFLAGS=(-g -O1 -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -pthread -Wall -Wextra
         -Wno-missing-field-initializers -fno-sanitize-recover=undefined)
 # FUZZ_SKIP_KNOWN=1: the harnesses steer clear of the findings recorded in
-# HARDENING.md that csrc/ does not fix yet, so a run can look for new ones.
+# docs/hardening.md that csrc/ does not fix yet, so a run can look for new ones.
 [ "${FUZZ_SKIP_KNOWN:-0}" = 1 ] && CFLAGS+=(-DFZ_SKIP_KNOWN)
 # The core: every csrc/<layer>/*.c but the Python binding (csrc/binding/), so a
 # split or a new core file needs no change here.  Objects are named

@@ -7,7 +7,7 @@ Each file in tests/data/fuzz-regressions/ is an input of one harness, named
 tar shard.  scripts/fuzz.sh replays them through the
 harnesses; here the JPEGs go through the Python API, which must return a
 result or raise DecodeError, and the finding behind each file is tested
-directly.  HARDENING.md ("Fuzzing") describes the findings and their fixes;
+directly.  docs/hardening.md ("Fuzzing") describes the findings and their fixes;
 tests/test_jpeg_tables.py and tests/test_jpeg_regions.py cover the decoder
 ones more widely.
 """
@@ -196,7 +196,7 @@ def test_render_refuses_non_finite_view_geometry():
     # luck: fl_render (resample.c fl_axis_setup) and _render()'s default
     # src_size (py_transform.c) converted NaN / infinite / huge doubles to int,
     # undefined behaviour that clang's UBSan reported (fuzz_render, F4 in
-    # HARDENING.md) and gcc's does with -fsanitize=float-cast-overflow, which
+    # docs/hardening.md) and gcc's does with -fsanitize=float-cast-overflow, which
     # the ASan build now has.  A child process, so that a sanitizer abort
     # fails this test instead of ending the whole run.
     r = subprocess.run([sys.executable, "-c", _RENDER_CHILD], capture_output=True, text=True, timeout=120)
