@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -526,8 +527,12 @@ if torch is not None:
 else:
     from ._nptorch import NumpyDataLoaderBase as _Base
 
+# torch's DataLoader is Generic[T_co], so scripts annotate DataLoader[Batch];
+# a subclass stays subscriptable only if it names the parameter again
+_T_co = TypeVar("_T_co", covariant=True)
 
-class DataLoader(_Base):
+
+class DataLoader(_Base, Generic[_T_co]):
     """Drop-in replacement for torch.utils.data.DataLoader, with worker threads.
 
     Same signature, defaults, attributes and validation as torch's, plus

@@ -52,6 +52,23 @@ def test_defaults_positional_call(DL):
     assert dl2.batch_size == 2 and dl2.drop_last is True and len(dl2) == 2
 
 
+def test_subscriptable_in_annotations_as_torch(DL):
+    """torch's DataLoader is Generic: scripts write DataLoader[list[Tensor]]
+    in annotations, evaluated at import time (torch's test_dataloader too)."""
+    import typing
+
+    alias = DL[list[torch.Tensor]]
+    assert typing.get_origin(alias) is DL and typing.get_args(alias) == (list[torch.Tensor],)
+
+    # a script's annotation, evaluated when the function is defined (this
+    # file's `from __future__ import annotations` would defer it)
+    ns = {"DataLoader": DL, "torch": torch}
+    src = "def train(loader: DataLoader[tuple[torch.Tensor, torch.Tensor]]) -> int:\n    return len(loader)\n"
+    exec(compile(src, "<script>", "exec", dont_inherit=True), ns)
+    assert ns["train"].__annotations__["loader"] == DL[tuple[torch.Tensor, torch.Tensor]]
+    assert ns["train"](DL(H.RangeDataset(4), batch_size=2)) == 2
+
+
 def test_isinstance_torch_dataloader(DL):
     dl = DL(H.RangeDataset(4), batch_size=2)
     assert isinstance(dl, torch.utils.data.DataLoader)
