@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 tree=$1 mode=$2
 VENV="$(cd "${FASTLOADER_VENV:-.venv}" && pwd)"
 rm -rf "$tree"; mkdir -p "$tree"
-cp -r setup.py pyproject.toml README.md csrc fastloader tests scripts docs "$tree"/
+# .ci and fuzz too: tests/test_docs.py checks that the paths the docs name exist
+cp -r setup.py pyproject.toml README.md .ci csrc fastloader fuzz tests scripts docs "$tree"/
 [ -d benchmarks ] && cp -r benchmarks "$tree"/
 rm -f "$tree"/fastloader/*.so
 (cd "$tree" && FASTLOADER_SANITIZE="$mode" "$VENV/bin/python" setup.py -q build_ext --inplace >/dev/null)
