@@ -112,13 +112,7 @@ fz_split(const uint8_t *data, size_t size, size_t nparams, fz_bytes *params, con
 /* An fl_err after a call that returned -1 must carry a known code and a
  * NUL-terminated, non-empty message (the Python binding maps the code to an
  * exception and raises SystemError "this is a bug" for any other code). */
-#ifdef FL_ERR_EXPORT
 #define FZ_ERR_LAST FL_ERR_EXPORT
-#elif defined(FL_ERR_RUNTIME)
-#define FZ_ERR_LAST FL_ERR_RUNTIME
-#else
-#define FZ_ERR_LAST FL_ERR_IO
-#endif
 
 static inline void
 fz_check_err(const fl_err *e, const char *what)

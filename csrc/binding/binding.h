@@ -102,6 +102,6 @@ int fl_register_devcopy(PyObject *m);  /* py_devcopy.c: DeviceCopier, DeviceTens
 /* Load libcudart if needed and check that `device` can be used: 0, or -1
  * with a RuntimeError saying whether the library, the driver or the device
  * is missing (py_cuda.c, the same checks as _C.cuda_require). */
-int fl_py_cuda_require(int device);
+int fl_py_cuda_require(PyObject *module, int device);
 
 #endif

@@ -253,7 +253,7 @@ batchpool_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return PyErr_Format(PyExc_ValueError, "max_idle must be in [0, 1024], got %d", max_idle);
     /* load the CUDA runtime (dlopen, once) and check the device: later
      * cudaHostAlloc calls need it; RuntimeError says what is missing */
-    if (pin_device >= 0 && fl_py_cuda_require(pin_device) < 0)
+    if (pin_device >= 0 && fl_py_cuda_require(PyType_GetModule(type), pin_device) < 0)
         return NULL;
     fl_batchpool *self = (fl_batchpool *)type->tp_alloc(type, 0);
     if (!self)

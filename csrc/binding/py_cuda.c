@@ -30,8 +30,7 @@
 /* Raise RuntimeError (FL_ERR_RUNTIME) through the one translator with the
  * message PyUnicode_FromFormat(fmt, ...) makes, as PyErr_Format would: of
  * any length, since cuda_require adds to a core message (the tried list, a
- * library path) and an fl_err's msg would cut it.  m may be NULL (from
- * fl_py_cuda_require): RuntimeError needs no module state.  Returns NULL. */
+ * library path) and an fl_err's msg would cut it.  Returns NULL. */
 static PyObject *
 raise_runtime(PyObject *m, const char *fmt, ...)
 {
@@ -289,12 +288,12 @@ fl_cuda_require(PyObject *m, PyObject *args, PyObject *kwds)
 }
 
 int
-fl_py_cuda_require(int device)
+fl_py_cuda_require(PyObject *module, int device)
 {
     PyObject *args = Py_BuildValue("(i)", device);
     if (!args)
         return -1;
-    PyObject *r = fl_cuda_require(NULL, args, NULL);
+    PyObject *r = fl_cuda_require(module, args, NULL);
     Py_DECREF(args);
     if (!r)
         return -1;

@@ -427,7 +427,7 @@ copier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     if (max_buffers < 1)
         return PyErr_Format(PyExc_ValueError, "max_buffers must be >= 1, got %d", max_buffers);
-    if (fl_py_cuda_require(device) < 0)
+    if (fl_py_cuda_require(PyType_GetModule(type), device) < 0)
         return NULL;
     fl_err err = {0};
     fl_devpool *pool;

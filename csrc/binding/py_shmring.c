@@ -278,7 +278,7 @@ shmring_pin(fl_py_shmring *self, PyObject *args)
         return NULL;
     if (nbytes < 0 || device < 0)
         return PyErr_Format(PyExc_ValueError, "pin needs nbytes >= 0 and a CUDA device index");
-    if (fl_py_cuda_require(device) < 0)
+    if (fl_py_cuda_require(PyType_GetModule(Py_TYPE(self)), device) < 0)
         return NULL;
     fl_err err = {0};
     int rc;

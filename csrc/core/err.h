@@ -4,7 +4,7 @@
  * the engine, the pool and ring, CUDA and the device pool) takes an
  * `fl_err *` and fills it; binding/py_errors.c is the one place that turns
  * the record into a Python exception, so the same failure has the same
- * type whichever path met it.  No Python here; any thread, no GIL.
+ * type whichever path met it.  No CPython API here; any thread, no GIL.
  */
 #ifndef FL_ERR_H
 #define FL_ERR_H
@@ -33,6 +33,16 @@ typedef struct {
 #define FL_ERR_INVALID 6  /* invalid parameters (plan, region, spec)    -> ValueError */
 #define FL_ERR_RUNTIME 7  /* a failure of the runtime (CUDA, threads)   -> RuntimeError */
 #define FL_ERR_EXPORT 8   /* memory cannot be exported as asked (DLPack) -> BufferError */
+
+/* An empty record (no error yet) without clearing all of msg: the per-sample
+ * paths start one for every sample, and only a failure writes the message. */
+static inline void
+fl_err_clear(fl_err *err)
+{
+    err->code = 0;
+    err->errnum = 0;
+    err->msg[0] = '\0';
+}
 
 /* Fill *err (a no-op when err is NULL: a caller that only wants the return
  * code passes NULL).  The message is cut to fit. */

@@ -200,7 +200,8 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
         return -1;
     }
     fl_jpeg_info info;
-    fl_err jerr = {0, ""};
+    fl_err jerr;
+    fl_err_clear(&jerr);
     if (fl_jpeg_read_header(w->jpeg, data, (size_t)len, &info, &jerr) < 0)
         goto jpeg_error;
     /* the pixel limit, before anything image-sized is allocated */
@@ -403,7 +404,8 @@ fl_native_load_batch(fl_native_worker *w, const fl_native_ds *ds, fl_pool *pool,
         int64_t idx = indices[i];
         attempted = i + 1;
         void *slot = (char *)b->images + sb * (size_t)k;
-        fl_err err = {0, ""};
+        fl_err err;
+        fl_err_clear(&err);
         if (idx < 0 || idx >= ds->n) {
             err.code = FL_ERR_INDEX;
             snprintf(err.msg, sizeof err.msg, "sample index %lld out of range for a dataset of %lld",
