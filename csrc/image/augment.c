@@ -1,0 +1,1064 @@
+/* augment.c: the image ops of torchvision's AutoAugment / RandAugment /
+ * TrivialAugmentWide (augment.h), computed as Pillow 13 computes them on the
+ * PIL image torchvision's _apply_op hands it.
+ *
+ * Reference, op by op (Pillow's C in src/libImaging, Python in PIL/):
+ *   geometric   Image.transform(AFFINE) -> ImagingTransformAffine
+ *               (Geometry.c): NEAREST takes ImagingScaleAffine when the
+ *               matrix has no cross terms, else the 16.16 fixed-point loop
+ *               when the four corners map inside +-32768, else the double
+ *               loop; BILINEAR takes the generic transform with the bilinear
+ *               filter.  Shear/Translate get torchvision's inverse matrix
+ *               (_get_inverse_affine_matrix); Rotate gets Image.rotate's own
+ *               (angle % 360, the 0/90/180/270 transposes, round(..., 15)).
+ *   enhance     ImageEnhance: Image.blend(degenerate, image, factor) with
+ *               ImagingBlend's float arithmetic (Blend.c); the degenerate is
+ *               black (Brightness), the luma mean (Contrast), the luma
+ *               (Color), ImageFilter.SMOOTH (Sharpness, Filter.c's 3x3 float
+ *               kernel with its border rows and columns copied).
+ *   LUT ops     ImageOps.posterize / solarize / autocontrast(cutoff=0) /
+ *               equalize / invert: a 256-entry table per channel, applied as
+ *               Image.point does (entries clipped to 0..255).
+ * Every op is bit-exact with Pillow (tests/test_augment_ops.py,
+ * docs/recipes.md).  Floating point stays IEEE as Pillow's: no FMA (-std=c11
+ * turns contraction off; the AVX2 clones do not enable FMA), no
+ * reassociation, the same operation order, float where Pillow uses float.
+ *
+ * Layout: each op reads img (and, for the geometric ops and Sharpness, a copy
+ * of it in tmp) and writes img; the hot loops are one pass each, compiled
+ * also for AVX2 (elementwise integer and float arithmetic only, so both
+ * clones give identical bytes).
+ */
+#include "image/augment.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/imgops.h" /* FL_MAX_DIM */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define FL_AUG_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define FL_AUG_HOT
+#endif
+
+/* Hand-written AVX2 (the nearest affine's gathers), picked at run time. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+#define FL_AUG_X86 1
+#include <immintrin.h>
+#endif
+
+/* Py_MATH_PI, and math.radians / math.degrees' factors as CPython computes them. */
+#define FL_AUG_PI 3.14159265358979323846
+static const double fl_deg2rad = FL_AUG_PI / 180.0;
+static const double fl_rad2deg = 180.0 / FL_AUG_PI;
+
+/* ------------------------------------------------------------------------ */
+/* Python float semantics                                                   */
+
+/* x % m for m > 0, as CPython's float_rem: fmod, moved into [0, m), and a
+ * zero result takes the sign of m. */
+static double
+fl_py_mod(double x, double m)
+{
+    double r = fmod(x, m);
+    if (r != 0.0) {
+        if ((m < 0) != (r < 0))
+            r += m;
+    } else {
+        r = copysign(0.0, m);
+    }
+    return r;
+}
+
+/* round(x, 15) for |x| <= 1: CPython rounds through the correctly rounded
+ * decimal string (round half to even on the exact binary value) and parses
+ * it back; glibc's printf and strtod are exact too. */
+static double
+fl_py_round15(double x)
+{
+    char buf[64];
+    if (!isfinite(x))
+        return x;
+    snprintf(buf, sizeof buf, "%.15f", x);
+    return strtod(buf, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tables and per-pixel passes                                              */
+
+/* ImagingBlend's value for one byte pair (Blend.c): float arithmetic
+ * in1 + alpha * (in2 - in1), clipped to 0..255 and truncated.  Pillow's
+ * interpolation branch (0 <= alpha <= 1) does not clip, but its values lie in
+ * [min(in1, in2), max(in1, in2)] there, so one formula serves both branches. */
+static inline uint8_t
+fl_blend1(int in1, int in2, float alpha)
+{
+    float t = (float)in1 + alpha * (float)(in2 - in1);
+    t = t < 0.0f ? 0.0f : t;
+    t = t > 255.0f ? 255.0f : t;
+    return (uint8_t)(int)t;
+}
+
+/* p[i] = lut[p[i]] for n bytes. */
+FL_AUG_HOT static void
+fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint8_t a0 = lut[p[i]], a1 = lut[p[i + 1]], a2 = lut[p[i + 2]], a3 = lut[p[i + 3]];
+        uint8_t a4 = lut[p[i + 4]], a5 = lut[p[i + 5]], a6 = lut[p[i + 6]], a7 = lut[p[i + 7]];
+        p[i] = a0; p[i + 1] = a1; p[i + 2] = a2; p[i + 3] = a3;
+        p[i + 4] = a4; p[i + 5] = a5; p[i + 6] = a6; p[i + 7] = a7;
+    }
+    for (; i < n; i++)
+        p[i] = lut[p[i]];
+}
+
+/* RGB pixels through three tables (lut: 3 x 256, channel-major). */
+FL_AUG_HOT static void
+fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
+{
+    const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
+    size_t i = 0;
+    for (; i + 2 <= npix; i += 2, p += 6) {
+        uint8_t a0 = l0[p[0]], a1 = l1[p[1]], a2 = l2[p[2]];
+        uint8_t a3 = l0[p[3]], a4 = l1[p[4]], a5 = l2[p[5]];
+        p[0] = a0; p[1] = a1; p[2] = a2; p[3] = a3; p[4] = a4; p[5] = a5;
+    }
+    for (; i < npix; i++, p += 3) {
+        p[0] = l0[p[0]];
+        p[1] = l1[p[1]];
+        p[2] = l2[p[2]];
+    }
+}
+
+/* Per-channel histograms (Image.histogram): hist[c * 256 + v].  Counted in
+ * 32-bit sub-histograms (two per channel of RGB, four of a gray image, so
+ * that runs of equal bytes do not wait on each other), flushed into the
+ * 64-bit totals every FL_HIST_BLOCK pixels. */
+#define FL_HIST_BLOCK ((size_t)1 << 30)
+
+FL_AUG_HOT static void
+fl_histogram(const uint8_t *p, size_t npix, int channels, uint64_t *hist)
+{
+    uint32_t sub[4][3][256];
+    memset(hist, 0, sizeof(uint64_t) * 256 * (size_t)channels);
+    size_t i = 0;
+    while (i < npix) {
+        size_t end = npix - i > FL_HIST_BLOCK ? i + FL_HIST_BLOCK : npix;
+        memset(sub, 0, sizeof sub);
+        if (channels == 3) {
+            const uint8_t *q = p + i * 3;
+            for (; i + 2 <= end; i += 2, q += 6) {
+                sub[0][0][q[0]]++;
+                sub[0][1][q[1]]++;
+                sub[0][2][q[2]]++;
+                sub[1][0][q[3]]++;
+                sub[1][1][q[4]]++;
+                sub[1][2][q[5]]++;
+            }
+            for (; i < end; i++, q += 3) {
+                sub[0][0][q[0]]++;
+                sub[0][1][q[1]]++;
+                sub[0][2][q[2]]++;
+            }
+            for (int c = 0; c < 3; c++)
+                for (int v = 0; v < 256; v++)
+                    hist[c * 256 + v] += (uint64_t)sub[0][c][v] + sub[1][c][v];
+        } else {
+            for (; i + 4 <= end; i += 4) {
+                sub[0][0][p[i]]++;
+                sub[1][0][p[i + 1]]++;
+                sub[2][0][p[i + 2]]++;
+                sub[3][0][p[i + 3]]++;
+            }
+            for (; i < end; i++)
+                sub[0][0][p[i]]++;
+            for (int v = 0; v < 256; v++)
+                hist[v] += (uint64_t)sub[0][0][v] + sub[1][0][v] + sub[2][0][v] + sub[3][0][v];
+        }
+    }
+}
+
+/* Sum of Pillow's convert("L") over RGB pixels ((r*19595 + g*38470 +
+ * b*7471 + 0x8000) >> 16), or of the bytes of a gray image. */
+FL_AUG_HOT static uint64_t
+fl_luma_sum(const uint8_t *p, size_t npix, int channels)
+{
+    uint64_t total = 0;
+    if (channels == 3) {
+        /* blocks of at most 2^16 pixels keep the 32-bit partial sums exact */
+        size_t i = 0;
+        while (i < npix) {
+            size_t end = npix - i > 65536 ? i + 65536 : npix;
+            uint32_t s = 0;
+            for (; i < end; i++) {
+                const uint8_t *q = p + i * 3;
+                s += ((uint32_t)q[0] * 19595u + (uint32_t)q[1] * 38470u + (uint32_t)q[2] * 7471u + 0x8000u) >> 16;
+            }
+            total += s;
+        }
+    } else {
+        size_t i = 0;
+        while (i < npix) {
+            size_t end = npix - i > 65536 ? i + 65536 : npix;
+            uint32_t s = 0;
+            for (; i < end; i++)
+                s += p[i];
+            total += s;
+        }
+    }
+    return total;
+}
+
+/* The blend's clip, done after the truncation: for |t| < 2^31 truncating
+ * then clamping to 0..255 gives the byte that clamping then truncating
+ * gives, and integer min/max vectorize better than NaN-exact float
+ * compares.  fl_aug_apply keeps |alpha| <= FL_BLEND_ALPHA_MAX, so |t| <
+ * 2^29 here. */
+#define FL_BLEND_ALPHA_MAX 1048576.0f
+
+static inline uint8_t
+fl_clip_int(int32_t i)
+{
+    i = i < 0 ? 0 : i;
+    i = i > 255 ? 255 : i;
+    return (uint8_t)i;
+}
+
+/* img[i] = blend(deg[i], img[i]) for n bytes (ImagingBlend over a row). */
+FL_AUG_HOT static void
+fl_blend_row(const uint8_t *restrict deg, uint8_t *restrict img, size_t n, float alpha)
+{
+    for (size_t i = 0; i < n; i++) {
+        float t = (float)deg[i] + alpha * (float)((int)img[i] - (int)deg[i]);
+        img[i] = fl_clip_int((int32_t)t);
+    }
+}
+
+/* ImageEnhance.Color on RGB pixels: the degenerate is convert("L") then
+ * convert("RGB"), i.e. (l, l, l); blended row by row through a row of
+ * (l, l, l) in deg (3 * w bytes). */
+FL_AUG_HOT static void
+fl_color_rows(uint8_t *img, int w, int h, float alpha, uint8_t *deg)
+{
+    size_t rs = (size_t)w * 3;
+    for (int y = 0; y < h; y++) {
+        uint8_t *row = img + (size_t)y * rs;
+        for (int x = 0; x < w; x++) {
+            const uint8_t *q = row + (size_t)x * 3;
+            uint8_t l = (uint8_t)(((uint32_t)q[0] * 19595u + (uint32_t)q[1] * 38470u + (uint32_t)q[2] * 7471u
+                                   + 0x8000u) >> 16);
+            deg[(size_t)x * 3] = l;
+            deg[(size_t)x * 3 + 1] = l;
+            deg[(size_t)x * 3 + 2] = l;
+        }
+        fl_blend_row(deg, row, rs, alpha);
+    }
+}
+
+/* ImageEnhance.Sharpness: ImageFilter.SMOOTH (ImagingFilter3x3, kernel
+ * (1 1 1 / 1 5 1 / 1 1 1) / 13 in float, +0.5 before truncation, rows y+1,
+ * y, y-1 summed in that order, each as (left + centre) + right) blended with
+ * the original.  src is a copy of img; the border rows and columns are the
+ * original there (Filter.c copies them), where the blend gives the original
+ * byte back, so they are left as they are.  Needs w >= 3 and h >= 3.
+ * Filter.c clips the smoothed sum to 0..255 before truncating; the sum of
+ * bytes under a positive kernel of weight 1 lies in [0.5, 256), where the
+ * truncation alone gives the same byte, so the clip is left out (and the
+ * loop vectorizes).  One row: output bytes [c, n - c) of the row md, with
+ * up / dn the rows above and below; c is the channel count (the
+ * neighbour's distance), a constant in each caller. */
+#define FL_SMOOTH_BODY(C)                                                                              \
+    do {                                                                                               \
+        const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f; /* _imaging.c: kernel[i] /= divisor, float */ \
+        for (size_t i = (C); i + (C) < n; i++) {                                                       \
+            float ss = 0.5f;                                                                           \
+            ss += ((float)dn[i - (C)] * k1 + (float)dn[i] * k1) + (float)dn[i + (C)] * k1;             \
+            ss += ((float)md[i - (C)] * k1 + (float)md[i] * k5) + (float)md[i + (C)] * k1;             \
+            ss += ((float)up[i - (C)] * k1 + (float)up[i] * k1) + (float)up[i + (C)] * k1;             \
+            int s = (int)ss;                                                                           \
+            float t = (float)s + alpha * (float)((int)md[i] - s);                                      \
+            out[i] = fl_clip_int((int32_t)t); /* |alpha| <= FL_BLEND_ALPHA_MAX */                     \
+        }                                                                                              \
+    } while (0)
+
+FL_AUG_HOT static void
+fl_sharpness_row3(const uint8_t *restrict up, const uint8_t *restrict md, const uint8_t *restrict dn,
+                  uint8_t *restrict out, size_t n, float alpha)
+{
+    FL_SMOOTH_BODY(3);
+}
+
+FL_AUG_HOT static void
+fl_sharpness_row1(const uint8_t *restrict up, const uint8_t *restrict md, const uint8_t *restrict dn,
+                  uint8_t *restrict out, size_t n, float alpha)
+{
+    FL_SMOOTH_BODY(1);
+}
+#undef FL_SMOOTH_BODY
+
+static void
+fl_sharpness_rows(const uint8_t *src, uint8_t *img, int w, int h, int channels, float alpha)
+{
+    size_t n = (size_t)w * (size_t)channels;
+    for (int y = 1; y < h - 1; y++) {
+        const uint8_t *up = src + (size_t)(y - 1) * n, *md = src + (size_t)y * n, *dn = src + (size_t)(y + 1) * n;
+        if (channels == 3)
+            fl_sharpness_row3(up, md, dn, img + (size_t)y * n, n, alpha);
+        else
+            fl_sharpness_row1(up, md, dn, img + (size_t)y * n, n, alpha);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Geometry                                                                 */
+
+/* 1 when the AVX2 kernels run: the CPU has AVX2 and FASTLOADER_NO_AVX2 is
+ * unset or "0" (the variable the resampler honours too, to test the portable
+ * loops).  Read once, then cached; thread-safe. */
+static int
+fl_aug_avx2(void)
+{
+#ifdef FL_AUG_X86
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FASTLOADER_NO_AVX2");
+        v = __builtin_cpu_supports("avx2") && !(e != NULL && e[0] != '\0' && strcmp(e, "0") != 0);
+        __atomic_store_n(&level, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+#ifdef FL_AUG_X86
+/* The covered run of one affine_fixed row, 8 pixels per step: n pixels from
+ * (xx, yy), stepping (a0, a3) in 16.16 fixed point (every value of the run
+ * fits int32, so lanes that wrap in the multiplies still land on it), each
+ * source pixel one 32-bit gather at yi * rs + xi * 3 (rs * h < 2^31), packed
+ * to 3 bytes.  Each step stores 28 bytes for 24, so it stops with at least 3
+ * pixels left for the scalar loop; the gather reads 1 byte past a pixel (tmp
+ * has slack past the image).  Returns the pixels done. */
+__attribute__((target("avx2"))) static int
+fl_fixed_run3_avx2(const uint8_t *src, int32_t rs, uint8_t *o, int n, int32_t xx, int32_t yy, int32_t a0,
+                   int32_t a3)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                                          0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    __m256i vx = _mm256_add_epi32(_mm256_set1_epi32(xx), _mm256_mullo_epi32(lane, _mm256_set1_epi32(a0)));
+    __m256i vy = _mm256_add_epi32(_mm256_set1_epi32(yy), _mm256_mullo_epi32(lane, _mm256_set1_epi32(a3)));
+    const __m256i sx = _mm256_set1_epi32((int32_t)((uint32_t)a0 * 8u));
+    const __m256i sy = _mm256_set1_epi32((int32_t)((uint32_t)a3 * 8u));
+    const __m256i vrs = _mm256_set1_epi32(rs);
+    int k = 0;
+    for (; k + 11 <= n; k += 8) {
+        __m256i xi = _mm256_srai_epi32(vx, 16), yi = _mm256_srai_epi32(vy, 16);
+        __m256i idx = _mm256_add_epi32(_mm256_mullo_epi32(yi, vrs), _mm256_add_epi32(xi, _mm256_slli_epi32(xi, 1)));
+        __m256i px = _mm256_shuffle_epi8(_mm256_i32gather_epi32((const int *)(const void *)src, idx, 1), pack);
+        _mm_storeu_si128((__m128i *)(void *)(o + (size_t)k * 3), _mm256_castsi256_si128(px));
+        _mm_storeu_si128((__m128i *)(void *)(o + (size_t)k * 3 + 12), _mm256_extracti128_si256(px, 1));
+        vx = _mm256_add_epi32(vx, sx);
+        vy = _mm256_add_epi32(vy, sy);
+    }
+    return k;
+}
+
+/* The same for one channel: gathers at yi * rs + xi (3 bytes read past a
+ * pixel), the low bytes packed to 8. */
+__attribute__((target("avx2"))) static int
+fl_fixed_run1_avx2(const uint8_t *src, int32_t rs, uint8_t *o, int n, int32_t xx, int32_t yy, int32_t a0,
+                   int32_t a3)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i pack = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    __m256i vx = _mm256_add_epi32(_mm256_set1_epi32(xx), _mm256_mullo_epi32(lane, _mm256_set1_epi32(a0)));
+    __m256i vy = _mm256_add_epi32(_mm256_set1_epi32(yy), _mm256_mullo_epi32(lane, _mm256_set1_epi32(a3)));
+    const __m256i sx = _mm256_set1_epi32((int32_t)((uint32_t)a0 * 8u));
+    const __m256i sy = _mm256_set1_epi32((int32_t)((uint32_t)a3 * 8u));
+    const __m256i vrs = _mm256_set1_epi32(rs);
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256i xi = _mm256_srai_epi32(vx, 16), yi = _mm256_srai_epi32(vy, 16);
+        __m256i idx = _mm256_add_epi32(_mm256_mullo_epi32(yi, vrs), xi);
+        __m256i px = _mm256_shuffle_epi8(_mm256_i32gather_epi32((const int *)(const void *)src, idx, 1), pack);
+        px = _mm256_permutevar8x32_epi32(px, join);
+        _mm_storel_epi64((__m128i *)(void *)(o + k), _mm256_castsi256_si128(px));
+        vx = _mm256_add_epi32(vx, sx);
+        vy = _mm256_add_epi32(vy, sy);
+    }
+    return k;
+}
+#endif
+
+/* Fill n pixels of `channels` bytes with fill. */
+static void
+fl_fill_px(uint8_t *out, size_t n, int channels, const uint8_t *fill)
+{
+    if (channels == 1) {
+        memset(out, fill[0], n);
+        return;
+    }
+    if (fill[0] == fill[1] && fill[1] == fill[2]) {
+        memset(out, fill[0], n * 3);
+        return;
+    }
+    for (size_t i = 0; i < n; i++, out += 3) {
+        out[0] = fill[0];
+        out[1] = fill[1];
+        out[2] = fill[2];
+    }
+}
+
+/* Floor division of int64 by a non-zero int64. */
+static int64_t
+fl_floordiv(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0)))
+        q--;
+    return q;
+}
+
+static int64_t
+fl_ceildiv(int64_t a, int64_t b)
+{
+    return -fl_floordiv(-a, b);
+}
+
+/* The x in [*lo, *hi) (clipped to [*lo, *hi) on entry) for which
+ * 0 <= base + x * step < lim, in exact integer arithmetic. */
+static void
+fl_linear_range(int64_t base, int64_t step, int64_t lim, int *lo, int *hi)
+{
+    int64_t a, b;
+    if (step == 0) {
+        if (!(base >= 0 && base < lim))
+            *hi = *lo;
+        return;
+    }
+    if (step > 0) {
+        a = fl_ceildiv(-base, step);
+        b = fl_floordiv(lim - 1 - base, step);
+    } else {
+        a = fl_ceildiv(lim - 1 - base, step);
+        b = fl_floordiv(-base, step);
+    }
+    if (a > *lo)
+        *lo = a > *hi ? *hi : (int)a;
+    if (b + 1 < *hi)
+        *hi = b + 1 < *lo ? *lo : (int)(b + 1);
+}
+
+/* Pillow's FLOOR: (int)floor(v) below 0, else a truncation.  A double
+ * outside int's range converts (cvttsd2si) to INT_MIN, as Pillow's compiled
+ * conversions do on x86-64. */
+static int
+fl_pil_floor(double v)
+{
+    double f = v < 0.0 ? floor(v) : v;
+    if (!(f > -2147483649.0 && f < 2147483648.0))
+        return INT_MIN;
+    return (int)f;
+}
+
+/* Pillow's COORD() range test: is the pixel index of v (-1 below 0, else
+ * truncated) inside [0, n)?  NaN and huge values are outside. */
+static inline int
+fl_coord_in(double v, int n)
+{
+    return v >= 0.0 && v < (double)n;
+}
+
+/* ImagingScaleAffine (a[1] == 0 and a[3] == 0): per-column source index
+ * table, accumulated in double as Pillow does; rows through COORD(yo). */
+static void
+fl_affine_scale(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], const uint8_t *fill,
+                int *xintab)
+{
+    size_t rs = (size_t)w * (size_t)c;
+    int xmin = w, xmax = 0, contiguous = 1;
+    double xo = a[2] + a[0] * 0.5, yo = a[5] + a[4] * 0.5;
+    for (int x = 0; x < w; x++) {
+        xintab[x] = 0;
+        if (fl_coord_in(xo, w)) {
+            xmax = x + 1;
+            if (x < xmin)
+                xmin = x;
+            xintab[x] = (int)xo;
+        }
+        xo += a[0];
+    }
+    /* Pillow copies x in [xmin, xmax) through the table (invalid entries, if
+     * any, hold 0: its calloc) */
+    for (int x = xmin + 1; x < xmax; x++)
+        if (xintab[x] != xintab[x - 1] + 1)
+            contiguous = 0;
+    for (int y = 0; y < h; y++) {
+        uint8_t *out = img + (size_t)y * rs;
+        if (!fl_coord_in(yo, h) || xmin >= xmax) {
+            fl_fill_px(out, (size_t)w, c, fill);
+        } else {
+            const uint8_t *in = src + (size_t)(int)yo * rs;
+            fl_fill_px(out, (size_t)xmin, c, fill);
+            if (contiguous) {
+                memcpy(out + (size_t)xmin * c, in + (size_t)xintab[xmin] * c, (size_t)(xmax - xmin) * c);
+            } else if (c == 3) {
+                for (int x = xmin; x < xmax; x++)
+                    memcpy(out + (size_t)x * 3, in + (size_t)xintab[x] * 3, 3);
+            } else {
+                for (int x = xmin; x < xmax; x++)
+                    out[x] = in[xintab[x]];
+            }
+            fl_fill_px(out + (size_t)xmax * c, (size_t)(w - xmax), c, fill);
+        }
+        yo += a[4];
+    }
+}
+
+static inline int
+fl_check_fixed(const double a[6], int x, int y)
+{
+    return fabs(x * a[0] + y * a[1] + a[2]) < 32768.0 && fabs(x * a[3] + y * a[4] + a[5]) < 32768.0;
+}
+
+/* Pillow's FIX: 16.16 fixed point, FLOOR(v * 65536 + 0.5). */
+static int32_t
+fl_fix16(double v)
+{
+    return (int32_t)fl_pil_floor(v * 65536.0 + 0.5);
+}
+
+/* affine_fixed (Geometry.c): per row, xx = a2 + x * a0 and yy = a5 + x * a3
+ * in 32-bit integers, the source pixel (xx >> 16, yy >> 16).  The covered
+ * run of each row is solved for exactly instead of testing every pixel; a
+ * row whose values would leave int32 (where Pillow's int arithmetic wraps)
+ * takes the per-pixel loop with wrapping arithmetic. */
+FL_AUG_HOT static void
+fl_affine_fixed(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], const uint8_t *fill)
+{
+    size_t rs = (size_t)w * (size_t)c;
+    int32_t a0 = fl_fix16(a[0]), a1 = fl_fix16(a[1]), a3 = fl_fix16(a[3]), a4 = fl_fix16(a[4]);
+    uint32_t r2 = (uint32_t)fl_fix16(a[2] + a[0] * 0.5 + a[1] * 0.5);
+    uint32_t r5 = (uint32_t)fl_fix16(a[5] + a[3] * 0.5 + a[4] * 0.5);
+    int64_t xlim = (int64_t)w << 16, ylim = (int64_t)h << 16;
+#ifdef FL_AUG_X86
+    const int simd = fl_aug_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
+#endif
+    for (int y = 0; y < h; y++, r2 += (uint32_t)a1, r5 += (uint32_t)a4) {
+        uint8_t *out = img + (size_t)y * rs;
+        int64_t xx0 = (int32_t)r2, yy0 = (int32_t)r5;
+        int64_t xe = xx0 + (int64_t)(w - 1) * a0, ye = yy0 + (int64_t)(w - 1) * a3;
+        if (xe < INT32_MIN || xe > INT32_MAX || ye < INT32_MIN || ye > INT32_MAX) {
+            uint32_t xx = (uint32_t)xx0, yy = (uint32_t)yy0;
+            for (int x = 0; x < w; x++, xx += (uint32_t)a0, yy += (uint32_t)a3) {
+                int32_t xi = (int32_t)xx >> 16, yi = (int32_t)yy >> 16;
+                if (xi >= 0 && xi < w && yi >= 0 && yi < h)
+                    memcpy(out + (size_t)x * c, src + (size_t)yi * rs + (size_t)xi * c, (size_t)c);
+                else
+                    memcpy(out + (size_t)x * c, fill, (size_t)c);
+            }
+            continue;
+        }
+        int lo = 0, hi = w;
+        fl_linear_range(xx0, a0, xlim, &lo, &hi);
+        fl_linear_range(yy0, a3, ylim, &lo, &hi);
+        if (lo >= hi) {
+            fl_fill_px(out, (size_t)w, c, fill);
+            continue;
+        }
+        fl_fill_px(out, (size_t)lo, c, fill);
+        int32_t xx = (int32_t)(xx0 + (int64_t)lo * a0), yy = (int32_t)(yy0 + (int64_t)lo * a3);
+#ifdef FL_AUG_X86
+        if (simd) {
+            int done = (c == 3 ? fl_fixed_run3_avx2 : fl_fixed_run1_avx2)(src, (int32_t)rs, out + (size_t)lo * c,
+                                                                         hi - lo, xx, yy, a0, a3);
+            lo += done;
+            xx = (int32_t)((uint32_t)xx + (uint32_t)done * (uint32_t)a0);
+            yy = (int32_t)((uint32_t)yy + (uint32_t)done * (uint32_t)a3);
+        }
+#endif
+        if (c == 3) {
+            /* 4-byte moves: the 4th byte lands on the next output pixel,
+             * which is written after (the run's last pixel, or the fill);
+             * reading 1 byte past the source image stays inside tmp (the
+             * column table follows it). */
+            uint8_t *o = out + (size_t)lo * 3;
+            for (int x = lo; x < hi - 1; x++, o += 3, xx += a0, yy += a3) {
+                uint32_t v;
+                memcpy(&v, src + (size_t)(yy >> 16) * rs + (size_t)(xx >> 16) * 3, 4);
+                memcpy(o, &v, 4);
+            }
+            memcpy(o, src + (size_t)(yy >> 16) * rs + (size_t)(xx >> 16) * 3, 3);
+        } else {
+            for (int x = lo; x < hi; x++, xx += a0, yy += a3)
+                out[x] = src[(size_t)(yy >> 16) * rs + (size_t)(xx >> 16)];
+        }
+        fl_fill_px(out + (size_t)hi * c, (size_t)(w - hi), c, fill);
+    }
+}
+
+/* ImagingTransformAffine's double loop (corners beyond the fixed-point
+ * range): xx, yy accumulated in double along the row, COORD() tests. */
+static void
+fl_affine_float(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], const uint8_t *fill)
+{
+    size_t rs = (size_t)w * (size_t)c;
+    double xo = a[2] + a[1] * 0.5 + a[0] * 0.5;
+    double yo = a[5] + a[4] * 0.5 + a[3] * 0.5;
+    for (int y = 0; y < h; y++) {
+        uint8_t *out = img + (size_t)y * rs;
+        double xx = xo, yy = yo;
+        for (int x = 0; x < w; x++, out += c) {
+            if (fl_coord_in(xx, w) && fl_coord_in(yy, h))
+                memcpy(out, src + (size_t)(int)yy * rs + (size_t)(int)xx * c, (size_t)c);
+            else
+                memcpy(out, fill, (size_t)c);
+            xx += a[0];
+            yy += a[3];
+        }
+        xo += a[1];
+        yo += a[4];
+    }
+}
+
+/* ImagingGenericTransform with affine_transform and bilinear_filter8 /
+ * bilinear_filter32RGB (Geometry.c), in double: the pixel centre
+ * (x + 0.5, y + 0.5) mapped by a, outside [0, w) x [0, h) -> fill; else
+ * shifted by -0.5, floored, the four neighbours (clamped to the image; below
+ * the last row Pillow's second row value is the first one, which reading the
+ * same row twice gives) interpolated along x then y, truncated.
+ * In chunks of FL_BL_CHUNK pixels of a row: the coordinates of the chunk
+ * (vectorizable), its neighbours (scalar loads, one 32-bit load per
+ * neighbour pixel: the bytes past the pixel are not used, and past the
+ * image they are tmp's slack), the interpolation of every byte
+ * (vectorizable), the stores.  Each value goes through Pillow's double
+ * operations in Pillow's order.  C: the channel count, a constant in each
+ * caller. */
+#define FL_BL_CHUNK 64
+
+static inline __attribute__((always_inline)) void
+fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const int C,
+                    const double a[6], const uint8_t *fill)
+{
+    const size_t rs = (size_t)w * (size_t)C;
+    double dxs[FL_BL_CHUNK], dys[FL_BL_CHUNK];
+    int32_t r0[FL_BL_CHUNK], r1[FL_BL_CHUNK], c0[FL_BL_CHUNK], c1[FL_BL_CHUNK], ok[FL_BL_CHUNK];
+    uint32_t u00[FL_BL_CHUNK], u01[FL_BL_CHUNK], u10[FL_BL_CHUNK], u11[FL_BL_CHUNK];
+    uint8_t res[3][FL_BL_CHUNK];
+    const double W = (double)w, Hd = (double)h;
+    const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
+    for (int y = 0; y < h; y++) {
+        uint8_t *restrict row = img + (size_t)y * rs;
+        double yin = y + 0.5;
+        double py = a[1] * yin, qy = a[4] * yin;
+        for (int x0 = 0; x0 < w; x0 += FL_BL_CHUNK) {
+            int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
+            for (int k = 0; k < n; k++) {
+                double xin = (x0 + k) + 0.5;
+                double xs = a0 * xin + py + a2;
+                double ys = a3 * xin + qy + a5;
+                ok[k] = (xs >= 0.0) & (xs < W) & (ys >= 0.0) & (ys < Hd);
+                /* clamped (a no-op on the covered pixels), so that the
+                 * uncovered ones, whose bytes are dropped, index inside */
+                xs = xs < 0.0 ? 0.0 : xs;
+                xs = xs > W ? W : xs;
+                ys = ys < 0.0 ? 0.0 : ys;
+                ys = ys > Hd ? Hd : ys;
+                xs -= 0.5;
+                ys -= 0.5;
+                /* FLOOR() for xs >= -0.5: the truncation, minus 1 below 0 */
+                int32_t xi = (int32_t)xs - (xs < 0.0), yi = (int32_t)ys - (ys < 0.0);
+                dxs[k] = xs - xi;
+                dys[k] = ys - yi;
+                int32_t xa = xi < 0 ? 0 : xi, xb = xi + 1 < w ? xi + 1 : w - 1;
+                int32_t ya = yi < 0 ? 0 : yi, yb = yi + 1 < h ? yi + 1 : ya;
+                r0[k] = ya;
+                r1[k] = yb;
+                c0[k] = xa * C;
+                c1[k] = xb * C;
+            }
+            for (int k = 0; k < n; k++) {
+                const uint8_t *s0 = src + (size_t)r0[k] * rs, *s1 = src + (size_t)r1[k] * rs;
+                memcpy(&u00[k], s0 + c0[k], 4);
+                memcpy(&u01[k], s0 + c1[k], 4);
+                memcpy(&u10[k], s1 + c0[k], 4);
+                memcpy(&u11[k], s1 + c1[k], 4);
+            }
+            for (int c = 0; c < C; c++) {
+                const int sh = 8 * c;
+                for (int k = 0; k < n; k++) {
+                    int32_t p00 = (int32_t)((u00[k] >> sh) & 255u), p01 = (int32_t)((u01[k] >> sh) & 255u);
+                    int32_t p10 = (int32_t)((u10[k] >> sh) & 255u), p11 = (int32_t)((u11[k] >> sh) & 255u);
+                    double v1 = p00 + (p01 - p00) * dxs[k];
+                    double v2 = p10 + (p11 - p10) * dxs[k];
+                    v1 = v1 + (v2 - v1) * dys[k];
+                    res[c][k] = (uint8_t)(int32_t)v1;
+                }
+            }
+            uint8_t *restrict out = row + (size_t)x0 * C;
+            if (C == 3) {
+                const uint8_t f0 = fill[0], f1 = fill[1], f2 = fill[2];
+                for (int k = 0; k < n; k++) {
+                    out[k * 3] = ok[k] ? res[0][k] : f0;
+                    out[k * 3 + 1] = ok[k] ? res[1][k] : f1;
+                    out[k * 3 + 2] = ok[k] ? res[2][k] : f2;
+                }
+            } else {
+                const uint8_t f0 = fill[0];
+                for (int k = 0; k < n; k++)
+                    out[k] = ok[k] ? res[0][k] : f0;
+            }
+        }
+    }
+}
+
+FL_AUG_HOT static void
+fl_affine_bilinear3(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
+                    const uint8_t *fill)
+{
+    fl_bilinear_chunked(src, img, w, h, 3, a, fill);
+}
+
+FL_AUG_HOT static void
+fl_affine_bilinear1(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
+                    const uint8_t *fill)
+{
+    fl_bilinear_chunked(src, img, w, h, 1, a, fill);
+}
+
+/* Image.transform((w, h), AFFINE, a, resample, fillcolor=fill) on the copy
+ * src, into img: ImagingTransformAffine's choice of loop. */
+static void
+fl_affine(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], int interp,
+          const uint8_t *fill, int *xintab)
+{
+    if (interp == FL_AUG_BILINEAR && c == 3)
+        fl_affine_bilinear3(src, img, w, h, a, fill);
+    else if (interp == FL_AUG_BILINEAR)
+        fl_affine_bilinear1(src, img, w, h, a, fill);
+    else if (a[1] == 0 && a[3] == 0)
+        fl_affine_scale(src, img, w, h, c, a, fill, xintab);
+    else if (fl_check_fixed(a, 0, 0) && fl_check_fixed(a, w, h) && fl_check_fixed(a, 0, h)
+             && fl_check_fixed(a, w, 0))
+        fl_affine_fixed(src, img, w, h, c, a, fill);
+    else
+        fl_affine_float(src, img, w, h, c, a, fill);
+}
+
+/* torchvision.transforms.functional._get_inverse_affine_matrix with scale 1,
+ * in CPython's double arithmetic and operation order. */
+static void
+fl_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy, double m[6])
+{
+    double rot = angle * fl_deg2rad, sx = shx * fl_deg2rad, sy = shy * fl_deg2rad;
+    double a = cos(rot - sy) / cos(sy);
+    double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
+    double c = sin(rot - sy) / cos(sy);
+    double d = -sin(rot - sy) * tan(sx) / cos(sy) + cos(rot);
+    m[0] = d;
+    m[1] = -b;
+    m[2] = 0.0;
+    m[3] = -c;
+    m[4] = a;
+    m[5] = 0.0;
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty);
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty);
+    m[2] += cx;
+    m[5] += cy;
+}
+
+/* Image.rotate(angle) without expand, centre or translate: the transposes
+ * for 180 (and 90 / 270 on square images), else the rounded rotation
+ * matrix about (w / 2, h / 2) through Image.transform.  Returns 1 when the
+ * angle is 0 (the image is left as it is). */
+static int
+fl_rotate(const uint8_t *src, uint8_t *img, int w, int h, int c, double angle, int interp, const uint8_t *fill,
+          int *xintab)
+{
+    size_t rs = (size_t)w * (size_t)c;
+    double ang = fl_py_mod(angle, 360.0);
+    if (ang == 0)
+        return 1;
+    if (ang == 180) {   /* ImagingRotate180: out[h-1-y][w-1-x] = in[y][x] */
+        for (int y = 0; y < h; y++) {
+            const uint8_t *in = src + (size_t)(h - 1 - y) * rs;
+            uint8_t *out = img + (size_t)y * rs;
+            for (int x = 0; x < w; x++)
+                memcpy(out + (size_t)x * c, in + (size_t)(w - 1 - x) * c, (size_t)c);
+        }
+        return 0;
+    }
+    if ((ang == 90 || ang == 270) && w == h) {
+        /* ImagingRotate90: out[w-1-x][y] = in[y][x]; ImagingRotate270: out[x][h-1-y] = in[y][x] */
+        for (int y = 0; y < h; y++) {
+            uint8_t *out = img + (size_t)y * rs;
+            for (int x = 0; x < w; x++) {
+                const uint8_t *s = ang == 90 ? src + (size_t)x * rs + (size_t)(w - 1 - y) * c
+                                             : src + (size_t)(h - 1 - x) * rs + (size_t)y * c;
+                memcpy(out + (size_t)x * c, s, (size_t)c);
+            }
+        }
+        return 0;
+    }
+    double cx = w / 2.0, cy = h / 2.0;
+    double t = -(ang * fl_deg2rad);
+    double m[6];
+    m[0] = fl_py_round15(cos(t));
+    m[1] = fl_py_round15(sin(t));
+    m[2] = 0.0;
+    m[3] = fl_py_round15(-sin(t));
+    m[4] = fl_py_round15(cos(t));
+    m[5] = 0.0;
+    {
+        double x = -cx, y = -cy;
+        double e = m[0] * x + m[1] * y + m[2];
+        double f = m[3] * x + m[4] * y + m[5];
+        m[2] = e + cx;
+        m[5] = f + cy;
+    }
+    fl_affine(src, img, w, h, c, m, interp, fill, xintab);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The LUTs of ImageOps                                                     */
+
+/* ImageOps.equalize's table for one channel's histogram. */
+static void
+fl_equalize_lut(const uint64_t *hist, uint8_t *lut)
+{
+    uint64_t total = 0, last = 0;
+    int nonzero = 0;
+    for (int i = 0; i < 256; i++) {
+        if (hist[i]) {
+            nonzero++;
+            total += hist[i];
+            last = hist[i];
+        }
+    }
+    uint64_t step = nonzero <= 1 ? 0 : (total - last) / 255;
+    if (step == 0) {
+        for (int i = 0; i < 256; i++)
+            lut[i] = (uint8_t)i;
+        return;
+    }
+    uint64_t n = step / 2;
+    for (int i = 0; i < 256; i++) {
+        uint64_t v = n / step;
+        lut[i] = (uint8_t)(v > 255 ? 255 : v);   /* Image.point clips */
+        n += hist[i];
+    }
+}
+
+/* ImageOps.autocontrast(cutoff=0)'s table for one channel's histogram. */
+static void
+fl_autocontrast_lut(const uint64_t *hist, uint8_t *lut)
+{
+    int lo = 0, hi = 255;
+    while (lo < 255 && hist[lo] == 0)
+        lo++;
+    while (hi > 0 && hist[hi] == 0)
+        hi--;
+    if (hi <= lo) {
+        for (int i = 0; i < 256; i++)
+            lut[i] = (uint8_t)i;
+        return;
+    }
+    double scale = 255.0 / (hi - lo);
+    double offset = -lo * scale;
+    for (int i = 0; i < 256; i++) {
+        double v = i * scale + offset;
+        int ix = (int)v;   /* Python's int(): toward zero; |v| < 2^31 here */
+        lut[i] = (uint8_t)(ix < 0 ? 0 : ix > 255 ? 255 : ix);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entry points                                                             */
+
+/* Contract: augment.h.  The scratch holds the image copy, then (8-byte
+ * aligned) the w ints of ImagingScaleAffine's column table. */
+size_t
+fl_aug_tmp_bytes(int w, int h, int channels)
+{
+    if (w <= 0 || h <= 0 || channels <= 0)
+        return 0;
+    size_t uw = (size_t)w, uh = (size_t)h, uc = (size_t)channels;
+    if (uw > SIZE_MAX / uh || uw * uh > SIZE_MAX / uc)
+        return 0;
+    size_t img = uw * uh * uc;
+    size_t off = (img + 7) & ~(size_t)7;
+    if (off < img || uw > (SIZE_MAX - off) / sizeof(int))
+        return 0;
+    return off + uw * sizeof(int);
+}
+
+static const char *const fl_aug_names[FL_AUG_NOPS] = {
+    "Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+    "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
+};
+
+/* Contract: augment.h. */
+int
+fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t *img, int w, int h, int channels,
+             uint8_t *tmp, fl_err *err)
+{
+    static const uint8_t zeros[3] = {0, 0, 0};
+    if (op < 0 || op >= FL_AUG_NOPS) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: unknown op %d (0..%d)", op, FL_AUG_NOPS - 1);
+        return -1;
+    }
+    const char *name = fl_aug_names[op];
+    if (interp != FL_AUG_NEAREST && interp != FL_AUG_BILINEAR) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: unknown interpolation %d (0 nearest, 1 bilinear)", name,
+                   interp);
+        return -1;
+    }
+    if (channels != 1 && channels != 3) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: %d channels (1 or 3 supported)", name, channels);
+        return -1;
+    }
+    if (w <= 0 || h <= 0 || w > FL_MAX_DIM || h > FL_MAX_DIM) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: image size %d x %d (1..%d each)", name, w, h, FL_MAX_DIM);
+        return -1;
+    }
+    if (!isfinite(magnitude)) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: magnitude %g is not finite", name, magnitude);
+        return -1;
+    }
+    if (img == NULL || tmp == NULL) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: no image or scratch buffer", name);
+        return -1;
+    }
+    if (fill == NULL)
+        fill = zeros;
+
+    size_t npix = (size_t)w * (size_t)h, n = npix * (size_t)channels;
+    int *xintab = (int *)(void *)(tmp + ((n + 7) & ~(size_t)7));
+    uint8_t lut[3 * 256];
+
+    switch (op) {
+    case FL_AUG_IDENTITY:
+        return 0;
+
+    case FL_AUG_SHEAR_X:
+    case FL_AUG_SHEAR_Y:
+    case FL_AUG_TRANSLATE_X:
+    case FL_AUG_TRANSLATE_Y:
+    case FL_AUG_ROTATE: {
+        double m[6];
+        memcpy(tmp, img, n);
+        if (op == FL_AUG_ROTATE) {
+            fl_rotate(tmp, img, w, h, channels, magnitude, interp, fill, xintab);
+            return 0;
+        }
+        if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
+            double deg = atan(magnitude) * fl_rad2deg;   /* math.degrees(math.atan(magnitude)) */
+            fl_tv_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0,
+                                 op == FL_AUG_SHEAR_Y ? deg : 0.0, m);
+        } else {
+            double t = trunc(magnitude);   /* int(magnitude) */
+            fl_tv_inverse_affine(w * 0.5, h * 0.5, 0.0, op == FL_AUG_TRANSLATE_X ? t : 0.0,
+                                 op == FL_AUG_TRANSLATE_Y ? t : 0.0, 0.0, 0.0, m);
+        }
+        fl_affine(tmp, img, w, h, channels, m, interp, fill, xintab);
+        return 0;
+    }
+
+    case FL_AUG_BRIGHTNESS:
+    case FL_AUG_COLOR:
+    case FL_AUG_CONTRAST:
+    case FL_AUG_SHARPNESS: {
+        float alpha = (float)(1.0 + magnitude);   /* Image.blend's alpha is a C float */
+        if (isinf(alpha)) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: factor 1 + %g is beyond float range", name, magnitude);
+            return -1;
+        }
+        if (alpha == 1.0f)
+            return 0;
+        /* From |alpha| >= 256 on, every byte is 0 or 255 by the sign of
+         * alpha * (v - d), or d where v == d: the same with alpha clamped. */
+        if (alpha > FL_BLEND_ALPHA_MAX)
+            alpha = FL_BLEND_ALPHA_MAX;
+        if (alpha < -FL_BLEND_ALPHA_MAX)
+            alpha = -FL_BLEND_ALPHA_MAX;
+        if (op == FL_AUG_BRIGHTNESS) {   /* degenerate: black */
+            for (int v = 0; v < 256; v++)
+                lut[v] = fl_blend1(0, v, alpha);
+            fl_lut_apply1(img, n, lut);
+        } else if (op == FL_AUG_CONTRAST) {   /* degenerate: int(mean of the luma + 0.5) everywhere */
+            double mean = (double)fl_luma_sum(img, npix, channels) / (double)npix;
+            int m = (int)(mean + 0.5);
+            for (int v = 0; v < 256; v++)
+                lut[v] = fl_blend1(m, v, alpha);
+            fl_lut_apply1(img, n, lut);
+        } else if (op == FL_AUG_COLOR) {
+            if (channels == 1)   /* the degenerate of an L image is the image */
+                return 0;
+            fl_color_rows(img, w, h, alpha, tmp);
+        } else {
+            if (w < 3 || h < 3)   /* ImagingFilter copies images smaller than the kernel */
+                return 0;
+            memcpy(tmp, img, n);
+            fl_sharpness_rows(tmp, img, w, h, channels, alpha);   /* alpha 0: the smoothed image */
+        }
+        return 0;
+    }
+
+    case FL_AUG_POSTERIZE: {
+        double bits_d = trunc(magnitude);   /* int(magnitude) */
+        if (!(bits_d >= 0.0 && bits_d <= 8.0)) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: Posterize: bits int(%g) outside 0..8", magnitude);
+            return -1;
+        }
+        int bits = (int)bits_d;
+        if (bits == 8)
+            return 0;
+        uint8_t mask = (uint8_t)(0xFFu << (8 - bits));   /* ~(2 ** (8 - bits) - 1) */
+        for (int v = 0; v < 256; v++)
+            lut[v] = (uint8_t)(v & mask);
+        fl_lut_apply1(img, n, lut);
+        return 0;
+    }
+
+    case FL_AUG_SOLARIZE:
+        for (int v = 0; v < 256; v++)
+            lut[v] = (double)v < magnitude ? (uint8_t)v : (uint8_t)(255 - v);
+        fl_lut_apply1(img, n, lut);
+        return 0;
+
+    case FL_AUG_AUTOCONTRAST:
+    case FL_AUG_EQUALIZE: {
+        uint64_t hist[3 * 256];
+        fl_histogram(img, npix, channels, hist);
+        for (int ch = 0; ch < channels; ch++) {
+            if (op == FL_AUG_EQUALIZE)
+                fl_equalize_lut(hist + ch * 256, lut + ch * 256);
+            else
+                fl_autocontrast_lut(hist + ch * 256, lut + ch * 256);
+        }
+        if (channels == 3)
+            fl_lut_apply3(img, npix, lut);
+        else
+            fl_lut_apply1(img, n, lut);
+        return 0;
+    }
+
+    case FL_AUG_INVERT:
+        for (int v = 0; v < 256; v++)
+            lut[v] = (uint8_t)(255 - v);
+        fl_lut_apply1(img, n, lut);
+        return 0;
+    }
+    return 0;
+}

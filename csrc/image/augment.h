@@ -1,0 +1,77 @@
+/* augment.h: the augmentation policies' image ops, one function per op.
+ *
+ * The ops of torchvision's AutoAugment / RandAugment / TrivialAugmentWide
+ * (torchvision.transforms.autoaugment._apply_op), run on the uint8 image a
+ * worker has already cropped, resized and flipped, before the dtype
+ * conversion.  Reference semantics: Pillow (what torchvision's transforms do
+ * to the PIL images of the reference recipes): Image.transform(AFFINE) and
+ * Image.rotate with NEAREST resampling, Image.blend for the ImageEnhance
+ * factors, ImageFilter.SMOOTH for Sharpness, the ImageOps LUTs.  Each op's
+ * fidelity against Pillow is stated in docs/recipes.md and tested in
+ * tests/test_augment_ops.py.
+ *
+ * Images are h rows of w pixels of `channels` (1 or 3) interleaved uint8
+ * channels, rows packed (stride w * channels).  Nothing here touches Python;
+ * every function runs without the GIL, re-entrant on distinct buffers.
+ */
+#ifndef FL_AUGMENT_H
+#define FL_AUGMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+/* The ops, with what `magnitude` means for each (torchvision's _apply_op). */
+enum {
+    FL_AUG_IDENTITY = 0,
+    FL_AUG_SHEAR_X = 1,       /* affine shear of degrees(atan(magnitude)) along x, centre (0, 0) */
+    FL_AUG_SHEAR_Y = 2,       /* the same along y */
+    FL_AUG_TRANSLATE_X = 3,   /* translate by int(magnitude) pixels (truncated toward zero) */
+    FL_AUG_TRANSLATE_Y = 4,
+    FL_AUG_ROTATE = 5,        /* rotate by magnitude degrees counter-clockwise about the centre, no expand */
+    FL_AUG_BRIGHTNESS = 6,    /* ImageEnhance.Brightness(1 + magnitude) */
+    FL_AUG_COLOR = 7,         /* ImageEnhance.Color(1 + magnitude) */
+    FL_AUG_CONTRAST = 8,      /* ImageEnhance.Contrast(1 + magnitude) */
+    FL_AUG_SHARPNESS = 9,     /* ImageEnhance.Sharpness(1 + magnitude) */
+    FL_AUG_POSTERIZE = 10,    /* ImageOps.posterize(int(magnitude) bits), bits in 0..8 */
+    FL_AUG_SOLARIZE = 11,     /* ImageOps.solarize(threshold = magnitude): v < threshold ? v : 255 - v */
+    FL_AUG_AUTOCONTRAST = 12, /* ImageOps.autocontrast(cutoff 0), per channel */
+    FL_AUG_EQUALIZE = 13,     /* ImageOps.equalize, per channel */
+    FL_AUG_INVERT = 14,       /* ImageOps.invert */
+    FL_AUG_NOPS = 15
+};
+
+/* Resampling of the geometric ops. */
+enum { FL_AUG_NEAREST = 0, FL_AUG_BILINEAR = 1 };
+
+/* Bytes of scratch fl_aug_apply needs for a w x h image of `channels`
+ * channels: the image's w * h * channels bytes rounded up to 8, then w ints
+ * (a column table; it is also the slack the geometric ops' 4-byte loads may
+ * read past the image copy).  0 when w, h or channels is not positive or the
+ * size overflows.  Pure; any thread. */
+size_t fl_aug_tmp_bytes(int w, int h, int channels);
+
+/* Apply op (FL_AUG_*) with `magnitude` to img in place: the bytes
+ * torchvision's _apply_op(pil_image, op_name, magnitude, interpolation, fill)
+ * gives with Pillow 13 on an "L" (channels 1) or "RGB" (channels 3) image.
+ * interp: FL_AUG_NEAREST or FL_AUG_BILINEAR (checked for every op, used by
+ * the geometric ones).  fill: `channels` bytes written where a geometric op
+ * uncovers pixels (NULL: zeros, torchvision's fill=None); Pillow's fillcolor
+ * after _parse_fill, i.e. the caller has already truncated and clipped the
+ * user's values to 0..255.  img: h packed rows of w * channels bytes, owned
+ * by the caller, not aliasing tmp.  tmp: caller-owned scratch of
+ * fl_aug_tmp_bytes(w, h, channels) bytes; its contents on return are
+ * unspecified.  Nothing is allocated.
+ * Magnitudes: any finite value; Posterize needs int(magnitude) in 0..8 (0
+ * gives zeros, as torchvision's tensor op; Pillow's ImageOps.posterize
+ * refuses 0, so _apply_op on a PIL image raises there), the enhance ops a
+ * factor 1 + magnitude within float range.
+ * No GIL; re-entrant on distinct buffers.  Returns 0, or -1 with err filled
+ * (FL_ERR_INVALID: unknown op or interp, w or h outside 1..FL_MAX_DIM (imgops.h),
+ * channels not 1 or 3, img or tmp NULL, a magnitude that is NaN, infinite
+ * or out of the op's range).  On error img is unchanged. */
+int fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t *img, int w, int h,
+                 int channels, uint8_t *tmp, fl_err *err);
+
+#endif
