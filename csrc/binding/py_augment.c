@@ -1,0 +1,147 @@
+/* py_augment.c: test binding of the augmentation ops (image/augment.h).
+ *
+ * One module-level function for tests and benchmarks (fastloader/ itself does
+ * not call it, hence the underscore), registered by fl_register_augment:
+ *   _augment_op(op, magnitude, image, *, interp=0, fill=None) -> ndarray
+ *       op: an FL_AUG_* code (0 Identity .. 14 Invert); magnitude: a float
+ *       (what torchvision's _apply_op receives); image: a C-contiguous uint8
+ *       [H, W], [H, W, 1] or [H, W, 3] array, left as it is; interp: 0
+ *       nearest, 1 bilinear; fill: None (zeros) or a sequence of one int per
+ *       channel (0..255) for the pixels a geometric op uncovers.
+ *       Returns a new uint8 array of the image's shape.
+ * Core errors (unknown op, magnitude out of range, ...) come through the
+ * one translator (fl_py_raise: FL_ERR_INVALID -> ValueError).
+ *
+ * Runs with the GIL held; it is released only around fl_aug_apply, while
+ * this call holds its references to the input and the result.  The scratch
+ * is plain malloc memory.
+ */
+#define NO_IMPORT_ARRAY
+#include "binding/binding.h"
+#include <numpy/arrayobject.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/augment.h"
+
+/* fill (None or a sequence of `channels` ints in 0..255) -> out.  Returns 0,
+ * or -1 with TypeError / ValueError. */
+static int
+fl_aug_fill_from_py(PyObject *obj, int channels, uint8_t out[3])
+{
+    memset(out, 0, 3);
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(obj, "");
+    if (seq == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "_augment_op: fill must be None or a sequence of ints");
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != channels) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "_augment_op: fill has %zd values for %d channels", n, channels);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(seq, i);
+        long x;
+        if (!PyLong_Check(v)) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_TypeError, "_augment_op: fill values must be ints, not %.100s", Py_TYPE(v)->tp_name);
+            return -1;
+        }
+        x = PyLong_AsLong(v);
+        if (x == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (x < 0 || x > 255) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "_augment_op: fill value %ld outside 0..255", x);
+            return -1;
+        }
+        out[i] = (uint8_t)x;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *
+fl_py_augment_op(PyObject *m, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"op", "magnitude", "image", "interp", "fill", NULL};
+    int op, interp = FL_AUG_NEAREST, rc;
+    double magnitude;
+    PyObject *image, *fill_obj = Py_None;
+    PyArrayObject *arr = NULL, *res = NULL;
+    uint8_t fill[3];
+    uint8_t *tmp = NULL;
+    fl_err err = {0};
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "idO|$iO:_augment_op", kwlist, &op, &magnitude, &image,
+                                     &interp, &fill_obj))
+        return NULL;
+    if (!PyArray_Check(image)) {
+        PyErr_SetString(PyExc_TypeError, "_augment_op: image must be a numpy array");
+        return NULL;
+    }
+    arr = (PyArrayObject *)image;
+    if (PyArray_TYPE(arr) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(arr)) {
+        PyErr_SetString(PyExc_TypeError, "_augment_op: image must be a C-contiguous uint8 array");
+        return NULL;
+    }
+    if (!(PyArray_NDIM(arr) == 2 || PyArray_NDIM(arr) == 3) || PyArray_DIM(arr, 0) > INT_MAX
+        || PyArray_DIM(arr, 1) > INT_MAX || (PyArray_NDIM(arr) == 3 && PyArray_DIM(arr, 2) > INT_MAX)) {
+        PyErr_SetString(PyExc_ValueError, "_augment_op: image must be an [H, W] or [H, W, C] array");
+        return NULL;
+    }
+    int h = (int)PyArray_DIM(arr, 0), w = (int)PyArray_DIM(arr, 1);
+    int channels = PyArray_NDIM(arr) == 3 ? (int)PyArray_DIM(arr, 2) : 1;
+    /* the core checks channels and sizes; the fill needs a sane count first */
+    if (fl_aug_fill_from_py(fill_obj, channels == 3 ? 3 : 1, fill) < 0)
+        return NULL;
+
+    size_t nb = fl_aug_tmp_bytes(w, h, channels);
+    if (nb == 0 && w > 0 && h > 0 && channels > 0)
+        return PyErr_NoMemory();
+    tmp = (uint8_t *)malloc(nb ? nb : 1);
+    if (tmp == NULL)
+        return PyErr_NoMemory();
+    res = (PyArrayObject *)PyArray_NewLikeArray(arr, NPY_CORDER, NULL, 0);
+    if (res == NULL) {
+        free(tmp);
+        return NULL;
+    }
+    memcpy(PyArray_DATA(res), PyArray_DATA(arr), (size_t)PyArray_NBYTES(arr));
+
+    /* Only fl_aug_apply runs without the GIL; arr and res stay referenced. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_aug_apply(op, magnitude, interp, fill, (uint8_t *)PyArray_DATA(res), w, h, channels, tmp, &err);
+    Py_END_ALLOW_THREADS
+    free(tmp);
+    if (rc < 0) {
+        Py_DECREF(res);
+        return fl_py_raise(m, &err, NULL, NULL);
+    }
+    return (PyObject *)res;
+}
+
+static PyMethodDef fl_augment_methods[] = {
+    {"_augment_op", (PyCFunction)(void (*)(void))fl_py_augment_op, METH_VARARGS | METH_KEYWORDS,
+     "_augment_op(op, magnitude, image, *, interp=0, fill=None) -> ndarray\n\n"
+     "For tests and benchmarks.\n"
+     "One AutoAugment / RandAugment / TrivialAugmentWide op (an FL_AUG_* code, 0 Identity ..\n"
+     "14 Invert) on a C-contiguous uint8 [H, W] / [H, W, 1|3] image, as torchvision's\n"
+     "_apply_op does it to a PIL image with Pillow. interp: 0 nearest, 1 bilinear; fill: None\n"
+     "(zeros) or one int per channel. Returns a new array of the same shape."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+fl_register_augment(PyObject *m)
+{
+    return PyModule_AddFunctions(m, fl_augment_methods);
+}
