@@ -18,7 +18,8 @@
  *               kernel with its border rows and columns copied).
  *   LUT ops     ImageOps.posterize / solarize / autocontrast(cutoff=0) /
  *               equalize / invert: a 256-entry table per channel, applied as
- *               Image.point does (entries clipped to 0..255).
+ *               Image.point does (entries clipped to 0..255); the tables of
+ *               invert, posterize and solarize as the arithmetic they are.
  * Every op is bit-exact with Pillow (tests/test_augment_ops.py,
  * docs/recipes.md).  Floating point stays IEEE as Pillow's: no FMA (-std=c11
  * turns contraction off; the AVX2 clones do not enable FMA), no
@@ -116,6 +117,31 @@ fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
     }
     for (; i < n; i++)
         p[i] = lut[p[i]];
+}
+
+/* The table ops that are plain arithmetic, as vector loops: Invert
+ * (255 - v), Posterize (v & mask) and Solarize (v < k ? v : 255 - v, k the
+ * number of bytes below the threshold: those are a prefix of 0..255). */
+FL_AUG_HOT static void
+fl_invert_bytes(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(255 - p[i]);
+}
+
+FL_AUG_HOT static void
+fl_mask_bytes(uint8_t *p, size_t n, uint8_t mask)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] &= mask;
+}
+
+/* k in 1..255 (0 inverts everything, 256 changes nothing) */
+FL_AUG_HOT static void
+fl_solarize_bytes(uint8_t *p, size_t n, uint8_t k)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = p[i] < k ? p[i] : (uint8_t)(255 - p[i]);
 }
 
 /* RGB pixels through three tables (lut: 3 x 256, channel-major). */
@@ -1024,18 +1050,20 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
         int bits = (int)bits_d;
         if (bits == 8)
             return 0;
-        uint8_t mask = (uint8_t)(0xFFu << (8 - bits));   /* ~(2 ** (8 - bits) - 1) */
-        for (int v = 0; v < 256; v++)
-            lut[v] = (uint8_t)(v & mask);
-        fl_lut_apply1(img, n, lut);
+        fl_mask_bytes(img, n, (uint8_t)(0xFFu << (8 - bits)));   /* ~(2 ** (8 - bits) - 1) */
         return 0;
     }
 
-    case FL_AUG_SOLARIZE:
-        for (int v = 0; v < 256; v++)
-            lut[v] = (double)v < magnitude ? (uint8_t)v : (uint8_t)(255 - v);
-        fl_lut_apply1(img, n, lut);
+    case FL_AUG_SOLARIZE: {   /* the table's `i < threshold`, an int against a float */
+        int k = 0;
+        while (k < 256 && (double)k < magnitude)
+            k++;
+        if (k == 0)
+            fl_invert_bytes(img, n);
+        else if (k < 256)
+            fl_solarize_bytes(img, n, (uint8_t)k);
         return 0;
+    }
 
     case FL_AUG_AUTOCONTRAST:
     case FL_AUG_EQUALIZE: {
@@ -1055,9 +1083,7 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     }
 
     case FL_AUG_INVERT:
-        for (int v = 0; v < 256; v++)
-            lut[v] = (uint8_t)(255 - v);
-        fl_lut_apply1(img, n, lut);
+        fl_invert_bytes(img, n);
         return 0;
     }
     return 0;
