@@ -1,0 +1,244 @@
+"""Per-op cost of the augmentation ops (csrc/image/augment.c: fl_aug_apply)
+against Pillow and torchvision's v2 tensor ops, one thread, one image.
+
+Columns, each the median of --repeats timings of --n calls, in microseconds
+per image (224 x 224 RGB photograph by default):
+
+  * ``C``: a small C harness compiled here against csrc/image/augment.c with
+    the extension's flags, calling fl_aug_apply on a reused scratch, as a
+    worker would.  The op works in place, so every call starts from a fresh
+    copy of the photo; the copy's own time (measured alone) is subtracted.
+  * ``_C``: fastloader._C._augment_op (adds the Python call, a new array,
+    the copy into it and a fresh scratch per call).
+  * ``PIL``: torchvision.transforms.autoaugment._apply_op on a PIL image
+    (Pillow: the reference the C ops are bit-exact with).
+  * ``v2``: torchvision.transforms.v2.functional on a uint8 CHW tensor
+    (torch.set_num_threads(1)), what v2's RandAugment runs per op.
+
+Ratios are PIL / C and v2 / C (above 1: the C op is faster).
+
+Usage:
+  python benchmarks/bench_augment_ops.py [--n 200] [--repeats 7] [--size 224x224] [--photo astronaut]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+# name, FL_AUG_* code, magnitude, interpolation (0 nearest, 1 bilinear)
+OPS = [
+    ("Identity", 0, 0.0, 0),
+    ("ShearX", 1, 0.3, 0),
+    ("ShearX/bilinear", 1, 0.3, 1),
+    ("ShearY", 2, -0.3, 0),
+    ("TranslateX", 3, 45.0, 0),
+    ("TranslateY", 4, -45.0, 0),
+    ("Rotate", 5, 30.0, 0),
+    ("Rotate/bilinear", 5, 30.0, 1),
+    ("Brightness", 6, 0.5, 0),
+    ("Color", 7, 0.5, 0),
+    ("Contrast", 8, -0.5, 0),
+    ("Sharpness", 9, 0.5, 0),
+    ("Posterize", 10, 4.0, 0),
+    ("Solarize", 11, 128.0, 0),
+    ("AutoContrast", 12, 0.0, 0),
+    ("Equalize", 13, 0.0, 0),
+    ("Invert", 14, 0.0, 0),
+]
+
+HARNESS = r"""
+#include "image/augment.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+
+/* argv: image.raw w h n repeats, then (op magnitude interp) triples */
+int main(int argc, char **argv)
+{
+    if (argc < 6) return 2;
+    int W = atoi(argv[2]), H = atoi(argv[3]), N = atoi(argv[4]), R = atoi(argv[5]);
+    size_t nb = (size_t)W * H * 3;
+    uint8_t *orig = malloc(nb), *img = malloc(nb), *tmp = malloc(fl_aug_tmp_bytes(W, H, 3));
+    FILE *f = fopen(argv[1], "rb");
+    if (!f || fread(orig, 1, nb, f) != nb) return 3;
+    fclose(f);
+    static const uint8_t fill[3] = {0, 0, 0};
+    fl_err err;
+    double *t = malloc(sizeof(double) * R);
+    /* the copy alone */
+    for (int r = 0; r < R; r++) {
+        double t0 = now();
+        for (int i = 0; i < N; i++) { memcpy(img, orig, nb); __asm__ __volatile__("" ::: "memory"); }
+        t[r] = (now() - t0) / N;
+    }
+    qsort(t, R, sizeof *t, cmp);
+    double copy = t[R / 2];
+    printf("copy %.3f\n", copy * 1e6);
+    for (int a = 6; a + 2 < argc; a += 3) {
+        int op = atoi(argv[a]), interp = atoi(argv[a + 2]);
+        double mag = atof(argv[a + 1]);
+        for (int i = 0; i < 16; i++) {
+            memcpy(img, orig, nb);
+            if (fl_aug_apply(op, mag, interp, fill, img, W, H, 3, tmp, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        }
+        for (int r = 0; r < R; r++) {
+            double t0 = now();
+            for (int i = 0; i < N; i++) {
+                memcpy(img, orig, nb);
+                fl_aug_apply(op, mag, interp, fill, img, W, H, 3, tmp, &err);
+            }
+            t[r] = (now() - t0) / N;
+        }
+        qsort(t, R, sizeof *t, cmp);
+        double v = t[R / 2] - copy;
+        printf("%d %d %.3f\n", op, interp, (v > 0 ? v : 0) * 1e6);
+    }
+    return 0;
+}
+"""
+
+
+def run_c(raw: bytes, w: int, h: int, n: int, repeats: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        c = os.path.join(d, "harness.c")
+        with open(c, "w") as f:
+            f.write(HARNESS)
+        img = os.path.join(d, "image.raw")
+        with open(img, "wb") as f:
+            f.write(raw)
+        exe = os.path.join(d, "harness")
+        csrc = os.path.join(REPO, "csrc")
+        cmd = [os.environ.get("CC", "gcc"), "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
+               "-std=c11", "-D_GNU_SOURCE", "-fwrapv", "-I", csrc, c, os.path.join(csrc, "image", "augment.c"),
+               "-o", exe, "-lm"]
+        subprocess.run(cmd, check=True)
+        args = [exe, img, str(w), str(h), str(n), str(repeats)]
+        for _, code, mag, interp in OPS:
+            args += [str(code), repr(mag), str(interp)]
+        out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if parts[0] == "copy":
+            res["copy"] = float(parts[1])
+        else:
+            res[(int(parts[0]), int(parts[1]))] = float(parts[2])
+    return res
+
+
+def timed(fn, n: int, repeats: int) -> float:
+    """Median over `repeats` of the mean time of n calls, in microseconds."""
+    for _ in range(min(n, 10)):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        ts.append((time.perf_counter() - t0) / n)
+    return statistics.median(ts) * 1e6
+
+
+def v2_op(F, InterpolationMode, t, name, mag, interp):
+    """torchvision v2's per-op call (what v2.RandAugment's
+    _apply_image_or_video_transform does for each op name)."""
+    im = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
+    fill = None
+    if name == "Identity":
+        return t
+    if name == "ShearX":
+        return F.affine(t, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(mag)), 0.0],
+                        interpolation=im, fill=fill, center=[0, 0])
+    if name == "ShearY":
+        return F.affine(t, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(mag))],
+                        interpolation=im, fill=fill, center=[0, 0])
+    if name == "TranslateX":
+        return F.affine(t, angle=0.0, translate=[int(mag), 0], scale=1.0, shear=[0.0, 0.0], interpolation=im,
+                        fill=fill)
+    if name == "TranslateY":
+        return F.affine(t, angle=0.0, translate=[0, int(mag)], scale=1.0, shear=[0.0, 0.0], interpolation=im,
+                        fill=fill)
+    if name == "Rotate":
+        return F.rotate(t, angle=mag, interpolation=im, fill=fill)
+    if name == "Brightness":
+        return F.adjust_brightness(t, 1.0 + mag)
+    if name == "Color":
+        return F.adjust_saturation(t, 1.0 + mag)
+    if name == "Contrast":
+        return F.adjust_contrast(t, 1.0 + mag)
+    if name == "Sharpness":
+        return F.adjust_sharpness(t, 1.0 + mag)
+    if name == "Posterize":
+        return F.posterize(t, int(mag))
+    if name == "Solarize":
+        return F.solarize(t, mag)
+    if name == "AutoContrast":
+        return F.autocontrast(t)
+    if name == "Equalize":
+        return F.equalize(t)
+    if name == "Invert":
+        return F.invert(t)
+    raise ValueError(name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200, help="calls per timing")
+    ap.add_argument("--repeats", type=int, default=7, help="timings per op (the median is reported)")
+    ap.add_argument("--size", default="224x224", help="image WxH")
+    ap.add_argument("--photo", default="astronaut", help="skimage.data photograph")
+    a = ap.parse_args()
+    w, h = (int(x) for x in a.size.lower().split("x"))
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import autoaugment as aa
+    from torchvision.transforms.v2 import functional as F
+
+    from imgutil import photo_image
+
+    torch.set_num_threads(1)
+    pil = photo_image(a.photo, (w, h))
+    arr = np.array(pil)   # a writable, C-contiguous copy
+    tens = torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+    cres = run_c(arr.tobytes(), w, h, a.n, a.repeats)
+    try:
+        from fastloader import _C
+    except ImportError:
+        _C = None
+
+    print(f"augmentation ops, one thread, {w}x{h} RGB ({a.photo}), median of {a.repeats} x {a.n} calls, "
+          f"us per image ({sysconfig.get_platform()}; C: copy-in of {cres['copy']:.1f} us subtracted)")
+    print(f"| {'op':<16} | {'C':>7} | {'_C':>7} | {'PIL':>7} | {'v2':>7} | {'PIL/C':>6} | {'v2/C':>6} |")
+    print(f"|{'-' * 18}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
+    for name, code, mag, interp in OPS:
+        base = name.split("/")[0]
+        pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
+        c = cres[(code, interp)]
+        py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
+        p = timed(lambda: aa._apply_op(pil, base, mag, pil_interp, None), a.n, a.repeats)
+        v = timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
+        r1 = p / c if c > 0 else float("inf")
+        r2 = v / c if c > 0 else float("inf")
+        print(f"| {name:<16} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")
+
+
+if __name__ == "__main__":
+    main()
