@@ -178,6 +178,47 @@ def test_draw_counts():
         assert n >= (150 if name in RANDOM_RANGE else 64), (name, n)
 
 
+def synthetic_images():
+    """Crafted images for the table ops' edge branches: constant images
+    (autocontrast's hi <= lo, equalize's single value), two values (equalize's
+    step == 0, and entries past 255 that Image.point clips), narrow and full
+    ranges, noise, one channel flat and the others not."""
+    rng = np.random.default_rng(7)
+    out = []
+    for v in (0, 1, 128, 254, 255):
+        out.append(np.full((9, 13, 3), v, np.uint8))
+        out.append(np.full((5, 4), v, np.uint8))
+    two = np.zeros((21, 15), np.uint8)
+    two[0, 0] = 255
+    out += [two, np.stack([two, 255 - two, two], axis=2)]
+    big = np.zeros((1, 301), np.uint8)
+    big[0, -1] = 255   # equalize: step 1, the last entry 300 -> clipped to 255
+    out += [big, np.repeat(big[:, :, None], 3, axis=2)]
+    for lo, hi in ((0, 2), (100, 103), (10, 250), (0, 256), (200, 256)):
+        out.append(rng.integers(lo, hi, (31, 17, 3), dtype=np.uint8))
+        out.append(rng.integers(lo, hi, (17, 31), dtype=np.uint8))
+    flat = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
+    flat[:, :, 1] = 77
+    out.append(flat)
+    ramp = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
+    out += [ramp, np.stack([ramp, ramp[:, ::-1], ramp // 2], axis=2)]
+    return out
+
+
+@pytest.mark.parametrize("name", ["AutoContrast", "Equalize", "Invert", "Posterize", "Solarize", "Brightness",
+                                  "Contrast", "Color", "Sharpness"])
+def test_table_and_enhance_ops_on_crafted_images(name):
+    mags = {"Posterize": [1.0, 3.0, 7.0], "Solarize": [0.0, 1.0, 100.5, 255.0],
+            "Brightness": [-0.9, 0.5, 2.0], "Contrast": [-0.9, 0.5, 2.0], "Color": [-0.9, 0.5, 2.0],
+            "Sharpness": [-0.9, 0.5, 2.0]}.get(name, [0.0])
+    for arr in synthetic_images():
+        im = Image.fromarray(arr, "RGB" if arr.ndim == 3 else "L")
+        for m in mags:
+            ref = reference(im, name, m, InterpolationMode.NEAREST, None)
+            got = ours(arr, name, m, InterpolationMode.NEAREST, None)
+            assert np.array_equal(got, ref), (name, m, arr.shape, arr.min(), arr.max())
+
+
 def test_hw1_and_hw_arrays_agree():
     im, arr = image(1, "L")
     for name in ("Rotate", "Equalize", "Sharpness", "Contrast"):
