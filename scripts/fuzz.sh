@@ -5,10 +5,12 @@
 #
 #   SECONDS  total fuzzing time, split evenly over the targets (default 600:
 #            the 10-minute run recorded in docs/hardening.md; 60 is the CI smoke pass)
-#   TARGET   decode | region | render | render-noavx2 | tar (default: decode region render;
-#            tar is fuzz/fuzz_tar.c, the shard reader, run on request)
-#            render-noavx2 is the render binary with FASTLOADER_NO_AVX2=1 (the
-#            portable resample kernels); it shares the render corpus.
+#   TARGET   decode | region | render | render-noavx2 | augment | augment-noavx2 | tar
+#            (default: decode region render augment; tar is fuzz/fuzz_tar.c, the
+#            shard reader, run on request)
+#            render-noavx2 / augment-noavx2 are the render / augment binaries with
+#            FASTLOADER_NO_AVX2=1 (the portable kernels); each shares its
+#            binary's corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/<layer>/*.c but
 # csrc/binding/; -ljpeg -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
@@ -29,9 +31,10 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode region render)
+[ ${#targets[@]} -gt 0 ] || targets=(decode region render augment)
 for t in "${targets[@]}"; do
-    case $t in decode|region|render|render-noavx2|tar) ;; *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
+    case $t in decode|region|render|render-noavx2|augment|augment-noavx2|tar) ;;
+        *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
 done
 
 # --- toolchain: clang with libFuzzer (Debian: clang pulls libclang-rt-*-dev)
@@ -120,7 +123,11 @@ summary=()
 for t in "${targets[@]}"; do
     b=${t%-noavx2}
     env=()
-    [ "$t" = render-noavx2 ] && env=(FASTLOADER_NO_AVX2=1)
+    case $t in *-noavx2) env=(FASTLOADER_NO_AVX2=1) ;; esac
+    # the JPEG targets' and the shard reader's dictionaries; augment's input is
+    # parameters and raw pixels, which no dictionary describes
+    dict=()
+    case $b in tar) dict=(-dict=fuzz/tar.dict) ;; augment) ;; *) dict=(-dict=fuzz/jpeg.dict) ;; esac
     mkdir -p "$B/corpus/$b"
     log="$B/fuzz-$t.log"
     start=$(date +%s)
@@ -128,7 +135,7 @@ for t in "${targets[@]}"; do
     # -max_len: the seeds are under 1.5 KB; 16 KB leaves room for grown
     # headers (many markers, EXIF, tables) without slowing the mutator.
     env "${env[@]}" "$B/fuzz_$b" -max_total_time="$per" -max_len=16384 -timeout=20 -rss_limit_mb=2048 \
-        -print_final_stats=1 -dict="fuzz/$([ "$b" = tar ] && echo tar || echo jpeg).dict" \
+        -print_final_stats=1 "${dict[@]}" \
         -artifact_prefix="$B/crashes/$t-" \
         ${FUZZ_ARGS:-} \
         "$B/corpus/$b" "$B/seeds/$b" >"$log" 2>&1 || rc=$?

@@ -11,6 +11,10 @@ Writes
                         tables, a truncated file, junk before a marker and after EOI
   OUTDIR/region/*.bin   16 parameter bytes + one of those JPEGs (fuzz/fuzz_region.c)
   OUTDIR/render/*.bin   64 parameter bytes + one of those JPEGs (fuzz/fuzz_render.c)
+  OUTDIR/augment/*.bin  17 parameter bytes + raw pixels (fuzz/fuzz_augment.c): every
+                        op, both interpolations of the geometric ones, 1 and 3
+                        channels, realistic and special magnitudes
+  OUTDIR/tar/*.bin      a mode byte + a small shard (fuzz/fuzz_tar.c)
 Everything is deterministic (fixed seeds), so the corpus is the same on every
 machine.  Needs Pillow, and cjpeg / jpegtran from libjpeg-turbo-progs for the
 arithmetic, restart-marker and RGB seeds (skipped with a note when missing).
@@ -30,6 +34,7 @@ from PIL import Image
 
 REGION_PARAMS = 16   # fuzz/fuzz_common.h FZ_REGION_PARAMS
 RENDER_PARAMS = 64   # fuzz/fuzz_common.h FZ_RENDER_PARAMS
+AUGMENT_PARAMS = 17  # fuzz/fuzz_common.h FZ_AUGMENT_PARAMS
 
 
 def picture(w: int, h: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
@@ -225,6 +230,40 @@ def render_params(mode: int, spec: bytes, rest: bytes) -> bytes:
     return (bytes([mode]) + spec + rest).ljust(RENDER_PARAMS, b"\0")
 
 
+def augment_params(op: int, interp: int, channels: int, w: int, h: int, *, u: float | None = None,
+                   special: int | None = None, fill=(0, 0, 0)) -> bytes:
+    """fuzz/fuzz_augment.c's parameter block: op, magnitude (kind 2: the op's
+    realistic range at fraction u; kind 1: entry `special` of its table),
+    interpolation, channels (1 or 3), width and height (1..40), fill."""
+    if u is not None:
+        kind, bits = 2, int(u * (1 << 53)) << 11
+    else:
+        kind, bits = 1, special
+    out = bytes([op, kind]) + struct.pack(">Q", bits) + bytes([interp, 1 if channels == 3 else 0, w - 1, h - 1])
+    out += bytes(fill)
+    assert len(out) == AUGMENT_PARAMS
+    return out
+
+
+def make_augment() -> dict[str, bytes]:
+    names = ["Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+             "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert"]
+    out = {}
+    for op, name in enumerate(names):
+        geometric = 1 <= op <= 5
+        for j, (w, h, ch) in enumerate([(17, 11, 3), (8, 8, 1), (23, 5, 3), (3, 3, 1)]):
+            px = picture(w, h, "RGB" if ch == 3 else "L", seed=op * 7 + j).tobytes()
+            interp = j % 2 if geometric else 0
+            fill = (200, 30, 90) if j % 2 else (0xEE, 0, 0)
+            out[f"{name}_{w}x{h}x{ch}_u{j}"] = augment_params(op, interp, ch, w, h, u=(0.13 + 0.29 * j) % 1.0,
+                                                              fill=fill) + px
+        # the special values: rotations by multiples of 90 (square), 1e300, 0, 1 ...
+        px = picture(8, 8, seed=op).tobytes()
+        for sp in (4, 5, 6, 13, 0, 2):
+            out[f"{name}_special{sp}"] = augment_params(op, sp % 2 if geometric else 0, 3, 8, 8, special=sp) + px
+    return out
+
+
 def make_tars() -> dict[str, bytes]:
     """Small shards in each tar dialect tar.c reads (trailing zero blocks cut:
     the reader accepts a clean end on a block boundary)."""
@@ -335,10 +374,15 @@ def main() -> int:
         put("tar", name + ".bin", b"\x00" + data)
         put("tar", name + "_fixsum.bin", b"\x01" + data)
 
+    # augment (fuzz/fuzz_augment.c): parameters, then raw pixels
+    os.makedirs(os.path.join(tmp, "augment"))
+    for name, data in make_augment().items():
+        put("augment", name + ".bin", data)
+
     if os.path.isdir(outdir):
         shutil.rmtree(outdir)
     os.rename(tmp, outdir)
-    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "tar")}
+    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "augment", "tar")}
     print(f"make_fuzz_corpus: wrote {outdir}: {counts}")
     return 0
 

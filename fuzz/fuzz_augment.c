@@ -1,0 +1,441 @@
+/* fuzz_augment.c: libFuzzer target "augment" -- fl_aug_apply (image/augment.h)
+ * over its whole parameter space: the op (valid codes mostly, sometimes not),
+ * the magnitude (each op's realistic range, special values, or any 64-bit
+ * pattern: NaN, infinities, huge values), the interpolation, the fill, the
+ * image size and channel count (1 and 3 mostly, sometimes 0, 2 or 4), and the
+ * pixels.
+ *
+ * Input: FZ_AUGMENT_PARAMS (17, fuzz_common.h) parameter bytes: op (1),
+ * magnitude (a kind byte and 8 bytes), interpolation (1), channels (1), width
+ * and height (1 each), fill (3; 0xEE first: no fill, zeros); the rest are the
+ * pixels (repeated to fill the image; zeros when there are none).
+ * scripts/make_fuzz_corpus.py writes its seeds in this layout.
+ *
+ * Contracts checked (besides ASan/UBSan):
+ * - -1 comes with FL_ERR_INVALID and a message, and leaves the image as it
+ *   was; fl_aug_tmp_bytes is positive for every size fl_aug_apply accepts;
+ *   neither the image nor the scratch is written past its end (guard bytes);
+ * - the geometric ops give exactly the bytes of an independent oracle: the
+ *   matrix derived here again from torchvision's and Pillow's formulas, then
+ *   Pillow's loops transcribed pixel by pixel (ImagingScaleAffine, affine_fixed,
+ *   the double loop, the generic transform's bilinear filter), so the fast
+ *   paths (the covered run solved per row, the AVX2 gathers, 4-byte moves, the
+ *   chunked bilinear) are held to the plain ones;
+ * - Identity, Color on one channel, Rotate by a multiple of 360 and factor-1
+ *   enhances leave the image as it is; Invert twice gives it back; the table
+ *   ops (Brightness, Contrast, Posterize, Solarize, AutoContrast, Equalize,
+ *   Invert) map equal bytes of a channel to equal bytes; Posterize keeps only
+ *   its high bits; Sharpness leaves the border rows and columns alone;
+ * - the same call twice gives the same bytes.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_common.h"
+#include "image/augment.h"
+#include "image/imgops.h" /* FL_MAX_DIM */
+
+/* ---- the oracle's matrix (torchvision / Pillow formulas, written again) ---- */
+
+static const double fz_pi = 3.14159265358979323846;
+
+static double
+py_mod360(double x)
+{
+    double r = fmod(x, 360.0);
+    if (r != 0.0) {
+        if (r < 0)
+            r += 360.0;
+    } else {
+        r = 0.0;
+    }
+    return r;
+}
+
+static double
+py_round15(double x)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.15f", x);
+    return strtod(buf, NULL);
+}
+
+/* torchvision's _get_inverse_affine_matrix, scale 1 */
+static void
+tv_matrix(double cx, double cy, double tx, double ty, double shx, double shy, double m[6])
+{
+    const double d2r = fz_pi / 180.0;
+    double rot = 0.0 * d2r, sx = shx * d2r, sy = shy * d2r;
+    double a = cos(rot - sy) / cos(sy);
+    double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
+    double c = sin(rot - sy) / cos(sy);
+    double d = -sin(rot - sy) * tan(sx) / cos(sy) + cos(rot);
+    m[0] = d, m[1] = -b, m[2] = 0.0, m[3] = -c, m[4] = a, m[5] = 0.0;
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty);
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty);
+    m[2] += cx;
+    m[5] += cy;
+}
+
+/* ---- Pillow's loops, pixel by pixel ---- */
+
+typedef struct {
+    const uint8_t *src;
+    uint8_t *out;
+    int w, h, c;
+    const uint8_t *fill;
+} fz_geo;
+
+static int
+pil_coord(double v)   /* COORD(), with out-of-int values sent outside */
+{
+    if (v < 0.0)
+        return -1;
+    if (!(v < 2147483647.0))
+        return INT_MAX;
+    return (int)v;
+}
+
+static int
+pil_floor(double v)
+{
+    double f = v < 0.0 ? floor(v) : v;
+    if (!(f > -2147483649.0 && f < 2147483648.0))
+        return INT_MIN;
+    return (int)f;
+}
+
+static void
+put(const fz_geo *g, int x, int y, int sx, int sy)
+{
+    uint8_t *o = g->out + ((size_t)y * g->w + x) * g->c;
+    if (sx >= 0 && sx < g->w && sy >= 0 && sy < g->h)
+        memcpy(o, g->src + ((size_t)sy * g->w + sx) * g->c, (size_t)g->c);
+    else
+        memcpy(o, g->fill, (size_t)g->c);
+}
+
+static void
+oracle_nearest(const fz_geo *g, const double a[6])
+{
+    int w = g->w, h = g->h;
+    if (a[1] == 0 && a[3] == 0) {   /* ImagingScaleAffine */
+        double yo = a[5] + a[4] * 0.5;
+        for (int y = 0; y < h; y++, yo += a[4]) {
+            double xo = a[2] + a[0] * 0.5;
+            for (int x = 0; x < w; x++, xo += a[0])
+                put(g, x, y, pil_coord(xo), pil_coord(yo));
+        }
+        return;
+    }
+    int fixed = 1;
+    const int cx[4] = {0, w, 0, w}, cy[4] = {0, h, h, 0};
+    for (int i = 0; i < 4; i++)
+        if (!(fabs(cx[i] * a[0] + cy[i] * a[1] + a[2]) < 32768.0 && fabs(cx[i] * a[3] + cy[i] * a[4] + a[5]) < 32768.0))
+            fixed = 0;
+    if (fixed) {   /* affine_fixed, 32-bit wrapping as compiled */
+        uint32_t a0 = (uint32_t)pil_floor(a[0] * 65536.0 + 0.5), a1 = (uint32_t)pil_floor(a[1] * 65536.0 + 0.5);
+        uint32_t a3 = (uint32_t)pil_floor(a[3] * 65536.0 + 0.5), a4 = (uint32_t)pil_floor(a[4] * 65536.0 + 0.5);
+        uint32_t a2 = (uint32_t)pil_floor((a[2] + a[0] * 0.5 + a[1] * 0.5) * 65536.0 + 0.5);
+        uint32_t a5 = (uint32_t)pil_floor((a[5] + a[3] * 0.5 + a[4] * 0.5) * 65536.0 + 0.5);
+        for (int y = 0; y < h; y++, a2 += a1, a5 += a4) {
+            uint32_t xx = a2, yy = a5;
+            for (int x = 0; x < w; x++, xx += a0, yy += a3)
+                put(g, x, y, (int32_t)xx >> 16, (int32_t)yy >> 16);
+        }
+        return;
+    }
+    double xo = a[2] + a[1] * 0.5 + a[0] * 0.5, yo = a[5] + a[4] * 0.5 + a[3] * 0.5;
+    for (int y = 0; y < h; y++, xo += a[1], yo += a[4]) {
+        double xx = xo, yy = yo;
+        for (int x = 0; x < w; x++, xx += a[0], yy += a[3])
+            put(g, x, y, pil_coord(xx), pil_coord(yy));
+    }
+}
+
+static void
+oracle_bilinear(const fz_geo *g, const double a[6])
+{
+    int w = g->w, h = g->h, c = g->c;
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            double xin = x + 0.5, yin = y + 0.5;
+            double xs = a[0] * xin + a[1] * yin + a[2], ys = a[3] * xin + a[4] * yin + a[5];
+            uint8_t *o = g->out + ((size_t)y * w + x) * c;
+            if (xs < 0.0 || xs >= w || ys < 0.0 || ys >= h) {
+                memcpy(o, g->fill, (size_t)c);
+                continue;
+            }
+            xs -= 0.5;
+            ys -= 0.5;
+            int xi = pil_floor(xs), yi = pil_floor(ys);
+            double dx = xs - xi, dy = ys - yi;
+#define XC(v) ((v) < 0 ? 0 : (v) < w ? (v) : w - 1)
+#define YC(v) ((v) < 0 ? 0 : (v) < h ? (v) : h - 1)
+            for (int b = 0; b < c; b++) {
+                const uint8_t *in = g->src + (size_t)YC(yi) * w * c + b;
+                int x0 = XC(xi) * c, x1 = XC(xi + 1) * c;
+                double v1 = in[x0] + (in[x1] - in[x0]) * dx, v2;
+                if (yi + 1 >= 0 && yi + 1 < h) {
+                    in = g->src + (size_t)(yi + 1) * w * c + b;
+                    v2 = in[x0] + (in[x1] - in[x0]) * dx;
+                } else {
+                    v2 = v1;
+                }
+                v1 = v1 + (v2 - v1) * dy;
+                o[b] = (uint8_t)v1;
+            }
+#undef XC
+#undef YC
+        }
+    }
+}
+
+/* The oracle for one geometric op; 0 when it does not model the case. */
+static int
+oracle_geometric(int op, double mag, int interp, const fz_geo *g)
+{
+    double m[6];
+    int w = g->w, h = g->h, c = g->c;
+    if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
+        double deg = atan(mag) * (180.0 / fz_pi);
+        tv_matrix(0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0, op == FL_AUG_SHEAR_Y ? deg : 0.0, m);
+    } else if (op == FL_AUG_TRANSLATE_X || op == FL_AUG_TRANSLATE_Y) {
+        double t = trunc(mag);
+        tv_matrix(w * 0.5, h * 0.5, op == FL_AUG_TRANSLATE_X ? t : 0.0, op == FL_AUG_TRANSLATE_Y ? t : 0.0, 0.0, 0.0,
+                  m);
+    } else {   /* Rotate: Image.rotate's special cases, then its matrix */
+        double ang = py_mod360(mag);
+        if (ang == 0) {
+            memcpy(g->out, g->src, (size_t)w * h * c);
+            return 1;
+        }
+        if (ang == 180 || ((ang == 90 || ang == 270) && w == h)) {
+            for (int y = 0; y < h; y++)
+                for (int x = 0; x < w; x++) {
+                    int sx = ang == 180 ? w - 1 - x : ang == 90 ? w - 1 - y : y;
+                    int sy = ang == 180 ? h - 1 - y : ang == 90 ? x : h - 1 - x;
+                    put(g, x, y, sx, sy);
+                }
+            return 1;
+        }
+        double t = -(ang * (fz_pi / 180.0));
+        m[0] = py_round15(cos(t)), m[1] = py_round15(sin(t)), m[2] = 0.0;
+        m[3] = py_round15(-sin(t)), m[4] = py_round15(cos(t)), m[5] = 0.0;
+        double cx = w / 2.0, cy = h / 2.0;
+        double e = m[0] * -cx + m[1] * -cy + m[2], f = m[3] * -cx + m[4] * -cy + m[5];
+        m[2] = e + cx;
+        m[5] = f + cy;
+    }
+    if (interp == FL_AUG_BILINEAR)
+        oracle_bilinear(g, m);
+    else
+        oracle_nearest(g, m);
+    return 1;
+}
+
+/* ---- parameters ---- */
+
+static double
+magnitude_for(int op, fz_bytes *p)
+{
+    uint8_t kind = fz_u8(p);
+    uint64_t bits = (uint64_t)fz_u32(p) << 32 | fz_u32(p);
+    double u = (double)(bits >> 11) / 9007199254740992.0;   /* [0, 1) */
+    static const double special[16] = {0.0, -0.0, 1.0, -1.0, 90.0, 180.0, 270.0, 360.0, -90.0, 8.0, 0.5,
+                                       255.0, 1e-300, 1e300, 32767.5, -1e6};
+    switch (kind % 4) {
+    case 0: {
+        double d;
+        memcpy(&d, &bits, sizeof d);   /* any double: NaN, inf, subnormals, huge */
+        return d;
+    }
+    case 1:
+        return special[bits % 16];
+    default:
+        switch (op) {
+        case FL_AUG_SHEAR_X: case FL_AUG_SHEAR_Y: return -1.5 + 3.0 * u;
+        case FL_AUG_TRANSLATE_X: case FL_AUG_TRANSLATE_Y: return -80.0 + 160.0 * u;
+        case FL_AUG_ROTATE: return -720.0 + 1440.0 * u;
+        case FL_AUG_POSTERIZE: return -1.0 + 10.0 * u;
+        case FL_AUG_SOLARIZE: return -10.0 + 280.0 * u;
+        default: return -1.2 + 2.4 * u;
+        }
+    }
+}
+
+static int
+dim_for(fz_bytes *p)
+{
+    uint8_t v = fz_u8(p);
+    if (v < 224)
+        return 1 + v % 40;
+    if (v < 250)
+        return 1 + (v - 224) * 12;   /* up to 301 */
+    return (int[]){0, -1, INT_MAX, 1 << 21, 1 << 20, 3}[v - 250];
+}
+
+static void
+check_table_op(const uint8_t *in, const uint8_t *out, size_t npix, int c, const char *what)
+{
+    int map[3][256];
+    memset(map, 0xff, sizeof map);
+    for (size_t i = 0; i < npix; i++)
+        for (int b = 0; b < c; b++) {
+            uint8_t v = in[i * c + b], o = out[i * c + b];
+            if (map[b][v] < 0)
+                map[b][v] = o;
+            else if (map[b][v] != o)
+                FZ_FAIL("%s: channel %d maps byte %d to both %d and %d", what, b, v, map[b][v], o);
+        }
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fz_bytes p;
+    const uint8_t *px;
+    size_t npx;
+    fz_split(data, size, FZ_AUGMENT_PARAMS, &p, &px, &npx);
+
+    uint8_t opb = fz_u8(&p);
+    int op = opb < 240 ? opb % FL_AUG_NOPS : (int[]){-1, FL_AUG_NOPS, 100, INT_MIN, INT_MAX, -15, 16, 255,
+                                                     0, 1, 2, 3, 4, 5, 6, 7}[opb - 240];
+    double mag = magnitude_for(op, &p);   /* 9 bytes */
+    uint8_t ib = fz_u8(&p);
+    int interp = ib < 250 ? ib % 2 : (int[]){2, -1, 3, 100, INT_MIN, 1}[ib - 250];
+    uint8_t cb = fz_u8(&p);
+    int channels = cb < 240 ? (cb % 2 ? 3 : 1) : (int[]){0, 2, 4, -1, 1, 3, 3, 1, 5, 255, 1, 3, 3, 1, 2, 3}[cb - 240];
+    int w = dim_for(&p), h = dim_for(&p);
+    uint8_t fill[3];
+    fill[0] = fz_u8(&p);
+    fill[1] = fz_u8(&p);
+    fill[2] = fz_u8(&p);
+    const uint8_t *fillp = (fill[0] == 0xEE) ? NULL : fill;   /* NULL: zeros */
+    const uint8_t zeros[3] = {0, 0, 0};
+
+    /* a size fl_aug_apply must accept gets its buffers (or is skipped when
+     * they would be too large); any other gets token ones it must not touch */
+    int valid_size = w >= 1 && h >= 1 && w <= FL_MAX_DIM && h <= FL_MAX_DIM && (channels == 1 || channels == 3);
+    size_t tb = fl_aug_tmp_bytes(w, h, channels), n = 64;
+    if (valid_size) {
+        if (tb == 0)
+            FZ_FAIL("fl_aug_tmp_bytes(%d, %d, %d) is 0", w, h, channels);
+        n = (size_t)w * h * channels;
+        if (n > FZ_MAX_OUT_BYTES / 4)
+            return 0;
+        if (tb < n + (size_t)w * sizeof(int))
+            FZ_FAIL("fl_aug_tmp_bytes(%d, %d, %d) = %zu is below the image and its table", w, h, channels, tb);
+    } else {
+        tb = 64;
+    }
+    uint8_t *img = fz_guarded_alloc(n), *orig = malloc(n ? n : 1), *tmp = fz_guarded_alloc(tb);
+    if (!orig)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        img[i] = npx ? px[i % npx] : 0;
+    memcpy(orig, img, n);
+
+    fl_err err;
+    memset(&err, 0, sizeof err);
+    int rc = fl_aug_apply(op, mag, interp, fillp, img, w, h, channels, tmp, &err);
+    fz_guard_check(img, n, "fl_aug_apply (image)");
+    fz_guard_check(tmp, tb, "fl_aug_apply (scratch)");
+    FZ_LOG("op %d mag %g interp %d %dx%dx%d -> %d %s", op, mag, interp, w, h, channels, rc, rc ? err.msg : "");
+    if (rc != 0 && rc != -1)
+        FZ_FAIL("fl_aug_apply returned %d", rc);
+    if (rc < 0) {
+        fz_check_err(&err, "fl_aug_apply");
+        if (err.code != FL_ERR_INVALID)
+            FZ_FAIL("fl_aug_apply failed with code %d, not FL_ERR_INVALID: %s", err.code, err.msg);
+        if (memcmp(img, orig, n) != 0)
+            FZ_FAIL("fl_aug_apply changed the image and failed: %s", err.msg);
+        goto done;
+    }
+    if (!valid_size)
+        FZ_FAIL("fl_aug_apply accepted %d x %d x %d", w, h, channels);
+    if (isnan(mag) || isinf(mag))
+        FZ_FAIL("fl_aug_apply accepted magnitude %g", mag);
+
+    size_t npix = (size_t)w * h;
+    const uint8_t *fl = fillp ? fillp : zeros;
+    switch (op) {
+    case FL_AUG_SHEAR_X: case FL_AUG_SHEAR_Y: case FL_AUG_TRANSLATE_X: case FL_AUG_TRANSLATE_Y:
+    case FL_AUG_ROTATE: {
+        uint8_t *ref = malloc(n);
+        if (!ref)
+            abort();
+        fz_geo g = {orig, ref, w, h, channels, fl};
+        if (oracle_geometric(op, mag, interp, &g) && memcmp(ref, img, n) != 0) {
+            size_t i = 0;
+            while (ref[i] == img[i])
+                i++;
+            FZ_FAIL("op %d magnitude %.17g interp %d on %dx%dx%d: byte %zu (pixel %zu, %zu) is %d, the oracle's %d",
+                    op, mag, interp, w, h, channels, i, (i / channels) % w, (i / channels) / w, img[i], ref[i]);
+        }
+        free(ref);
+        break;
+    }
+    case FL_AUG_IDENTITY:
+        if (memcmp(img, orig, n) != 0)
+            FZ_FAIL("Identity changed the image");
+        break;
+    case FL_AUG_COLOR:
+        if (channels == 1 && memcmp(img, orig, n) != 0)
+            FZ_FAIL("Color changed a one-channel image");
+        break;
+    case FL_AUG_SHARPNESS:
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                if ((y == 0 || y == h - 1 || x == 0 || x == w - 1 || w < 3 || h < 3)
+                    && memcmp(img + ((size_t)y * w + x) * channels, orig + ((size_t)y * w + x) * channels,
+                              (size_t)channels) != 0)
+                    FZ_FAIL("Sharpness changed the border pixel (%d, %d) of %dx%d", x, y, w, h);
+        break;
+    case FL_AUG_INVERT:
+        check_table_op(orig, img, npix, channels, "Invert");
+        if (fl_aug_apply(op, mag, interp, fillp, img, w, h, channels, tmp, &err) != 0 || memcmp(img, orig, n) != 0)
+            FZ_FAIL("Invert twice is not the image");
+        break;
+    case FL_AUG_POSTERIZE: {
+        int bits = (int)trunc(mag);
+        uint8_t low = (uint8_t)~(0xFFu << (8 - bits));
+        for (size_t i = 0; i < n; i++)
+            if (img[i] & low || (img[i] != (orig[i] & (uint8_t)~low)))
+                FZ_FAIL("Posterize %d bits: %d -> %d", bits, orig[i], img[i]);
+        break;
+    }
+    case FL_AUG_BRIGHTNESS: case FL_AUG_CONTRAST: case FL_AUG_SOLARIZE: case FL_AUG_AUTOCONTRAST:
+    case FL_AUG_EQUALIZE:
+        check_table_op(orig, img, npix, channels, "a table op");
+        break;
+    }
+    if (op >= FL_AUG_BRIGHTNESS && op <= FL_AUG_SHARPNESS && (float)(1.0 + mag) == 1.0f && memcmp(img, orig, n) != 0)
+        FZ_FAIL("op %d with factor 1 changed the image", op);
+
+    {   /* the same call again gives the same bytes */
+        uint8_t *again = fz_guarded_alloc(n);
+        memcpy(again, orig, n);
+        if (fl_aug_apply(op, mag, interp, fillp, again, w, h, channels, tmp, &err) != 0)
+            FZ_FAIL("fl_aug_apply failed the second time: %s", err.msg);
+        fz_guard_check(again, n, "fl_aug_apply (second image)");
+        if (op != FL_AUG_INVERT) {
+            if (memcmp(again, img, n) != 0)
+                FZ_FAIL("op %d is not deterministic", op);
+        }
+        free(again);
+    }
+
+done:
+    free(img);
+    free(orig);
+    free(tmp);
+    return 0;
+}
