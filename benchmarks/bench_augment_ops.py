@@ -1,8 +1,10 @@
 """Per-op cost of the augmentation ops (csrc/image/augment.c: fl_aug_apply)
 against Pillow and torchvision's v2 tensor ops, one thread, one image.
 
-Columns, each the median of --repeats timings of --n calls, in microseconds
-per image (224 x 224 RGB photograph by default):
+Columns, each the best of --repeats timings of --n calls (the minimum: on a
+shared machine other load only ever adds time), in microseconds per image
+(224 x 224 RGB photograph by default); each op's four columns are measured
+one after the other, so that they see the same load:
 
   * ``C``: a small C harness compiled here against csrc/image/augment.c with
     the extension's flags, calling fl_aug_apply on a reused scratch, as a
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -87,7 +88,7 @@ int main(int argc, char **argv)
         t[r] = (now() - t0) / N;
     }
     qsort(t, R, sizeof *t, cmp);
-    double copy = t[R / 2];
+    double copy = t[0];
     printf("copy %.3f\n", copy * 1e6);
     for (int a = 6; a + 2 < argc; a += 3) {
         int op = atoi(argv[a]), interp = atoi(argv[a + 2]);
@@ -105,7 +106,7 @@ int main(int argc, char **argv)
             t[r] = (now() - t0) / N;
         }
         qsort(t, R, sizeof *t, cmp);
-        double v = t[R / 2] - copy;
+        double v = t[0] - copy;
         printf("%d %d %.3f\n", op, interp, (v > 0 ? v : 0) * 1e6);
     }
     return 0;
@@ -113,24 +114,29 @@ int main(int argc, char **argv)
 """
 
 
-def run_c(raw: bytes, w: int, h: int, n: int, repeats: int) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        c = os.path.join(d, "harness.c")
-        with open(c, "w") as f:
-            f.write(HARNESS)
-        img = os.path.join(d, "image.raw")
-        with open(img, "wb") as f:
-            f.write(raw)
-        exe = os.path.join(d, "harness")
-        csrc = os.path.join(REPO, "csrc")
-        cmd = [os.environ.get("CC", "gcc"), "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
-               "-std=c11", "-D_GNU_SOURCE", "-fwrapv", "-I", csrc, c, os.path.join(csrc, "image", "augment.c"),
-               "-o", exe, "-lm"]
-        subprocess.run(cmd, check=True)
-        args = [exe, img, str(w), str(h), str(n), str(repeats)]
-        for _, code, mag, interp in OPS:
-            args += [str(code), repr(mag), str(interp)]
-        out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+def build_c(d: str, raw: bytes) -> tuple[str, str]:
+    """Compile the harness in d and write the image there: (exe, image path)."""
+    c = os.path.join(d, "harness.c")
+    with open(c, "w") as f:
+        f.write(HARNESS)
+    img = os.path.join(d, "image.raw")
+    with open(img, "wb") as f:
+        f.write(raw)
+    exe = os.path.join(d, "harness")
+    csrc = os.path.join(REPO, "csrc")
+    cmd = [os.environ.get("CC", "gcc"), "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
+           "-std=c11", "-D_GNU_SOURCE", "-fwrapv", "-I", csrc, c, os.path.join(csrc, "image", "augment.c"),
+           "-o", exe, "-lm"]
+    subprocess.run(cmd, check=True)
+    return exe, img
+
+
+def run_c(exe: str, img: str, w: int, h: int, n: int, repeats: int, ops) -> dict:
+    """{(code, interp): us, "copy": us} for ops [(code, magnitude, interp)]."""
+    args = [exe, img, str(w), str(h), str(n), str(repeats)]
+    for code, mag, interp in ops:
+        args += [str(code), repr(mag), str(interp)]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     res = {}
     for line in out.splitlines():
         parts = line.split()
@@ -142,7 +148,7 @@ def run_c(raw: bytes, w: int, h: int, n: int, repeats: int) -> dict:
 
 
 def timed(fn, n: int, repeats: int) -> float:
-    """Median over `repeats` of the mean time of n calls, in microseconds."""
+    """The best over `repeats` of the mean time of n calls, in microseconds."""
     for _ in range(min(n, 10)):
         fn()
     ts = []
@@ -151,7 +157,7 @@ def timed(fn, n: int, repeats: int) -> float:
         for _ in range(n):
             fn()
         ts.append((time.perf_counter() - t0) / n)
-    return statistics.median(ts) * 1e6
+    return min(ts) * 1e6
 
 
 def v2_op(F, InterpolationMode, t, name, mag, interp):
@@ -199,7 +205,7 @@ def v2_op(F, InterpolationMode, t, name, mag, interp):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="calls per timing")
-    ap.add_argument("--repeats", type=int, default=7, help="timings per op (the median is reported)")
+    ap.add_argument("--repeats", type=int, default=7, help="timings per op (the best is reported)")
     ap.add_argument("--size", default="224x224", help="image WxH")
     ap.add_argument("--photo", default="astronaut", help="skimage.data photograph")
     a = ap.parse_args()
@@ -218,26 +224,29 @@ def main() -> None:
     pil = photo_image(a.photo, (w, h))
     arr = np.array(pil)   # a writable, C-contiguous copy
     tens = torch.from_numpy(arr).permute(2, 0, 1).contiguous()
-    cres = run_c(arr.tobytes(), w, h, a.n, a.repeats)
+    tmpdir = tempfile.TemporaryDirectory()
+    exe, img = build_c(tmpdir.name, arr.tobytes())
+    copy = run_c(exe, img, w, h, a.n, a.repeats, [])["copy"]
     try:
         from fastloader import _C
     except ImportError:
         _C = None
 
-    print(f"augmentation ops, one thread, {w}x{h} RGB ({a.photo}), median of {a.repeats} x {a.n} calls, "
-          f"us per image ({sysconfig.get_platform()}; C: copy-in of {cres['copy']:.1f} us subtracted)")
+    print(f"augmentation ops, one thread, {w}x{h} RGB ({a.photo}), best of {a.repeats} x {a.n} calls, "
+          f"us per image ({sysconfig.get_platform()}; C: the copy-in, {copy:.1f} us, subtracted)")
     print(f"| {'op':<16} | {'C':>7} | {'_C':>7} | {'PIL':>7} | {'v2':>7} | {'PIL/C':>6} | {'v2/C':>6} |")
     print(f"|{'-' * 18}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
     for name, code, mag, interp in OPS:
         base = name.split("/")[0]
         pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
-        c = cres[(code, interp)]
+        c = run_c(exe, img, w, h, a.n, a.repeats, [(code, mag, interp)])[(code, interp)]
         py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
         p = timed(lambda: aa._apply_op(pil, base, mag, pil_interp, None), a.n, a.repeats)
         v = timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
         r1 = p / c if c > 0 else float("inf")
         r2 = v / c if c > 0 else float("inf")
         print(f"| {name:<16} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")
+    tmpdir.cleanup()
 
 
 if __name__ == "__main__":
