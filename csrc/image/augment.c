@@ -77,7 +77,8 @@ fl_py_mod(double x, double m)
 
 /* round(x, 15) for |x| <= 1: CPython rounds through the correctly rounded
  * decimal string (round half to even on the exact binary value) and parses
- * it back; glibc's printf and strtod are exact too. */
+ * it back; glibc's printf and strtod are exact too.  Both follow the same
+ * LC_NUMERIC, so the round trip holds whatever the locale's decimal point. */
 static double
 fl_py_round15(double x)
 {
