@@ -98,6 +98,11 @@ class _Finished:
         self.tail_s = tail_s      # wall time of the transform's Python tail (None: no tail)
 
 
+def _short_repr(t) -> str:
+    r = repr(t).replace("\n", " ")
+    return r if len(r) <= 100 else r[:97] + "..."
+
+
 class NativeImageDataset(_Dataset):
     """Base of ImageFolder and ImageList: files + labels + a compiled transform.
 
@@ -137,6 +142,13 @@ class NativeImageDataset(_Dataset):
         self.dct_scaling = dct_scaling
         self._max_pixels = max_pixels
         spec, rest, description = compile_transform(transform, layout=layout)
+        if not spec.get("out_h") and rest is not None:
+            first = rest.transforms[0]
+            raise ValueError(
+                f"fastloader cannot run {_short_repr(first)} natively, and the part of the transform before it "
+                f"({'nothing' if spec['geom'] == 'none' else 'a resize without a crop'}) gives samples no fixed "
+                "size, which a native batch needs. docs/recipes.md lists what runs natively; or put a "
+                "RandomResizedCrop, Resize((h, w)) or Resize + CenterCrop before it")
         self._spec = spec
         self._rest = rest
         self.pipeline_description = description
@@ -169,7 +181,8 @@ class NativeImageDataset(_Dataset):
         conversion to finish on the device; (None, None) when the output is
         uint8 already or a Python tail follows the native part."""
         spec = self._spec
-        if spec.get("dtype", "uint8") == "uint8" or self._rest is not None:
+        if spec.get("dtype", "uint8") == "uint8" or self._rest is not None or "erase" in spec:
+            # an erase writes values in the finished (normalised) units
             return None, None
         from .cuda_delivery import DeviceConvert
 

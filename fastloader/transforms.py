@@ -249,11 +249,28 @@ def _is_torchvision(t: Any) -> bool:
     return type(t).__module__.startswith("torchvision.transforms")
 
 
+def _is_compose(t: Any) -> bool:
+    return isinstance(t, Compose) or (_is_torchvision(t) and type(t).__name__ == "Compose")
+
+
+def _holder_of_compose(t: Any) -> bool:
+    """A user object whose whole state is one Compose in ``.transforms``
+    (torchvision's reference ``ClassificationPresetTrain`` / ``...Eval``,
+    whose ``__call__`` returns ``self.transforms(img)``): it is run as that
+    Compose."""
+    if isinstance(t, (Transform, list, tuple)) or _is_torchvision(t) or not callable(t):
+        return False
+    state = getattr(t, "__dict__", None)
+    return (isinstance(state, dict) and set(state) == {"transforms"} and _is_compose(state["transforms"]))
+
+
 def _flatten(transform: Any) -> list:
     """A Compose (ours or torchvision's) becomes its list; anything else a
-    one-element list.  Nested Composes are flattened."""
-    if isinstance(transform, Compose) or (
-            _is_torchvision(transform) and type(transform).__name__ == "Compose"):
+    one-element list.  Nested Composes are flattened, and so is an object
+    that only holds one (``_holder_of_compose``)."""
+    if _holder_of_compose(transform):
+        return _flatten(transform.transforms)
+    if _is_compose(transform):
         out = []
         for t in transform.transforms:
             out.extend(_flatten(t))
@@ -271,14 +288,38 @@ def _bilinear(interp: Any) -> bool:
     return value in ("bilinear", 2)   # InterpolationMode.BILINEAR or PIL's Image.BILINEAR
 
 
+def _is_timm(t: Any) -> bool:
+    return type(t).__module__.startswith("timm.data")
+
+
 def _describe(t: Any) -> tuple[str, dict] | None:
-    """Map one transform (ours or torchvision v1/v2) to (kind, params), or
-    None when the native pipeline cannot run it exactly."""
+    """Map one transform (ours, torchvision v1/v2, or the timm ones that
+    mean the same) to (kind, params), or None when the native pipeline
+    cannot run it exactly."""
     ours = isinstance(t, Transform)
+    name = type(t).__name__
+    if _is_timm(t):
+        if name == "MaybeToTensor":        # F.to_tensor on the PIL image it gets here
+            return ("to_tensor", {})
+        if name == "RandomErasing":      # timm.data.random_erasing, per sample (a 3-d tensor)
+            return ("erase", dict(obj=t, v2=False, timm=True))
+        if name == "RandomResizedCropAndInterpolation":   # torchvision's get_params, then resized_crop
+            if isinstance(t.interpolation, (list, tuple)) or not _bilinear(t.interpolation):
+                return None
+            return ("rrc", dict(size=_pair(t.size, name), scale=tuple(map(float, t.scale)),
+                                ratio=tuple(map(float, t.ratio))))
+        return None
+    if type(t).__module__.startswith("torch.nn") and name == "Identity":
+        return ("identity", {})
     if not ours and not _is_torchvision(t):
         return None
-    name = type(t).__name__
     v2 = ".v2." in type(t).__module__
+    if name in ("ToPureTensor", "Identity"):
+        return ("identity", {})
+    if name in ("TrivialAugmentWide", "RandAugment", "AutoAugment") and not ours:
+        return ("policy", dict(obj=t, v2=v2))
+    if name == "RandomErasing" and not ours:
+        return ("erase", dict(obj=t, v2=v2))
     if name == "Grayscale":
         return ("gray", {}) if t.num_output_channels == 1 else None
     if name == "RandomResizedCrop":
@@ -326,6 +367,141 @@ def _describe(t: Any) -> tuple[str, dict] | None:
     if name == "Normalize":
         return ("normalize", dict(mean=[float(m) for m in t.mean], std=[float(s) for s in t.std]))
     return None
+
+
+# csrc/image/augment.h FL_AUG_*, by torchvision's op names
+_AUG_OPS = {"Identity": 0, "ShearX": 1, "ShearY": 2, "TranslateX": 3, "TranslateY": 4, "Rotate": 5,
+            "Brightness": 6, "Color": 7, "Contrast": 8, "Sharpness": 9, "Posterize": 10, "Solarize": 11,
+            "AutoContrast": 12, "Equalize": 13, "Invert": 14}
+_POLICY_MAX_OPS, _POLICY_MAX_BINS, _POLICY_MAX_SUB, _POLICY_MAX_ROUNDS = 16, 32, 32, 8   # imgops.h
+
+
+def _aug_interp(interp: Any) -> int | None:
+    """0 nearest, 1 bilinear (augment.h FL_AUG_*), None for other modes."""
+    value = getattr(interp, "value", interp)
+    return {"nearest": 0, 0: 0, "bilinear": 1, 2: 1}.get(value)
+
+
+def _pil_fill(fill: Any, channels: int) -> tuple[int, int, int] | None:
+    """What torchvision's PIL kernels make of ``fill`` (_parse_fill: None is
+    0, a number or one value is repeated, values truncated to int), or None
+    when it is not a valid uint8 fill."""
+    if fill is None:
+        vals = [0]
+    elif isinstance(fill, (int, float)):
+        vals = [fill]
+    elif isinstance(fill, (list, tuple)) and len(fill) in (1, channels):
+        vals = list(fill)
+    else:
+        return None
+    try:
+        vals = [int(v) for v in vals]
+    except (TypeError, ValueError):
+        return None
+    if any(v < 0 or v > 255 for v in vals):
+        return None
+    vals = vals * 3 if len(vals) == 1 else vals + [0] * (3 - len(vals))
+    return (vals[0], vals[1], vals[2])
+
+
+def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None:
+    """The fl_policy dict (csrc/image/imgops.h) for a torchvision v1/v2
+    TrivialAugmentWide, RandAugment or AutoAugment acting on the PIL image
+    of an h x w sample, with the op tables taken from the transform's own
+    augmentation space (so magnitudes, bins and signs are torchvision's), or
+    None when it cannot run natively (another interpolation, a fill that is
+    not uint8, more bins than the C tables hold, ops it does not know)."""
+    name = type(t).__name__
+    interp = _aug_interp(t.interpolation)
+    fill = t.fill
+    if v2 and isinstance(fill, dict):
+        return None
+    fill = _pil_fill(fill, channels)
+    if interp is None or fill is None:
+        return None
+    nbins = {"TrivialAugmentWide": getattr(t, "num_magnitude_bins", 31), "RandAugment":
+             getattr(t, "num_magnitude_bins", 31), "AutoAugment": 10}[name]
+    if nbins > _POLICY_MAX_BINS:
+        return None
+    if v2:
+        space = {k: (fn(nbins, h, w), signed) for k, (fn, signed) in t._AUGMENTATION_SPACE.items()}
+    elif name == "TrivialAugmentWide":
+        space = t._augmentation_space(nbins)
+    else:
+        space = t._augmentation_space(nbins, (h, w))
+    names = list(space)
+    if len(names) > _POLICY_MAX_OPS or any(n not in _AUG_OPS for n in names):
+        return None
+    ops = []
+    for n in names:
+        mags, signed = space[n]
+        if mags is None or getattr(mags, "ndim", 1) == 0:
+            values: list[float] = []
+        else:
+            values = [float(m) for m in mags.reshape(-1).tolist()]
+            if n == "Solarize" and v2:   # v2 scales its [0, 1] table by the PIL bound
+                values = [255.0 * m for m in values]
+        ops.append((_AUG_OPS[n], bool(signed), values))
+    index = {n: i for i, n in enumerate(names)}
+    if name == "TrivialAugmentWide":
+        subs, rounds = [[(i, -1, 1.0)] for i in range(len(names))], 1
+    elif name == "RandAugment":
+        if not 0 <= t.magnitude < nbins:
+            return None
+        subs = [[(i, int(t.magnitude), 1.0)] for i in range(len(names))]
+        rounds = int(t.num_ops)
+        if rounds > _POLICY_MAX_ROUNDS:
+            return None
+    else:
+        table = t._policies if v2 else t.policies
+        if len(table) > _POLICY_MAX_SUB:
+            return None
+        subs = []
+        for sub in table:
+            steps = []
+            for op_name, prob, mag_id in sub:
+                if op_name not in index:
+                    return None
+                steps.append((index[op_name], -1 if mag_id is None else int(mag_id), float(prob)))
+            subs.append(steps)
+        rounds = 1
+    if rounds == 0:
+        return {}
+    return dict(rounds=rounds, interp=interp, fill=fill, ops=ops, subs=subs)
+
+
+def _erase_spec(t: Any, v2: bool, channels: int, dtype: str) -> dict | None:
+    """The fl_erase dict for a torchvision v1/v2 RandomErasing on the
+    finished sample, or None when it cannot run natively."""
+    if getattr(t, "per_pixel", None) is not None and hasattr(t, "log_aspect_ratio"):   # timm's
+        import math
+
+        mode = 1 if t.per_pixel else 2 if t.rand_color else 0
+        if dtype == "uint8" and mode:
+            return None
+        lo, hi = t.log_aspect_ratio
+        return dict(p=float(t.probability), scale=(float(t.min_area), float(t.max_area)),
+                    ratio=(math.exp(lo), math.exp(hi)), mode=mode, value=[0.0],
+                    count=(int(t.min_count), int(t.max_count)))
+    value = t.value
+    if v2:
+        mode, vals = (1, [0.0]) if value is None else (0, list(value))
+    elif isinstance(value, str):
+        if value != "random":
+            return None
+        mode, vals = 1, [0.0]
+    elif isinstance(value, (int, float)):
+        mode, vals = 0, [float(value)]
+    elif isinstance(value, (list, tuple)):
+        mode, vals = 0, [float(v) for v in value]
+    else:
+        return None
+    if len(vals) not in (1, channels):
+        return None
+    if dtype == "uint8" and (mode == 1 or any(v != int(v) or not 0 <= v <= 255 for v in vals)):
+        return None
+    return dict(p=float(t.p), scale=(float(t.scale[0]), float(t.scale[1])),
+                ratio=(float(t.ratio[0]), float(t.ratio[1])), mode=mode, value=vals)
 
 
 class _PythonRest:
@@ -414,6 +590,13 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     if kind(pos) == "flip":
         spec["flip_p"] = descs[pos][1]["p"]
         pos += 1
+    if kind(pos) == "policy" and spec["out_h"]:
+        p = descs[pos][1]
+        pol = _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"])
+        if pol is not None:
+            if pol:
+                spec["policy"] = pol
+            pos += 1
     tensor_stage = False
     if kind(pos) == "to_tensor":
         spec.update(dtype="float32", scale_to_unit=_SCALE_DIV)
@@ -433,6 +616,16 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             spec.update(normalize=True, mean=p["mean"], std=p["std"])
             if spec["dtype"] != "float32":
                 notes.append(f"Normalize computed in float32, then rounded to {spec['dtype']}")
+            pos += 1
+    if kind(pos) == "erase" and tensor_stage:
+        p = descs[pos][1]
+        er = _erase_spec(p["obj"], p["v2"], spec["out_channels"], spec["dtype"])
+        if er is not None:
+            if er["p"] > 0:
+                spec["erase"] = er
+            pos += 1
+    if tensor_stage:   # identities (ToPureTensor: the output is a plain tensor already)
+        while kind(pos) == "identity":
             pos += 1
 
     native, remainder = items[:pos], items[pos:]

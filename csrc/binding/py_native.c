@@ -433,8 +433,7 @@ nds_plan(NativeDatasetObject *self, PyObject *args)
     fl_err e = {0};
     if (fl_plan_sample(&self->ds.spec, w, h, seed, epoch, (uint64_t)index, &p, &e) < 0)
         return fl_py_raise(PyType_GetModule(Py_TYPE(self)), &e, NULL, NULL);
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O}", "box", p.box_x, p.box_y, p.box_w, p.box_h, "resized",
-                         p.rs_w, p.rs_h, "window", p.win_x, p.win_y, "flip", p.flip ? Py_True : Py_False);
+    return fl_plan_to_dict(&p);
 }
 
 static PyObject *

@@ -114,6 +114,155 @@ fl_get_floats3(PyObject *v, const char *key, float out[3])
     return (int)n;
 }
 
+/* d["policy"] (a dict) -> t->policy:
+ *   rounds: int, interp: int (augment.h), fill: 3 ints,
+ *   ops: [(op code, signed, [magnitudes...]), ...],
+ *   subs: [[(op index, bin or -1, p), ...], ...]
+ * Sizes are bounded here; the values are checked by fl_tspec_check.
+ * Returns 0 or -1 with TypeError/ValueError naming the field. */
+static int
+fl_policy_from_pydict(PyObject *v, fl_policy *P)
+{
+    PyObject *ops, *subs, *fill = NULL;
+    memset(P, 0, sizeof *P);
+    if (!PyDict_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "transform spec: 'policy' must be a dict");
+        return -1;
+    }
+    PyObject *rounds = PyDict_GetItemString(v, "rounds"), *interp = PyDict_GetItemString(v, "interp");
+    ops = PyDict_GetItemString(v, "ops");
+    subs = PyDict_GetItemString(v, "subs");
+    fill = PyDict_GetItemString(v, "fill");
+    if (rounds == NULL || ops == NULL || subs == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
+        return -1;
+    }
+    if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0)
+        return -1;
+    if (interp != NULL && fl_get_int(interp, "policy.interp", &P->interp) < 0)
+        return -1;
+    if (fill != NULL && !PyArg_ParseTuple(fill, "iii", &P->fill[0], &P->fill[1], &P->fill[2])) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy.fill' must be a tuple of 3 ints");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(ops, "transform spec: 'policy.ops' must be a sequence");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > FL_POLICY_MAX_OPS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops' has %zd ops, not 1..%d", n, FL_POLICY_MAX_OPS);
+        return -1;
+    }
+    P->nops = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        fl_policy_op *o = &P->ops[i];
+        PyObject *mags, *mseq;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ipO", &o->op, &o->is_signed, &mags)
+            || (mseq = PySequence_Fast(mags, "")) == NULL) {
+            Py_DECREF(seq);
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops[%zd]' must be (op, signed, [magnitudes])", i);
+            return -1;
+        }
+        Py_ssize_t nb = PySequence_Fast_GET_SIZE(mseq);
+        if (nb > FL_POLICY_MAX_BINS) {
+            Py_DECREF(mseq);
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops[%zd]' has %zd magnitude bins, more than %d", i,
+                         nb, FL_POLICY_MAX_BINS);
+            return -1;
+        }
+        o->nbins = (int)nb;
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            if (fl_get_double(PySequence_Fast_GET_ITEM(mseq, b), "policy.ops magnitude", &o->mag[b]) < 0) {
+                Py_DECREF(mseq);
+                Py_DECREF(seq);
+                return -1;
+            }
+        }
+        Py_DECREF(mseq);
+    }
+    Py_DECREF(seq);
+    seq = PySequence_Fast(subs, "transform spec: 'policy.subs' must be a sequence");
+    if (seq == NULL)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > FL_POLICY_MAX_SUB) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.subs' has %zd sub-policies, not 1..%d", n,
+                     FL_POLICY_MAX_SUB);
+        return -1;
+    }
+    P->nsub = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *steps = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "");
+        Py_ssize_t ns = steps ? PySequence_Fast_GET_SIZE(steps) : -1;
+        if (ns < 1 || ns > FL_POLICY_MAX_STEPS) {
+            Py_XDECREF(steps);
+            Py_DECREF(seq);
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.subs[%zd]' must hold 1..%d steps", i,
+                         FL_POLICY_MAX_STEPS);
+            return -1;
+        }
+        P->sub_len[i] = (int)ns;
+        for (Py_ssize_t k = 0; k < ns; k++) {
+            fl_policy_step *st = &P->sub[i][k];
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(steps, k), "iid", &st->op, &st->bin, &st->p)) {
+                Py_DECREF(steps);
+                Py_DECREF(seq);
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "transform spec: 'policy.subs[%zd][%zd]' must be (op index, bin, p)", i,
+                             k);
+                return -1;
+            }
+        }
+        Py_DECREF(steps);
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* d["erase"] (a dict: p, scale (lo, hi), ratio (lo, hi), mode (0 const, 1
+ * random), value: 1 or 3 floats) -> e.  Returns 0 or -1 with an exception. */
+static int
+fl_erase_from_pydict(PyObject *v, fl_erase *e)
+{
+    memset(e, 0, sizeof *e);
+    if (!PyDict_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "transform spec: 'erase' must be a dict");
+        return -1;
+    }
+    PyObject *p = PyDict_GetItemString(v, "p"), *scale = PyDict_GetItemString(v, "scale"),
+             *ratio = PyDict_GetItemString(v, "ratio"), *mode = PyDict_GetItemString(v, "mode"),
+             *value = PyDict_GetItemString(v, "value");
+    if (p == NULL || scale == NULL || ratio == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'erase' needs 'p', 'scale' and 'ratio'");
+        return -1;
+    }
+    if (fl_get_double(p, "erase.p", &e->p) < 0)
+        return -1;
+    if (!PyArg_ParseTuple(scale, "dd", &e->scale_lo, &e->scale_hi)
+        || !PyArg_ParseTuple(ratio, "dd", &e->ratio_lo, &e->ratio_hi)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'erase.scale' and 'erase.ratio' must be pairs of floats");
+        return -1;
+    }
+    if (mode != NULL && fl_get_int(mode, "erase.mode", &e->mode) < 0)
+        return -1;
+    PyObject *count = PyDict_GetItemString(v, "count");
+    if (count != NULL && !PyArg_ParseTuple(count, "ii", &e->min_count, &e->max_count)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'erase.count' must be a pair of ints");
+        return -1;
+    }
+    if (value != NULL && fl_get_floats3(value, "erase.value", e->value) < 0)
+        return -1;
+    return 0;
+}
+
 int
 fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 {
@@ -163,7 +312,11 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
                 have_norm = 1;
                 rc = 0;
             }
-        } else if (strcmp(k, "mean") == 0)
+        } else if (strcmp(k, "policy") == 0)
+            rc = fl_policy_from_pydict(value, &t.policy);
+        else if (strcmp(k, "erase") == 0)
+            rc = fl_erase_from_pydict(value, &t.erase);
+        else if (strcmp(k, "mean") == 0)
             rc = nmean = fl_get_floats3(value, k, t.mean);
         else if (strcmp(k, "std") == 0)
             rc = nstd = fl_get_floats3(value, k, t.std);
@@ -211,12 +364,41 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 /* ------------------------------------------------------------------------ */
 /* plan <-> dict                                                            */
 
-static PyObject *
+/* Contract: py_transform.h. */
+PyObject *
 fl_plan_to_dict(const fl_plan *p)
 {
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii)}", "box", p->box_x, p->box_y, p->box_w, p->box_h,
-                         "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
-                         p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h);
+    PyObject *aug = PyList_New(p->naug), *erase;
+    if (aug == NULL)
+        return NULL;
+    for (int i = 0; i < p->naug; i++) {
+        PyObject *item = Py_BuildValue("(id)", p->aug_op[i], p->aug_mag[i]);
+        if (item == NULL) {
+            Py_DECREF(aug);
+            return NULL;
+        }
+        PyList_SET_ITEM(aug, i, item);
+    }
+    if (p->nerase) {
+        erase = PyList_New(p->nerase);
+        for (int i = 0; erase != NULL && i < p->nerase; i++) {
+            const int *b = p->erase_box[i];
+            PyObject *item = Py_BuildValue("(iiii)", b[0], b[1], b[2], b[3]);
+            if (item == NULL)
+                Py_CLEAR(erase);
+            else
+                PyList_SET_ITEM(erase, i, item);
+        }
+    } else
+        erase = Py_NewRef(Py_None);
+    if (erase == NULL) {
+        Py_DECREF(aug);
+        return NULL;
+    }
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii),s:N,s:N,s:K}", "box", p->box_x, p->box_y, p->box_w,
+                         p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
+                         p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h, "aug", aug, "erase", erase,
+                         "erase_key", (unsigned long long)p->erase_key);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -282,6 +464,56 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
     p->flip = flip;
     p->out_w = o[0];
     p->out_h = o[1];
+    PyObject *aug = PyDict_GetItemString(d, "aug"), *erase = PyDict_GetItemString(d, "erase");
+    if (aug != NULL) {
+        PyObject *seq = PySequence_Fast(aug, "plan: 'aug' must be a sequence of (op, magnitude)");
+        if (seq == NULL)
+            return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > FL_PLAN_MAX_AUG) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "plan: 'aug' has %zd ops, more than %d", n, FL_PLAN_MAX_AUG);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "id", &p->aug_op[i], &p->aug_mag[i])) {
+                Py_DECREF(seq);
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "plan: 'aug' items must be (op, magnitude)");
+                return -1;
+            }
+        }
+        p->naug = (int)n;
+        Py_DECREF(seq);
+    }
+    if (erase != NULL && erase != Py_None) {
+        PyObject *seq = PySequence_Fast(erase, "plan: 'erase' must be None or a list of (x, y, w, h)");
+        if (seq == NULL)
+            return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > FL_ERASE_MAX_BOXES) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "plan: 'erase' has %zd boxes, more than %d", n, FL_ERASE_MAX_BOXES);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int *b = p->erase_box[i];
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiii", &b[0], &b[1], &b[2], &b[3])) {
+                Py_DECREF(seq);
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "plan: 'erase' boxes must be (x, y, w, h)");
+                return -1;
+            }
+        }
+        p->nerase = (int)n;
+        Py_DECREF(seq);
+    }
+    PyObject *key = PyDict_GetItemString(d, "erase_key");
+    if (key != NULL) {
+        p->erase_key = PyLong_AsUnsignedLongLongMask(key);
+        if (PyErr_Occurred())
+            return -1;
+    }
     return 0;
 }
 

@@ -24,4 +24,9 @@
  * (naming the key; also for unknown keys) or TypeError set.  Borrows d. */
 int fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out);
 
+/* A plan as the dict _plan_sample returns: box, resized, window, flip, out,
+ * aug [(op, magnitude), ...] and erase ((x, y, w, h, key) or None).  New
+ * reference, or NULL with an exception.  GIL held. */
+PyObject *fl_plan_to_dict(const fl_plan *p);
+
 #endif

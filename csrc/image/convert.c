@@ -137,6 +137,22 @@ FL_DEFINE_EMIT(fl_emit_u16, uint16_t)
 FL_DEFINE_EMIT(fl_emit_f32, float)
 
 /* Contract: imgops_internal.h. */
+void
+fl_convert_store(const fl_tspec *t, float v, void *dst)
+{
+    if (t->dtype == FL_DT_F32)
+        memcpy(dst, &v, sizeof v);
+    else if (t->dtype == FL_DT_F16) {
+        uint16_t h = fl_f32_to_f16(v);
+        memcpy(dst, &h, sizeof h);
+    } else if (t->dtype == FL_DT_BF16) {
+        uint16_t h = fl_f32_to_bf16(v);
+        memcpy(dst, &h, sizeof h);
+    } else
+        *(uint8_t *)dst = (uint8_t)v;
+}
+
+/* Contract: imgops_internal.h. */
 size_t
 fl_convert_elsize(const fl_tspec *t)
 {

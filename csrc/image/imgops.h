@@ -44,6 +44,65 @@ enum {
 /* Largest width/height accepted anywhere (source, resized, output). */
 #define FL_MAX_DIM (1 << 20)
 
+/* An augmentation policy (AutoAugment / RandAugment / TrivialAugmentWide),
+ * applied to the uint8 sample after the flip and before the dtype
+ * conversion.  The tables are the library's own: fastloader/transforms.py
+ * fills them from the transform object's augmentation space, so the op
+ * list, magnitude bins and signs are exactly torchvision's.
+ * Per sample: `rounds` times, pick one sub-policy uniformly; for each of its
+ * steps, apply it with probability p (drawn only when p < 1), with the
+ * magnitude of bin `bin` of its op (uniform over the op's bins when -1; 0.0
+ * when the op has none), negated with probability 1/2 when the op is
+ * signed.  The op codes and what a magnitude means are augment.h's. */
+#define FL_POLICY_MAX_OPS 16
+#define FL_POLICY_MAX_BINS 32
+#define FL_POLICY_MAX_SUB 32
+#define FL_POLICY_MAX_STEPS 2
+#define FL_POLICY_MAX_ROUNDS 8
+#define FL_PLAN_MAX_AUG (FL_POLICY_MAX_ROUNDS * FL_POLICY_MAX_STEPS)
+
+typedef struct {
+    int op;                          /* augment.h FL_AUG_* */
+    int is_signed;                   /* negate the magnitude with probability 1/2 */
+    int nbins;                       /* 0: no magnitude (0.0 is passed) */
+    double mag[FL_POLICY_MAX_BINS];  /* the magnitudes _apply_op receives, in bin order */
+} fl_policy_op;
+
+typedef struct {
+    int op;                          /* index into fl_policy.ops */
+    int bin;                         /* magnitude bin, or -1: uniform over the op's bins */
+    double p;                        /* probability the step applies (1: always, no draw) */
+} fl_policy_step;
+
+typedef struct {
+    int rounds;                      /* sub-policies per sample; 0 = no policy */
+    int interp;                      /* augment.h FL_AUG_NEAREST / FL_AUG_BILINEAR */
+    int fill[3];                     /* 0..255 per channel, for pixels a geometric op uncovers */
+    int nops;
+    fl_policy_op ops[FL_POLICY_MAX_OPS];
+    int nsub;
+    int sub_len[FL_POLICY_MAX_SUB];  /* 1 or 2 */
+    fl_policy_step sub[FL_POLICY_MAX_SUB][FL_POLICY_MAX_STEPS];
+} fl_policy;
+
+/* RandomErasing (torchvision v1/v2, timm) on the finished sample, in its
+ * slot: with probability p, count boxes (uniform in min_count..max_count),
+ * each of area U(scale) * area / count and aspect exp(U(log ratio)), up to
+ * 10 tries each. */
+enum {
+    FL_ERASE_CONST = 0,    /* a per-channel constant (torchvision's value; timm's mode "const": 0) */
+    FL_ERASE_NORMAL = 1,   /* N(0, 1) per element (torchvision's value="random"; timm's mode "pixel") */
+    FL_ERASE_CHANNEL = 2   /* N(0, 1) per channel and box (timm's mode "rand") */
+};
+#define FL_ERASE_MAX_BOXES 8
+typedef struct {
+    double p;                        /* 0 = off */
+    double scale_lo, scale_hi, ratio_lo, ratio_hi;
+    int mode;                        /* FL_ERASE_* */
+    float value[3];                  /* FL_ERASE_CONST: the value per channel, in the output's units */
+    int min_count, max_count;        /* boxes per erased sample; 0 means 1 */
+} fl_erase;
+
 typedef struct {
     int geom;                 /* FL_GEOM_* */
     int out_h, out_w;         /* final sample size (RRC size; or crop size; or resize size if no crop).
@@ -60,6 +119,8 @@ typedef struct {
     int scale_to_unit;        /* FL_SCALE_* (ignored for FL_DT_U8) */
     int normalize; float mean[3], std[3];   /* (x - mean) / std in float32; float dtypes only */
     int layout;               /* FL_LAYOUT_* */
+    fl_policy policy;         /* policy.rounds 0 = none; needs a fixed output size */
+    fl_erase erase;           /* erase.p 0 = none; float dtypes, or uint8 with whole values in 0..255 */
 } fl_tspec;
 
 typedef struct {              /* one sample's decisions, all in full-resolution source pixel coordinates */
@@ -69,6 +130,12 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
                                          outside it (zero padding, as CenterCrop pads) */
     int flip;                         /* horizontal flip after resize */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
+    int naug;                         /* policy ops to apply, in order (identity ops are left out) */
+    int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */
+    double aug_mag[FL_PLAN_MAX_AUG];
+    int nerase;                       /* boxes to erase, in order */
+    int erase_box[FL_ERASE_MAX_BOXES][4];  /* x, y, w, h in output pixels */
+    uint64_t erase_key;               /* the erase noise's stream (FL_ERASE_NORMAL / FL_ERASE_CHANNEL) */
 } fl_plan;
 
 /* Check a spec for consistency (ranges, normalize only with float dtypes,
@@ -81,7 +148,8 @@ int fl_tspec_check(const fl_tspec *t, fl_err *err);
  * _compute_resized_output_size incl. max_size; CenterCrop's
  * int(round((H - ch) / 2.0)) offsets and padding), Python's round-half-even
  * included, drawing from fl_rng keyed (seed, epoch, index): geometry first,
- * then the flip.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
+ * then the flip, then the policy's ops (fl_policy), then RandomErasing's box
+ * on the sample's output size.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
  * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
  * natural output size that differs from a nonzero t->out_w x t->out_h). */
 int fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
@@ -100,7 +168,7 @@ typedef struct {              /* a decoded buffer and where it sits in source co
 /* Per-worker scratch memory for fl_render, grown with realloc and reused
  * across calls.  The caller owns it: zero-initialise, then fl_scratch_free
  * when done.  Not shared between threads. */
-typedef struct { void *p; size_t cap; } fl_scratch;
+typedef struct { void *p; size_t cap; void *aux; size_t aux_cap; } fl_scratch;   /* aux: the policy path's image */
 
 /* Release a scratch's memory and reset it to empty.  No GIL.  NULL-safe. */
 void fl_scratch_free(fl_scratch *s);
@@ -118,7 +186,12 @@ void fl_scratch_free(fl_scratch *s);
  * before resizing for 1 channel), dtype conversion via a per-channel
  * 256-entry table (float32 exactly as torch computes ToTensor/ToDtype then
  * Normalize; float16/bfloat16 rounded to nearest even from that float32),
- * layout.  At full scale (scale 1, origin 0) the uint8 result equals
+ * layout.  When the plan has policy ops (naug > 0), the geometry is first
+ * rendered to a uint8 HWC image in scratch->aux, the ops (augment.h) run on
+ * it in order, and its rows then go through the same conversion; a plan
+ * without ops takes the fused single pass.  Last, a plan's erase box is
+ * written with the spec's erase value (or N(0, 1) noise keyed by
+ * erase_key).  At full scale (scale 1, origin 0) the uint8 result equals
  * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window; a
  * full-scale view at an integer origin that holds at least the rectangle
  * fl_plan_source_window reports gives the same bytes as the whole image.

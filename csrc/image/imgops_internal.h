@@ -44,6 +44,11 @@ void fl_rgb_to_luma(const uint8_t *src, size_t stride, int w, int h, uint8_t *ds
 typedef void (*fl_emit_fn)(const fl_tspec *t, const void *lut, const uint8_t *row, size_t ps, int wc, int out_w,
                            int out_h, int oy, void *out);
 
+/* convert.c: store v as one element of t's dtype at dst (float16 and
+ * bfloat16 rounded to nearest even; uint8 by truncation, for v a whole
+ * number in 0..255 as fl_tspec_check requires of erase values). */
+void fl_convert_store(const fl_tspec *t, float v, void *dst);
+
 /* convert.c: bytes of one table entry for t's dtype (1, 2 or 4); the table
  * is 3 x 256 entries. */
 size_t fl_convert_elsize(const fl_tspec *t);

@@ -8,6 +8,7 @@
  */
 #include "image/imgops.h"
 #include "image/imgops_internal.h"
+#include "image/augment.h"
 #include "core/rng.h"
 
 #include <math.h>
@@ -37,6 +38,89 @@ fl_finite(double x)
 /* ------------------------------------------------------------------------ */
 /* Spec checks                                                              */
 /* ------------------------------------------------------------------------ */
+
+/* The policy half of fl_tspec_check.  Returns 0, or -1 with err filled
+ * (FL_ERR_INVALID, naming the field). */
+static int
+fl_policy_check(const fl_tspec *t, fl_err *err)
+{
+#define FAIL(...) do { fl_err_set(err, FL_ERR_INVALID, 0, __VA_ARGS__); return -1; } while (0)
+    const fl_policy *P = &t->policy;
+    if (P->rounds == 0)
+        return 0;
+    if (P->rounds < 0 || P->rounds > FL_POLICY_MAX_ROUNDS)
+        FAIL("policy.rounds: %d is not in 0..%d", P->rounds, FL_POLICY_MAX_ROUNDS);
+    if (t->out_w <= 0 || t->out_h <= 0)
+        FAIL("policy: needs a fixed output size (out_h/out_w)");
+    if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR)
+        FAIL("policy.interp: unknown resampling %d", P->interp);
+    for (int c = 0; c < 3; c++)
+        if (P->fill[c] < 0 || P->fill[c] > 255)
+            FAIL("policy.fill: %d is not in 0..255", P->fill[c]);
+    if (P->nops < 1 || P->nops > FL_POLICY_MAX_OPS)
+        FAIL("policy.ops: %d ops, not 1..%d", P->nops, FL_POLICY_MAX_OPS);
+    for (int i = 0; i < P->nops; i++) {
+        const fl_policy_op *o = &P->ops[i];
+        if (o->op < 0 || o->op >= FL_AUG_NOPS)
+            FAIL("policy.ops[%d]: unknown op %d", i, o->op);
+        if (o->nbins < 0 || o->nbins > FL_POLICY_MAX_BINS)
+            FAIL("policy.ops[%d]: %d magnitude bins, not 0..%d", i, o->nbins, FL_POLICY_MAX_BINS);
+        for (int b = 0; b < o->nbins; b++)
+            if (!fl_finite(o->mag[b]))
+                FAIL("policy.ops[%d]: magnitude bin %d is not finite", i, b);
+    }
+    if (P->nsub < 1 || P->nsub > FL_POLICY_MAX_SUB)
+        FAIL("policy.subs: %d sub-policies, not 1..%d", P->nsub, FL_POLICY_MAX_SUB);
+    for (int s = 0; s < P->nsub; s++) {
+        if (P->sub_len[s] < 1 || P->sub_len[s] > FL_POLICY_MAX_STEPS)
+            FAIL("policy.subs[%d]: %d steps, not 1..%d", s, P->sub_len[s], FL_POLICY_MAX_STEPS);
+        for (int k = 0; k < P->sub_len[s]; k++) {
+            const fl_policy_step *st = &P->sub[s][k];
+            if (st->op < 0 || st->op >= P->nops)
+                FAIL("policy.subs[%d][%d]: op index %d is not in 0..%d", s, k, st->op, P->nops - 1);
+            if (st->bin < -1 || (P->ops[st->op].nbins > 0 && st->bin >= P->ops[st->op].nbins))
+                FAIL("policy.subs[%d][%d]: magnitude bin %d out of range", s, k, st->bin);
+            if (!fl_finite(st->p) || st->p < 0 || st->p > 1)
+                FAIL("policy.subs[%d][%d]: %g is not a probability", s, k, st->p);
+        }
+    }
+    return 0;
+#undef FAIL
+}
+
+/* The RandomErasing half of fl_tspec_check.  Returns 0, or -1 with err
+ * filled (FL_ERR_INVALID, naming the field). */
+static int
+fl_erase_check(const fl_tspec *t, fl_err *err)
+{
+#define FAIL(...) do { fl_err_set(err, FL_ERR_INVALID, 0, __VA_ARGS__); return -1; } while (0)
+    const fl_erase *E = &t->erase;
+    if (E->p == 0)
+        return 0;
+    if (!fl_finite(E->p) || E->p < 0 || E->p > 1)
+        FAIL("erase.p: %g is not a probability", E->p);
+    if (!fl_finite(E->scale_lo) || !fl_finite(E->scale_hi) || E->scale_lo < 0 || E->scale_hi > 1
+        || E->scale_lo > E->scale_hi)
+        FAIL("erase.scale: (%g, %g) is not a range in [0, 1]", E->scale_lo, E->scale_hi);
+    if (!fl_finite(E->ratio_lo) || !fl_finite(E->ratio_hi) || E->ratio_lo <= 0 || E->ratio_lo > E->ratio_hi)
+        FAIL("erase.ratio: (%g, %g) is not a positive range", E->ratio_lo, E->ratio_hi);
+    if (E->mode != FL_ERASE_CONST && E->mode != FL_ERASE_NORMAL && E->mode != FL_ERASE_CHANNEL)
+        FAIL("erase.mode: unknown value mode %d", E->mode);
+    if (E->min_count < 0 || E->max_count < 0 || E->min_count > FL_ERASE_MAX_BOXES
+        || E->max_count > FL_ERASE_MAX_BOXES || (E->max_count && E->max_count < E->min_count))
+        FAIL("erase.count: (%d, %d) is not a range in 1..%d", E->min_count, E->max_count, FL_ERASE_MAX_BOXES);
+    for (int c = 0; c < t->out_channels && E->mode == FL_ERASE_CONST; c++) {
+        float v = E->value[c];
+        if (!fl_finite(v))
+            FAIL("erase.value: channel %d is not finite", c);
+        if (t->dtype == FL_DT_U8 && (v < 0 || v > 255 || v != floorf(v)))
+            FAIL("erase.value: %g is not a whole number in 0..255 for uint8 output", (double)v);
+    }
+    if (E->mode != FL_ERASE_CONST && t->dtype == FL_DT_U8)
+        FAIL("erase.mode: random values need a floating-point dtype");
+    return 0;
+#undef FAIL
+}
 
 /* Contract: imgops.h. */
 int
@@ -95,6 +179,8 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
     }
     if (!fl_finite(t->flip_p) || t->flip_p < 0 || t->flip_p > 1)
         FAIL("flip_p: %g is not a probability", t->flip_p);
+    if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
+        return -1;
     if (t->normalize) {
         if (t->dtype == FL_DT_U8)
             FAIL("normalize: needs a floating-point dtype (Normalize rejects uint8 tensors)");
@@ -164,6 +250,79 @@ fl_rrc_box(const fl_tspec *t, int W, int H, fl_rng *rng, fl_plan *p)
     p->box_y = (H - h) / 2;
     p->box_w = w;
     p->box_h = h;
+}
+
+/* One sample's policy ops (imgops.h's fl_policy rules, the distribution of
+ * torchvision's AutoAugment / RandAugment / TrivialAugmentWide forward),
+ * appended to p->aug_op / aug_mag; identity ops are left out.  t checked. */
+static void
+fl_policy_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
+{
+    p->naug = 0;
+    for (int r = 0; r < P->rounds; r++) {
+        int s = (int)fl_rng_below(rng, (uint64_t)P->nsub);
+        for (int k = 0; k < P->sub_len[s]; k++) {
+            const fl_policy_step *st = &P->sub[s][k];
+            if (st->p < 1.0 && !(fl_rng_uniform(rng, 0.0, 1.0) < st->p))
+                continue;
+            const fl_policy_op *o = &P->ops[st->op];
+            double mag = 0.0;
+            if (o->nbins > 0) {
+                int bin = st->bin >= 0 ? st->bin : (int)fl_rng_below(rng, (uint64_t)o->nbins);
+                mag = o->mag[bin];
+                if (o->is_signed && fl_rng_below(rng, 2))
+                    mag = -mag;
+            }
+            if (o->op == FL_AUG_IDENTITY)
+                continue;
+            p->aug_op[p->naug] = o->op;
+            p->aug_mag[p->naug] = mag;
+            p->naug++;
+        }
+    }
+}
+
+/* RandomErasing on the sample's out_w x out_h (torchvision's v1 get_params /
+ * v2 make_params, and timm's RandomErasing._erase, which generalises it to
+ * several boxes): apply with probability p; the box count uniform in
+ * min_count..max_count (1 when both are 0); per box up to 10 tries of
+ * area * U(scale) / count and exp(U(log ratio)), h = round(sqrt(area *
+ * aspect)), w = round(sqrt(area / aspect)), kept when h < H and w < W, then
+ * the offsets (row first); a box whose tries all fail is left out.  t
+ * checked. */
+static void
+fl_erase_draw(const fl_erase *E, fl_rng *rng, fl_plan *p)
+{
+    p->nerase = 0;
+    if (!(fl_rng_uniform(rng, 0.0, 1.0) < E->p))
+        return;
+    int lo = E->min_count ? E->min_count : 1, hi = E->max_count ? E->max_count : lo;
+    int count = lo == hi ? lo : lo + (int)fl_rng_below(rng, (uint64_t)(hi - lo + 1));
+    int H = p->out_h, W = p->out_w;
+    double area = (double)H * (double)W;
+    double log_lo = log(E->ratio_lo), log_hi = log(E->ratio_hi);
+    for (int b = 0; b < count; b++) {
+        for (int attempt = 0; attempt < 10; attempt++) {
+            double erase_area = area * fl_rng_uniform(rng, E->scale_lo, E->scale_hi) / count;
+            double aspect = exp(fl_rng_uniform(rng, log_lo, log_hi));
+            double hd = fl_round_half_even(sqrt(erase_area * aspect));
+            double wd = fl_round_half_even(sqrt(erase_area / aspect));
+            if (!(hd < H && wd < W))
+                continue;
+            int h = (int)hd, w = (int)wd;
+            int y = (int)fl_rng_below(rng, (uint64_t)(H - h + 1));
+            int x = (int)fl_rng_below(rng, (uint64_t)(W - w + 1));
+            if (h > 0 && w > 0) {
+                int *box = p->erase_box[p->nerase++];
+                box[0] = x;
+                box[1] = y;
+                box[2] = w;
+                box[3] = h;
+            }
+            break;
+        }
+    }
+    p->erase_key = fl_rng_next(rng);
 }
 
 /* torchvision's _compute_resized_output_size for a W x H image.  Returns 0
@@ -262,6 +421,10 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
     }
     if (t->flip_p > 0)
         p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
+    if (t->policy.rounds > 0)
+        fl_policy_draw(&t->policy, &rng, &p);
+    if (t->erase.p > 0)
+        fl_erase_draw(&t->erase, &rng, &p);
     *out = p;
     return 0;
 }

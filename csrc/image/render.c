@@ -24,6 +24,8 @@
 #include "image/imgops.h"
 #include "image/imgops_internal.h"
 #include "image/resample.h"
+#include "image/augment.h"
+#include "core/rng.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,8 +42,11 @@ fl_scratch_free(fl_scratch *s)
     if (s == NULL)
         return;
     free(s->p);
+    free(s->aux);
     s->p = NULL;
     s->cap = 0;
+    s->aux = NULL;
+    s->aux_cap = 0;
 }
 
 /* Bump allocator over one scratch block; sizes are summed first (with
@@ -430,10 +435,11 @@ fl_render_row(const fl_rctx *r, int oy, void *out)
     fl_render_window(r, row, ps, oy, out);
 }
 
-/* Contract: imgops.h. */
-int
-fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
-          fl_err *err)
+/* The fused render (geometry, window, flip, conversion in one pass over the
+ * output rows), without the policy ops or erasing.  Contract as fl_render. */
+static int
+fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
+                fl_err *err)
 {
     /* origin and scale bounded (NaN fails every comparison), so no double
      * below converts to an int out of range */
@@ -493,4 +499,140 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     for (int oy = 0; oy < r.out_h; oy++)
         fl_render_row(&r, oy, out);
     return 0;
+}
+
+/* The policy path: render the geometry to a uint8 HWC image in scratch->aux,
+ * apply the plan's ops in order (augment.h), then convert its rows to the
+ * output through the spec's table.  Contract as fl_render; needs a plan whose
+ * out_w x out_h is the spec's fixed size (fl_tspec_check). */
+static int
+fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
+                    fl_err *err)
+{
+    const int w = plan->out_w, h = plan->out_h, C = t->out_channels;
+    if (w != t->out_w || h != t->out_h) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: plan size %d x %d differs from the spec's %d x %d", w, h,
+                   t->out_w, t->out_h);
+        return -1;
+    }
+    const size_t lutb = 3 * 256 * 4, imgb = (size_t)w * h * C, rowb = (size_t)w * C;
+    const size_t tmpb = fl_aug_tmp_bytes(w, h, C);
+    if (tmpb == 0 || imgb / C / w != (size_t)h) {
+        fl_err_set(err, FL_ERR_NOMEM, 0, "render: a %d x %d policy image overflows", w, h);
+        return -1;
+    }
+    size_t total = lutb + imgb + rowb + tmpb;
+    if (total > scratch->aux_cap) {
+        void *q = realloc(scratch->aux, total);
+        if (q == NULL) {
+            fl_err_set(err, FL_ERR_NOMEM, 0, "render: out of memory (%zu bytes for the policy image)", total);
+            return -1;
+        }
+        scratch->aux = q;
+        scratch->aux_cap = total;
+    }
+    uint8_t *lut = (uint8_t *)scratch->aux, *img = lut + lutb, *row = img + imgb, *tmp = row + rowb;
+
+    fl_tspec u = *t;   /* the geometry alone, as uint8 HWC */
+    u.dtype = FL_DT_U8;
+    u.layout = FL_LAYOUT_HWC;
+    u.scale_to_unit = FL_SCALE_NONE;
+    u.normalize = 0;
+    memset(&u.policy, 0, sizeof u.policy);
+    memset(&u.erase, 0, sizeof u.erase);
+    fl_plan g = *plan;
+    g.naug = 0;
+    g.nerase = 0;
+    if (fl_render_fused(&u, &g, src, img, scratch, err) < 0)
+        return -1;
+    uint8_t fill[3] = {(uint8_t)t->policy.fill[0], (uint8_t)t->policy.fill[1], (uint8_t)t->policy.fill[2]};
+    for (int i = 0; i < plan->naug; i++)
+        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], t->policy.interp, fill, img, w, h, C, tmp, err) < 0)
+            return -1;
+    fl_emit_fn emit = fl_convert_table(t, lut);
+    for (int oy = 0; oy < h; oy++) {
+        const uint8_t *s = img + (size_t)oy * w * C;
+        if (C == 1) {
+            emit(t, lut, s, (size_t)w, 1, w, h, oy, out);
+            continue;
+        }
+        for (int x = 0; x < w; x++) {   /* interleaved -> planar, as the emitters take rows */
+            row[x] = s[3 * x];
+            row[w + x] = s[3 * x + 1];
+            row[2 * w + x] = s[3 * x + 2];
+        }
+        emit(t, lut, row, (size_t)w, 3, w, h, oy, out);
+    }
+    return 0;
+}
+
+/* One standard normal draw (Box-Muller, the second value dropped).  Pure
+ * given rng. */
+static double
+fl_erase_normal(fl_rng *r)
+{
+    double u1 = 1.0 - fl_rng_uniform(r, 0.0, 1.0), u2 = fl_rng_uniform(r, 0.0, 1.0);   /* u1 in (0, 1] */
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* RandomErasing: write each of the plan's boxes, in order, into the
+ * finished out_w x out_h sample at out (t's dtype and layout): the spec's
+ * constant, or N(0, 1) values (one per element, FL_ERASE_NORMAL, channel-
+ * major as torch's normal_([C, h, w]); or one per channel and box,
+ * FL_ERASE_CHANNEL) drawn from rng.h keyed by the plan's erase_key.
+ * Returns 0, or -1 with err filled (FL_ERR_INVALID) for a box outside the
+ * sample. */
+static int
+fl_render_erase(const fl_tspec *t, const fl_plan *plan, void *out, fl_err *err)
+{
+    const int W = plan->out_w, H = plan->out_h, C = t->out_channels;
+    const size_t es = fl_convert_elsize(t);
+    uint8_t *o = (uint8_t *)out;
+    fl_rng rng;
+    fl_rng_init(&rng, plan->erase_key, 0, 0);
+    for (int b = 0; b < plan->nerase; b++) {
+        const int *box = plan->erase_box[b];
+        const int x0 = box[0], y0 = box[1], ew = box[2], eh = box[3];
+        if (x0 < 0 || y0 < 0 || ew < 0 || eh < 0 || x0 > W - ew || y0 > H - eh) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "render: erase box (%d, %d, %d, %d) lies outside the %d x %d sample",
+                       x0, y0, ew, eh, W, H);
+            return -1;
+        }
+        for (int c = 0; c < C; c++) {
+            uint8_t cval[4];
+            float v = t->erase.mode == FL_ERASE_CONST ? t->erase.value[c]
+                      : t->erase.mode == FL_ERASE_CHANNEL ? (float)fl_erase_normal(&rng) : 0.0f;
+            fl_convert_store(t, v, cval);
+            for (int y = y0; y < y0 + eh; y++) {
+                for (int x = x0; x < x0 + ew; x++) {
+                    size_t idx = t->layout == FL_LAYOUT_CHW ? ((size_t)c * H + y) * W + x
+                                                            : ((size_t)y * W + x) * C + c;
+                    if (t->erase.mode == FL_ERASE_NORMAL)
+                        fl_convert_store(t, (float)fl_erase_normal(&rng), o + idx * es);
+                    else
+                        memcpy(o + idx * es, cval, es);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* Contract: imgops.h. */
+int
+fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
+          fl_err *err)
+{
+    if (plan == NULL || plan->naug < 0 || plan->naug > FL_PLAN_MAX_AUG || plan->nerase < 0
+        || plan->nerase > FL_ERASE_MAX_BOXES) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid plan");
+        return -1;
+    }
+    if (fl_tspec_check(t, err) < 0)   /* the policy and erase fields too */
+        return -1;
+    int rc = plan->naug > 0 ? fl_render_augmented(t, plan, src, out, scratch, err)
+                            : fl_render_fused(t, plan, src, out, scratch, err);
+    if (rc == 0 && plan->nerase)
+        rc = fl_render_erase(t, plan, out, err);
+    return rc;
 }
