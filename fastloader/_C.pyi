@@ -188,6 +188,8 @@ def _plan_sample(spec: dict[str, Any], src_w: int, src_h: int, seed: int = ..., 
 def _render(spec: dict[str, Any], image: np.ndarray, plan: dict[str, Any] | None = ..., seed: int = ...,
             epoch: int = ..., index: int = ..., *, view_scale: tuple[float, float] = ...,
             view_origin: tuple[float, float] = ..., src_size: tuple[int, int] | None = ...) -> np.ndarray: ...
+def _mix_batch(images: np.ndarray, labels: np.ndarray, spec: dict[str, Any], seed: int, epoch: int, batch: int,
+               num_classes: int) -> tuple[np.ndarray, dict[str, Any]]: ...
 # test-only binding of csrc/image/augment.c (py_augment.c): one AutoAugment / RandAugment /
 # TrivialAugmentWide op (an FL_AUG_* code) on a uint8 [H, W] / [H, W, 1|3] array
 def _augment_op(op: int, magnitude: float, image: np.ndarray, *, interp: int = ...,

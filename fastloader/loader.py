@@ -145,7 +145,8 @@ class _Iter:
         if (isinstance(loader.dataset, NativeImageDataset) and default
                 and loader._auto_collation and (stream or not loader._dataset_kind_iterable)):
             ds = loader.dataset
-            if loader._fl_device is not None and loader._fl_convert_on_device:
+            if (loader._fl_device is not None and loader._fl_convert_on_device
+                    and loader._fl_batch_stage is None):   # a batch stage mixes the finished floats
                 wire, conv = getattr(loader, "_fl_wire", (None, None))
                 if wire is None:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
@@ -228,6 +229,7 @@ class _Iter:
         if loader._fl_seed is not None:
             self._ep.native_seed = loader._fl_seed
         self._st.attach(self, loader, self._ep)
+        self._batch_stage = getattr(loader, "_fl_batch_stage", None)
         self._copier = None
         if loader._fl_device is not None:
             from .cuda_delivery import DeviceCopier
@@ -370,7 +372,7 @@ class _Iter:
             self._wait_s += time.perf_counter() - t0
         self._yielded(seq)
         self._samples += self._backend.count(batch)
-        return self._deliver(batch)
+        return self._deliver(batch, seq)
 
     def _next_threaded(self):
         while True:
@@ -407,7 +409,7 @@ class _Iter:
             self._watch_gil()
             self._samples += self._backend.count(batch)
             self._account_memory(batch)
-            return self._deliver(batch)
+            return self._deliver(batch, seq)
 
     def _yielded(self, seq):
         """Batch `seq` reached the training loop (or raised there): consumed."""
@@ -419,9 +421,14 @@ class _Iter:
         if gil is not None and not gil.checked:
             gil.maybe_warn(self._wait_s, self._engine, self._loader_ref(), self._num_workers)
 
-    def _deliver(self, batch):
-        """Hand a finished host batch to the consumer (copied to the GPU
-        first when the loader has a device)."""
+    def _deliver(self, batch, seq):
+        """Hand a finished host batch (number seq of the epoch) to the
+        consumer: through the loader's batch_transform, then copied to the
+        GPU when the loader has a device."""
+        stage = self._batch_stage
+        if stage is not None:
+            with _profile_range("fastloader: batch_transform"):
+                batch = stage(batch, self._ep.native_seed, self._ep.epoch, seq)
         if self._copier is None:
             return batch
         with _profile_range("fastloader: host-to-device copy"):
@@ -557,7 +564,8 @@ class DataLoader(_Base, Generic[_T_co]):
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None, max_memory=None, device=None, convert_on_device=False, worker_mode="thread"):
+                 seed=None, max_memory=None, device=None, convert_on_device=False, worker_mode="thread",
+                 batch_transform=None):
         if worker_mode not in ("thread", "process", "auto"):
             raise ValueError(f"worker_mode must be 'thread', 'process' or 'auto', got {worker_mode!r}")
         self.worker_mode = worker_mode
@@ -598,6 +606,13 @@ class DataLoader(_Base, Generic[_T_co]):
         self.seed, self.max_memory, self.device, self.convert_on_device = (
             self._fl_seed, max_memory, self._fl_device, self._fl_convert_on_device)
         self._fl_epochs = 0
+        # batch_transform: MixUp / CutMix (fastloader/batch.py), on each batch before it is yielded
+        self.batch_transform = batch_transform
+        self._fl_batch_stage = None
+        if batch_transform is not None:
+            from .batch import BatchStage
+
+            self._fl_batch_stage = BatchStage(batch_transform)
         self._fl_gil_warned = False
         self._fl_pin_warned = False
 

@@ -46,7 +46,7 @@ fl_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
         return -1;
     if (fl_register_buffer(m) < 0 || fl_register_engine(m) < 0 || fl_register_native(m) < 0 || fl_register_image(m) < 0 || fl_register_transform(m) < 0 ||
-        fl_register_augment(m) < 0 ||
+        fl_register_augment(m) < 0 || fl_register_mix(m) < 0 ||
         fl_register_cuda(m) < 0 || fl_register_devcopy(m) < 0 || fl_register_errors(m) < 0 || fl_register_source(m) < 0 ||
         fl_register_array(m) < 0 || fl_register_lmdb(m) < 0 || fl_register_stream(m) < 0 ||
         fl_register_shards(m) < 0 || fl_register_arrow(m) < 0)
