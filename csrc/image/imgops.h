@@ -4,7 +4,8 @@
  * sample's random decisions (torchvision's algorithms, drawn from rng.h keyed
  * by (seed, epoch, index)), then fl_render turns the decoded pixels into one
  * output sample written straight into its batch slot: crop, antialiased
- * bilinear resize (Pillow's fixed-point algorithm, bit-exact at full scale),
+ * bilinear or bicubic resize (Pillow's fixed-point algorithm, bit-exact at
+ * full scale),
  * window (CenterCrop, zero padded), flip, channel conversion, dtype
  * conversion, Normalize and layout, fused into one pass over the output.
  *
@@ -33,6 +34,15 @@
 enum { FL_DT_U8 = 0, FL_DT_F16 = 1, FL_DT_BF16 = 2, FL_DT_F32 = 3 };
 enum { FL_LAYOUT_CHW = 0, FL_LAYOUT_HWC = 1 };
 enum { FL_GEOM_NONE = 0, FL_GEOM_RRC = 1, FL_GEOM_RESIZE_CROP = 2 };
+/* fl_tspec.interp: the filter of the crop/resize (RandomResizedCrop,
+ * Resize), Pillow's antialiased resample with that filter; fl_plan.interp:
+ * the one a sample is resized with. */
+enum {
+    FL_INTERP_BILINEAR = 0,  /* Pillow's BILINEAR: triangle, support 1 (torchvision's default) */
+    FL_INTERP_BICUBIC = 1,   /* Pillow's BICUBIC: cubic convolution with a = -0.5, support 2 */
+    FL_INTERP_RANDOM = 2,    /* spec only: bilinear or bicubic, 1/2 each, drawn per sample (timm's
+                                RandomResizedCropAndInterpolation(interpolation="random")) */
+};
 /* fl_tspec.scale_to_unit: how uint8 becomes float.  The two torchvision
  * spellings differ in the last bit for 126 of the 256 values. */
 enum {
@@ -114,6 +124,7 @@ typedef struct {
     int max_size;             /* Resize(max_size=...) or 0; alone (no size) = Resize(None, max_size) */
     int crop_h, crop_w;       /* CenterCrop after the resize; 0 = none (pads with zeros as torchvision does if larger) */
     double flip_p;            /* RandomHorizontalFlip(p); 0 = none */
+    int interp;               /* FL_INTERP_*: the resize's filter (0, bilinear, by default) */
     int out_channels;         /* 1 or 3 */
     int dtype;                /* FL_DT_* */
     int scale_to_unit;        /* FL_SCALE_* (ignored for FL_DT_U8) */
@@ -128,6 +139,8 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int rs_w, rs_h;                   /* the box is resized to rs_w x rs_h (== box size when no resize) */
     int win_x, win_y;                 /* output window of size out_w x out_h inside the resized image; may extend
                                          outside it (zero padding, as CenterCrop pads) */
+    int interp;                       /* FL_INTERP_BILINEAR or FL_INTERP_BICUBIC: the resize's filter (the
+                                         spec's; its per-sample draw when the spec says FL_INTERP_RANDOM) */
     int flip;                         /* horizontal flip after resize */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
     int naug;                         /* policy ops to apply, in order (identity ops are left out) */
@@ -138,9 +151,10 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     uint64_t erase_key;               /* the erase noise's stream (FL_ERASE_NORMAL / FL_ERASE_CHANNEL) */
 } fl_plan;
 
-/* Check a spec for consistency (ranges, normalize only with float dtypes,
- * std != 0, max_size > resize_short, ...).  No GIL.  Returns 0, or -1 with
- * err filled (FL_ERR_INVALID, the message naming the offending field). */
+/* Check a spec for consistency (ranges, a known interp, normalize only
+ * with float dtypes, std != 0, max_size > resize_short, ...).  No GIL.
+ * Returns 0, or -1 with err filled (FL_ERR_INVALID, the message naming the
+ * offending field). */
 int fl_tspec_check(const fl_tspec *t, fl_err *err);
 
 /* Choose the sample's crop box/flip with torchvision's exact algorithms
@@ -148,8 +162,10 @@ int fl_tspec_check(const fl_tspec *t, fl_err *err);
  * _compute_resized_output_size incl. max_size; CenterCrop's
  * int(round((H - ch) / 2.0)) offsets and padding), Python's round-half-even
  * included, drawing from fl_rng keyed (seed, epoch, index): geometry first,
- * then the flip, then the policy's ops (fl_policy), then RandomErasing's box
- * on the sample's output size.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
+ * then the filter (one draw, only for FL_INTERP_RANDOM: bilinear or bicubic
+ * with probability 1/2 each, as timm's random.choice; otherwise plan->interp
+ * is the spec's), then the flip, then the policy's ops (fl_policy), then
+ * RandomErasing's box on the sample's output size.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
  * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
  * natural output size that differs from a nonzero t->out_w x t->out_h). */
 int fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,
@@ -178,7 +194,9 @@ void fl_scratch_free(fl_scratch *s);
  * buffer is only read.
  * Steps: crop (plan box mapped into the view: bx = box_x * scale_x - origin_x
  * etc., exact integers at full scale; the filter is clipped at the box),
- * antialiased bilinear resize to rs_w x rs_h computing only the rows/columns
+ * antialiased resize to rs_w x rs_h with the spec's filter (t->interp; the
+ * plan's, plan->interp, when the spec says FL_INTERP_RANDOM; the plan's
+ * value is ignored otherwise) computing only the rows/columns
  * that land in the output window (Pillow's separable fixed-point resample:
  * horizontal pass to uint8 first, then vertical; an axis whose size does not
  * change is skipped), window with zero padding, flip, channel conversion
@@ -192,20 +210,23 @@ void fl_scratch_free(fl_scratch *s);
  * without ops takes the fused single pass.  Last, a plan's erase box is
  * written with the spec's erase value (or N(0, 1) noise keyed by
  * erase_key).  At full scale (scale 1, origin 0) the uint8 result equals
- * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR) cut to the window; a
- * full-scale view at an integer origin that holds at least the rectangle
- * fl_plan_source_window reports gives the same bytes as the whole image.
+ * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR or BICUBIC) cut to the
+ * window; a full-scale view at an integer origin that holds at least the
+ * rectangle fl_plan_source_window reports gives the same bytes as the whole
+ * image.
  * No GIL.  Returns 0, or -1 with err filled: FL_ERR_INVALID for an invalid
- * plan or view, FL_ERR_NOMEM when out of memory.  On error the contents of
- * out are unspecified. */
+ * plan (a plan->interp other than bilinear/bicubic under FL_INTERP_RANDOM
+ * included) or view, FL_ERR_NOMEM when out of memory.  On error the
+ * contents of out are unspecified. */
 int fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
               fl_err *err);
 
 /* The smallest rectangle [x0, x1) x [y0, y1) of full-resolution source
  * pixels (the source is src_w x src_h) that fl_render reads for this plan:
- * the union of the filter taps of the resized rows/columns that land in the
- * output window, clipped to the crop box (for RandomResizedCrop: the box;
- * for Resize + CenterCrop: the taps of the centre window).  A view holding
+ * the union of the filter taps (the plan's filter, as fl_render picks it:
+ * bicubic reads twice as far as bilinear) of the resized rows/columns that
+ * land in the output window, clipped to the crop box (for RandomResizedCrop:
+ * the box; for Resize + CenterCrop: the taps of the centre window).  A view holding
  * exactly that rectangle (w = x1 - x0, h = y1 - y0, origin_x = x0,
  * origin_y = y0, scale 1), or any larger full-scale rectangle, renders
  * bit-identically to the whole image.  Always within the image and

@@ -179,6 +179,8 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
     }
     if (!fl_finite(t->flip_p) || t->flip_p < 0 || t->flip_p > 1)
         FAIL("flip_p: %g is not a probability", t->flip_p);
+    if (t->interp < FL_INTERP_BILINEAR || t->interp > FL_INTERP_RANDOM)
+        FAIL("interp: unknown interpolation %d (0 bilinear, 1 bicubic, 2 random)", t->interp);
     if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
         return -1;
     if (t->normalize) {
@@ -419,6 +421,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
                    src_w, src_h, p.out_w, p.out_h, t->out_w, t->out_h);
         return -1;
     }
+    /* timm's random.choice((BILINEAR, BICUBIC)), after the crop box */
+    p.interp = t->interp == FL_INTERP_RANDOM ? (fl_rng_below(&rng, 2) ? FL_INTERP_BICUBIC : FL_INTERP_BILINEAR)
+                                             : t->interp;
     if (t->flip_p > 0)
         p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
     if (t->policy.rounds > 0)

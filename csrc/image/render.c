@@ -94,9 +94,20 @@ typedef struct {
     fl_axis ax, ay;
 } fl_geom;
 
+/* The filter a render of plan under t uses: the spec's, or the plan's draw
+ * when the spec says FL_INTERP_RANDOM.  Returns FL_INTERP_BILINEAR or
+ * FL_INTERP_BICUBIC, or -1 when that value is neither.  Pure. */
+static int
+fl_geom_interp(const fl_tspec *t, const fl_plan *plan)
+{
+    int interp = t->interp == FL_INTERP_RANDOM ? plan->interp : t->interp;
+    return interp == FL_INTERP_BILINEAR || interp == FL_INTERP_BICUBIC ? interp : -1;
+}
+
 /* Check the plan and map it onto a vw x vh buffer at origin (ox, oy) and
- * scale (sx, sy).  Returns 0, -1 for an invalid plan, -2 when the box
- * misses the buffer. */
+ * scale (sx, sy), with the filter fl_geom_interp picks.  Returns 0, -1 for
+ * an invalid plan (its filter included), -2 when the box misses the
+ * buffer. */
 static int
 fl_geom_setup(const fl_tspec *t, const fl_plan *plan, int vw, int vh, double ox, double oy, double sx, double sy,
               fl_geom *g)
@@ -105,7 +116,8 @@ fl_geom_setup(const fl_tspec *t, const fl_plan *plan, int vw, int vh, double ox,
     g->out_w = t->out_w ? t->out_w : plan->out_w;
     g->out_h = t->out_w ? t->out_h : plan->out_h;
     const int out_w = g->out_w, out_h = g->out_h;
-    if (plan->box_w <= 0 || plan->box_h <= 0 || plan->rs_w <= 0 || plan->rs_h <= 0 || plan->rs_w > FL_MAX_DIM
+    const int interp = fl_geom_interp(t, plan);
+    if (interp < 0 || plan->box_w <= 0 || plan->box_h <= 0 || plan->rs_w <= 0 || plan->rs_h <= 0 || plan->rs_w > FL_MAX_DIM
         || plan->rs_h > FL_MAX_DIM || out_w <= 0 || out_h <= 0 || out_w > FL_MAX_DIM || out_h > FL_MAX_DIM
         || plan->box_w > FL_MAX_DIM || plan->box_h > FL_MAX_DIM || plan->box_x < -FL_MAX_DIM
         || plan->box_x > FL_MAX_DIM || plan->box_y < -FL_MAX_DIM || plan->box_y > FL_MAX_DIM
@@ -123,8 +135,8 @@ fl_geom_setup(const fl_tspec *t, const fl_plan *plan, int vw, int vh, double ox,
     double bx1 = (plan->box_x + (double)plan->box_w) * sx - ox;
     double by0 = plan->box_y * sy - oy;
     double by1 = (plan->box_y + (double)plan->box_h) * sy - oy;
-    if (fl_axis_setup(&g->ax, bx0, bx1, vw, plan->rs_w, g->cx0, g->cx1) < 0
-        || fl_axis_setup(&g->ay, by0, by1, vh, plan->rs_h, g->cy0, g->cy1) < 0)
+    if (fl_axis_setup(&g->ax, interp, bx0, bx1, vw, plan->rs_w, g->cx0, g->cx1) < 0
+        || fl_axis_setup(&g->ay, interp, by0, by1, vh, plan->rs_h, g->cy0, g->cy1) < 0)
         return -2;
     return 0;
 }
@@ -459,8 +471,10 @@ fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void
     int grc = fl_geom_setup(t, plan, src->w, src->h, src->origin_x, src->origin_y, src->scale_x, src->scale_y,
                             &r.g);
     if (grc == -1) {
-        fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d)",
-                      plan->box_w, plan->box_h, plan->rs_w, plan->rs_h, r.g.out_w, r.g.out_h);
+        fl_err_set(err, FL_ERR_INVALID, 0,
+                   "render: invalid plan (box %d x %d, resized %d x %d, out %d x %d, interp %d)", plan->box_w,
+                   plan->box_h, plan->rs_w, plan->rs_h, r.g.out_w, r.g.out_h,
+                   t->interp == FL_INTERP_RANDOM ? plan->interp : t->interp);
         return -1;
     }
     if (grc == -2) {

@@ -1,16 +1,21 @@
-/* resample.c: Pillow's antialiased bilinear resample in fixed point, the
- * one responsibility of this unit: per-axis coefficients and the horizontal
+/* resample.c: Pillow's antialiased resample in fixed point (its BILINEAR
+ * and BICUBIC filters), the one responsibility of this unit: per-axis coefficients and the horizontal
  * and vertical passes, portable and AVX2.  Interface: resample.h.
  *
  * No Python, no GIL: caller-owned memory only, nothing allocated here.
  *
  * - Exactness.  torchvision on PIL images resizes with Pillow's separable
  *   fixed-point resampler: horizontal pass into a uint8 intermediate, then a
- *   vertical pass; triangle filter whose support grows with the downscale
- *   factor; per-output weights normalised in double and rounded to 22-bit
- *   fixed point; accumulator starting at 1 << 21; clip to uint8.  We do the
- *   same arithmetic in the same order, so at full scale the uint8 output is
- *   bit-identical.  Each intermediate value depends only on its own source
+ *   vertical pass; triangle (support 1) or cubic (a = -0.5, support 2)
+ *   filter whose support grows with the downscale factor; per-output
+ *   weights normalised in double and rounded to 22-bit fixed point (away
+ *   from zero: the cubic's negative lobes give negative weights);
+ *   accumulator starting at 1 << 21, signed 32-bit; arithmetic shift and
+ *   clip to uint8 (a sum can fall below 0 or above 255 << 22 with negative
+ *   weights).  We do the same arithmetic in the same order, so at full
+ *   scale the uint8 output is bit-identical.  The filters' double
+ *   expressions are Pillow's, term for term; the build is ISO C (-std=c11),
+ *   so GCC contracts nothing into FMAs that Pillow's build would not.  Each intermediate value depends only on its own source
  *   row, so computing only the rows and columns the output window needs
  *   changes nothing, and the order of the terms of each (integer) sum is
  *   free.
@@ -49,6 +54,25 @@ fl_triangle(double x)
     return 0.0;
 }
 
+/* Pillow's bicubic filter (cubic convolution, a = -0.5), support 2: the
+ * same double operations in the same order as Pillow's bicubic_filter
+ * (a + 2 = 1.5 and a + 3 = 2.5 are exact, so are the products by a).
+ * Pure. */
+static double
+fl_cubic(double x)
+{
+    if (x < 0.0)
+        x = -x;
+    if (x < 1.0)
+        return ((1.5 * x - 2.5) * x) * x + 1;
+    if (x < 2.0)
+        return (((x - 5) * x + 8) * x - 4) * -0.5;
+    return 0.0;
+}
+
+/* The filter's support at scale 1, by FL_INTERP_* (bilinear, bicubic). */
+static const double fl_filter_support[2] = {1.0, 2.0};
+
 /* Pillow's per-output bounds: first input (relative to base) and count. */
 static void
 fl_axis_bounds(const fl_axis *a, int xx, double *center, int *xmin_out, int *n_out)
@@ -84,7 +108,7 @@ fl_axis_span(fl_axis *a)
     }
     a->scale = (a->in1 - a->in0) / a->out_size;
     a->filterscale = a->scale < 1.0 ? 1.0 : a->scale;
-    a->support = 1.0 * a->filterscale;    /* bilinear support is 1 */
+    a->support = fl_filter_support[a->interp] * a->filterscale;
     a->ksize = (int)ceil(a->support) * 2 + 1;
     double c;
     int xmin0, n0, xmin1, n1;
@@ -96,9 +120,10 @@ fl_axis_span(fl_axis *a)
 }
 
 /* Map the box [b0, b1) (buffer coordinates) of one axis onto a buffer of
- * `len` pixels, resized to out_size, outputs [o0, o1) wanted (o0 < o1).
- * Sets everything but lo/cnt/k/kmax.  Returns 0, or -1 when the box misses
- * the buffer (contract: resample.h).
+ * `len` pixels, resized to out_size with the filter interp, outputs
+ * [o0, o1) wanted (o0 < o1).  Sets everything but lo/cnt/k/kmax.  Returns
+ * 0, or -1 when the box misses the buffer or interp is unknown (contract:
+ * resample.h).
  *
  * An integral box (always the case at full scale) is resampled exactly as
  * Pillow resamples the cropped image: the filter is clipped at the box, in
@@ -108,8 +133,11 @@ fl_axis_span(fl_axis *a)
  * a DCT-scaled view, or a buffer lacking some of those pixels) the box is
  * clipped to the buffer and the filter to the pixels it covers. */
 int
-fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, int o1)
+fl_axis_setup(fl_axis *a, int interp, double b0, double b1, int len, int out_size, int o0, int o1)
 {
+    if (interp != FL_INTERP_BILINEAR && interp != FL_INTERP_BICUBIC)
+        return -1;
+    a->interp = interp;
     a->out_size = out_size;
     a->o0 = o0;
     a->o1 = o1;
@@ -158,9 +186,16 @@ fl_axis_fill(fl_axis *a, double *w)
         double center;
         fl_axis_bounds(a, xx, &center, &xmin, &n);
         double ww = 0.0;
-        for (int x = 0; x < n; x++) {
-            w[x] = fl_triangle((x + xmin - center + 0.5) * ss);
-            ww += w[x];
+        if (a->interp == FL_INTERP_BICUBIC) {
+            for (int x = 0; x < n; x++) {
+                w[x] = fl_cubic((x + xmin - center + 0.5) * ss);
+                ww += w[x];
+            }
+        } else {
+            for (int x = 0; x < n; x++) {
+                w[x] = fl_triangle((x + xmin - center + 0.5) * ss);
+                ww += w[x];
+            }
         }
         int32_t *k = a->k + (size_t)i * a->ksize;
         for (int x = 0; x < n; x++) {

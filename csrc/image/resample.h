@@ -1,7 +1,8 @@
 /* resample.h: the resampler behind fl_render (private to the imgops units;
  * implemented in resample.c).
  *
- * Pillow's separable antialiased bilinear resample in fixed point, one axis
+ * Pillow's separable antialiased resample in fixed point, with its BILINEAR
+ * or BICUBIC filter (imgops.h FL_INTERP_BILINEAR / FL_INTERP_BICUBIC), one axis
  * at a time: fl_axis describes one axis (the box, the wanted outputs and
  * their coefficients), fl_hrow runs the horizontal pass on one row
  * (fl_hrows on many) and fl_vrow the vertical pass for one output row.  Rows between the passes are
@@ -10,8 +11,9 @@
  *
  * Kernel choice: fl_use_avx2() says whether the AVX2 kernels run; fl_render
  * asks once per call and passes the answer on (fl_hrow_prepare, fl_vrow,
- * fl_split3).  Portable and AVX2 kernels compute the same integer sums, so
- * they give the same bytes.
+ * fl_split3).  Portable and AVX2 kernels compute the same integer sums
+ * (signed 32-bit weights and accumulators, arithmetic shift, clip to
+ * 0..255), so they give the same bytes, negative bicubic lobes included.
  *
  * No Python, no GIL: every function here works on caller-owned memory only,
  * allocates nothing and is re-entrant.
@@ -42,6 +44,7 @@ typedef struct {
     int base, insize, out_size;
     int o0, o1;
     int need;                  /* 0: this axis is not resampled (identity) */
+    int interp;                /* FL_INTERP_BILINEAR or FL_INTERP_BICUBIC */
     double scale, support, filterscale;
     int ksize;                 /* taps stride in the coefficient table */
     int kmax;                  /* largest tap count of a wanted output */
@@ -57,15 +60,20 @@ typedef struct {
 int fl_use_avx2(void);
 
 /* Map the box [b0, b1) (buffer coordinates) of one axis onto a buffer of
- * `len` pixels, resized to out_size, outputs [o0, o1) wanted (o0 < o1).
- * Sets everything but lo/cnt/k/kmax (those are set to NULL / 0).  Returns
- * 0, or -1 when the box misses the buffer.  Exactness rules: resample.c. */
-int fl_axis_setup(fl_axis *a, double b0, double b1, int len, int out_size, int o0, int o1);
+ * `len` pixels, resized to out_size with the filter `interp`
+ * (FL_INTERP_BILINEAR: support 1, FL_INTERP_BICUBIC: support 2, times the
+ * downscale factor), outputs [o0, o1) wanted (o0 < o1).  Sets everything
+ * but lo/cnt/k/kmax (those are set to NULL / 0); in_lo/in_hi cover the
+ * wanted outputs' taps for that filter.  Returns 0, or -1 when the box
+ * misses the buffer or interp is not one of those two.  Exactness rules:
+ * resample.c. */
+int fl_axis_setup(fl_axis *a, int interp, double b0, double b1, int len, int out_size, int o0, int o1);
 
 /* Fill a->lo, a->cnt (caller-owned arrays of o1 - o0 ints) and a->k
- * ((o1 - o0) * ksize int32) exactly as Pillow computes and rounds them, and
- * kmax; w is caller-owned work space of ksize doubles.  Needs a set-up axis
- * with need = 1. */
+ * ((o1 - o0) * ksize int32) exactly as Pillow computes and rounds them for
+ * the axis' filter (bicubic weights can be negative), and kmax; w is
+ * caller-owned work space of ksize doubles.  Needs a set-up axis with
+ * need = 1. */
 void fl_axis_fill(fl_axis *a, double *w);
 
 /* Reverse the order of the wanted outputs of a filled axis (a horizontal
