@@ -3,7 +3,8 @@
  * Module-level functions for tests and benchmarks (fastloader/ itself does
  * not call them, hence the underscore), registered by fl_register_transform:
  *   _plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
- *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))
+ *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h),
+ *            interp=0 bilinear | 1 bicubic, aug=[...], erase=None | [(x, y, w, h), ...], erase_key)
  *   _render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
  *           view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
  *       image: uint8 [H, W] or [H, W, 1|3], the decoded buffer.  view_scale /
@@ -333,6 +334,7 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
         INT_FIELD(crop_h);
         INT_FIELD(crop_w);
         DBL_FIELD(flip_p);
+        INT_FIELD(interp);
         INT_FIELD(out_channels);
         INT_FIELD(scale_to_unit);
         else {
@@ -395,10 +397,10 @@ fl_plan_to_dict(const fl_plan *p)
         Py_DECREF(aug);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii),s:N,s:N,s:K}", "box", p->box_x, p->box_y, p->box_w,
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii),s:i,s:N,s:N,s:K}", "box", p->box_x, p->box_y, p->box_w,
                          p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
-                         p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h, "aug", aug, "erase", erase,
-                         "erase_key", (unsigned long long)p->erase_key);
+                         p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
+                         "erase", erase, "erase_key", (unsigned long long)p->erase_key);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -430,6 +432,11 @@ fl_plan_ints(PyObject *d, const char *key, int n, int *out, int optional)
     return 0;
 }
 
+/* A _plan_sample dict -> *p, for a render under the spec t: out defaults to
+ * the spec's (else the resized) size, flip to False, aug to none, erase to
+ * None, interp to the spec's (needed when the spec's is 2, random; ignored
+ * otherwise, as fl_render ignores it).  GIL held; borrows d.  Returns 0, or
+ * -1 with TypeError/ValueError naming the key. */
 static int
 fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
 {
@@ -452,6 +459,19 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
     int flip = f ? PyObject_IsTrue(f) : 0;
     if (flip < 0)
         return -1;
+    /* interp: the sample's draw, needed for a spec with interp 2 (random);
+     * otherwise the spec's filter is the one (fl_render ignores the plan's) */
+    PyObject *iv = PyDict_GetItemString(d, "interp");
+    int interp = t->interp;
+    if (iv != NULL && fl_get_int(iv, "interp", &interp) < 0)
+        return -1;
+    if (t->interp == FL_INTERP_RANDOM && (iv == NULL || (interp != FL_INTERP_BILINEAR && interp != FL_INTERP_BICUBIC))) {
+        PyErr_SetString(PyExc_ValueError, "plan: a spec with interp 2 (random) needs the plan's 'interp', "
+                                          "0 (bilinear) or 1 (bicubic)");
+        return -1;
+    }
+    if (t->interp != FL_INTERP_RANDOM)
+        interp = t->interp;
     memset(p, 0, sizeof *p);
     p->box_x = box[0];
     p->box_y = box[1];
@@ -462,6 +482,7 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
     p->win_x = win[0];
     p->win_y = win[1];
     p->flip = flip;
+    p->interp = interp;
     p->out_w = o[0];
     p->out_h = o[1];
     PyObject *aug = PyDict_GetItemString(d, "aug"), *erase = PyDict_GetItemString(d, "erase");
@@ -673,7 +694,8 @@ static PyMethodDef fl_transform_methods[] = {
      "For tests and benchmarks.\n"
      "One sample's crop box, resize, window and flip, drawn as the native loader draws them\n"
      "(torchvision's algorithms, keyed by (seed, epoch, index)):\n"
-     "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h))."},
+     "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, out=(w, h),\n"
+     "interp=0 (bilinear) | 1 (bicubic), aug=[(op, magnitude), ...], erase=None | [(x, y, w, h), ...], erase_key)."},
     {"_render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
      "_render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"
      "        view_origin=(0, 0), src_size=None) -> ndarray\n\n"

@@ -25,8 +25,9 @@
 int fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out);
 
 /* A plan as the dict _plan_sample returns: box, resized, window, flip, out,
- * aug [(op, magnitude), ...] and erase ((x, y, w, h, key) or None).  New
- * reference, or NULL with an exception.  GIL held. */
+ * interp (0 bilinear, 1 bicubic), aug [(op, magnitude), ...] and erase
+ * ((x, y, w, h, key) or None).  New reference, or NULL with an exception.
+ * GIL held. */
 PyObject *fl_plan_to_dict(const fl_plan *p);
 
 #endif
