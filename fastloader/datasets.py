@@ -238,7 +238,8 @@ class NativeImageDataset(_Dataset):
         return self._take(self._build(raw, epoch, seed, seq, -1, native_s, collate_targets))
 
     def plan(self, index, width, height, epoch=0, seed=0):
-        """The random decisions for one sample: crop box, resized size, window, flip."""
+        """The random decisions for one sample: crop box, resized size, window,
+        filter (interp: 0 bilinear, 1 bicubic), flip, policy ops, erase box."""
         return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
 
     # -- batch post-processing ---------------------------------------------------

@@ -21,8 +21,9 @@ Supported prefix, in this order (each part optional)::
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
     [Normalize]                    (float output only)
 
-Interpolation must be bilinear (torchvision's default); ``antialias`` is
-always on, as torchvision does for PIL images.  Random decisions come from
+Interpolation must be bilinear (torchvision's default) or bicubic (Pillow's
+filters, bit-exact), or timm's ``"random"`` (one of the two per sample);
+``antialias`` is always on, as torchvision does for PIL images.  Random decisions come from
 fastloader's counter-based RNG keyed by (seed, epoch, index), so they follow
 torchvision's algorithms and distributions but not torch's global RNG stream.
 
@@ -58,6 +59,7 @@ __all__ = [
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 _SCALE_NONE, _SCALE_DIV, _SCALE_MUL = 0, 1, 2   # csrc/image/imgops.h FL_SCALE_*
+_INTERP_BILINEAR, _INTERP_BICUBIC, _INTERP_RANDOM = 0, 1, 2   # csrc/image/imgops.h FL_INTERP_*
 
 
 def _pair(size: Any, name: str) -> tuple[int, int]:
@@ -70,6 +72,24 @@ def _pair(size: Any, name: str) -> tuple[int, int]:
     if len(size) != 2:
         raise ValueError(f"{name}: size must be an int or (h, w), got {size!r}")
     return size
+
+
+def _tv_interp(interp: Any) -> Any:
+    """torchvision's InterpolationMode for a mode name ("bicubic") or PIL's
+    code of a mode the native resample has (Image.BICUBIC == 3); other
+    values (an InterpolationMode) as given."""
+    from torchvision.transforms import InterpolationMode
+    if isinstance(interp, str):
+        return InterpolationMode(interp.lower())
+    code = _interp_code(interp)
+    if code is not None and not isinstance(interp, InterpolationMode):
+        return (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)[code]
+    return interp
+
+
+def _interp_arg(interp: Any) -> str:
+    """", interpolation=..." for a repr, empty for the default (bilinear)."""
+    return "" if _interp_code(interp) == _INTERP_BILINEAR else f", interpolation={getattr(interp, 'value', interp)!r}"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -109,10 +129,12 @@ class RandomResizedCrop(Transform):
 
     def _torchvision(self):
         from torchvision.transforms import v2
-        return v2.RandomResizedCrop(self.size, self.scale, self.ratio, antialias=True)
+        return v2.RandomResizedCrop(self.size, self.scale, self.ratio, interpolation=_tv_interp(self.interpolation),
+                                    antialias=True)
 
     def _args(self):
-        return f"size={self.size}, scale={self.scale}, ratio=({self.ratio[0]:.4g}, {self.ratio[1]:.4g})"
+        return (f"size={self.size}, scale={self.scale}, ratio=({self.ratio[0]:.4g}, {self.ratio[1]:.4g})"
+                + _interp_arg(self.interpolation))
 
 
 class Resize(Transform):
@@ -131,10 +153,12 @@ class Resize(Transform):
 
     def _torchvision(self):
         from torchvision.transforms import v2
-        return v2.Resize(self.size, max_size=self.max_size, antialias=True)
+        return v2.Resize(self.size, interpolation=_tv_interp(self.interpolation), max_size=self.max_size,
+                         antialias=True)
 
     def _args(self):
-        return f"size={self.size}" + (f", max_size={self.max_size}" if self.max_size else "")
+        return (f"size={self.size}" + (f", max_size={self.max_size}" if self.max_size else "")
+                + _interp_arg(self.interpolation))
 
 
 class CenterCrop(Transform):
@@ -283,9 +307,32 @@ def _flatten(transform: Any) -> list:
     return [transform]
 
 
-def _bilinear(interp: Any) -> bool:
+def _interp_code(interp: Any) -> int | None:
+    """The spec's interp (imgops.h FL_INTERP_*) for a resize's interpolation:
+    0 bilinear (InterpolationMode.BILINEAR, PIL's Image.BILINEAR == 2,
+    "bilinear"), 1 bicubic (InterpolationMode.BICUBIC, Image.BICUBIC == 3,
+    "bicubic"); None for any other mode, which the native resample lacks."""
     value = getattr(interp, "value", interp)
-    return value in ("bilinear", 2)   # InterpolationMode.BILINEAR or PIL's Image.BILINEAR
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    if isinstance(value, str):
+        value = value.lower()
+    return {"bilinear": _INTERP_BILINEAR, 2: _INTERP_BILINEAR, "bicubic": _INTERP_BICUBIC, 3: _INTERP_BICUBIC}.get(value)
+
+
+def _timm_interp_code(interp: Any) -> int | None:
+    """_interp_code for timm's RandomResizedCropAndInterpolation, whose
+    interpolation may also be a tuple of modes drawn with random.choice per
+    sample ("random" stores (BILINEAR, BICUBIC)): one mode is that mode's
+    code, bilinear and bicubic once each is 2 (random); None otherwise."""
+    if not isinstance(interp, (list, tuple)):
+        return _interp_code(interp)
+    codes = [_interp_code(m) for m in interp]
+    if len(codes) == 1:
+        return codes[0]
+    if sorted(codes, key=str) == [_INTERP_BILINEAR, _INTERP_BICUBIC]:
+        return _INTERP_RANDOM
+    return None
 
 
 def _is_timm(t: Any) -> bool:
@@ -304,10 +351,11 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         if name == "RandomErasing":      # timm.data.random_erasing, per sample (a 3-d tensor)
             return ("erase", dict(obj=t, v2=False, timm=True))
         if name == "RandomResizedCropAndInterpolation":   # torchvision's get_params, then resized_crop
-            if isinstance(t.interpolation, (list, tuple)) or not _bilinear(t.interpolation):
+            interp = _timm_interp_code(t.interpolation)
+            if interp is None:
                 return None
             return ("rrc", dict(size=_pair(t.size, name), scale=tuple(map(float, t.scale)),
-                                ratio=tuple(map(float, t.ratio))))
+                                ratio=tuple(map(float, t.ratio)), interp=interp))
         return None
     if type(t).__module__.startswith("torch.nn") and name == "Identity":
         return ("identity", {})
@@ -323,22 +371,25 @@ def _describe(t: Any) -> tuple[str, dict] | None:
     if name == "Grayscale":
         return ("gray", {}) if t.num_output_channels == 1 else None
     if name == "RandomResizedCrop":
-        if not _bilinear(t.interpolation):
+        interp = _interp_code(t.interpolation)
+        if interp is None:
             return None
         h, w = _pair(t.size, name)
-        return ("rrc", dict(size=(h, w), scale=tuple(map(float, t.scale)), ratio=tuple(map(float, t.ratio))))
+        return ("rrc", dict(size=(h, w), scale=tuple(map(float, t.scale)), ratio=tuple(map(float, t.ratio)),
+                            interp=interp))
     if name == "Resize":
-        if not _bilinear(t.interpolation):
+        interp = _interp_code(t.interpolation)
+        if interp is None:
             return None
         size, max_size = t.size, t.max_size
         if size is None:
-            return ("resize", dict(short=0, hw=None, max_size=int(max_size)))
+            return ("resize", dict(short=0, hw=None, max_size=int(max_size), interp=interp))
         if isinstance(size, int):
-            return ("resize", dict(short=size, hw=None, max_size=int(max_size or 0)))
+            return ("resize", dict(short=size, hw=None, max_size=int(max_size or 0), interp=interp))
         size = list(size)
         if len(size) == 1:
-            return ("resize", dict(short=int(size[0]), hw=None, max_size=int(max_size or 0)))
-        return ("resize", dict(short=0, hw=(int(size[0]), int(size[1])), max_size=0))
+            return ("resize", dict(short=int(size[0]), hw=None, max_size=int(max_size or 0), interp=interp))
+        return ("resize", dict(short=0, hw=(int(size[0]), int(size[1])), max_size=0, interp=interp))
     if name == "CenterCrop":
         return ("center_crop", dict(size=_pair(t.size, name)))
     if name == "RandomHorizontalFlip":
@@ -571,6 +622,8 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
         p = descs[pos][1]
         spec.update(geom="rrc", out_h=p["size"][0], out_w=p["size"][1], scale_lo=p["scale"][0],
                     scale_hi=p["scale"][1], ratio_lo=p["ratio"][0], ratio_hi=p["ratio"][1])
+        if p["interp"]:   # the key only when not the default (bilinear)
+            spec["interp"] = p["interp"]
         pos += 1
     elif kind(pos) in ("resize", "center_crop"):
         spec["geom"] = "resize_crop"
@@ -580,6 +633,8 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
                 spec.update(resize_h=p["hw"][0], resize_w=p["hw"][1], out_h=p["hw"][0], out_w=p["hw"][1])
             else:
                 spec.update(resize_short=p["short"], max_size=p["max_size"])
+            if p["interp"]:
+                spec["interp"] = p["interp"]
             pos += 1
         if kind(pos) == "center_crop":
             h, w = descs[pos][1]["size"]

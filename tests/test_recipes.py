@@ -167,9 +167,14 @@ def test_timm_train_pieces_are_recognised():
     tf = T.Compose([rrc, T.RandomHorizontalFlip(), timm_t.MaybeToTensor(), T.Normalize(MEAN, STD)])
     spec, rest, desc = compile_transform(tf)
     assert rest is None and spec["geom"] == "rrc" and spec["out_h"] == 96 and spec["normalize"]
-    # random / bicubic interpolation is not native (yet): it stays in Python, named
-    rnd = timm_t.RandomResizedCropAndInterpolation(96, interpolation="random")
-    spec, rest, desc = compile_transform(T.Compose([rnd, timm_t.MaybeToTensor()]))
+    # bicubic and "random" (bilinear or bicubic per sample) are native too (tests/test_bicubic.py)
+    for interp, code in (("bicubic", 1), ("random", 2)):
+        rnd = timm_t.RandomResizedCropAndInterpolation(96, interpolation=interp)
+        spec, rest, desc = compile_transform(T.Compose([rnd, timm_t.MaybeToTensor()]))
+        assert rest is None and spec["geom"] == "rrc" and spec["interp"] == code
+    # another mode is not native: it stays in Python, named
+    other = timm_t.RandomResizedCropAndInterpolation(96, interpolation="lanczos")
+    spec, rest, desc = compile_transform(T.Compose([other, timm_t.MaybeToTensor()]))
     assert spec["geom"] == "none" and "RandomResizedCropAndInterpolation" in repr(rest)
 
 
