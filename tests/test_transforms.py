@@ -392,10 +392,12 @@ def test_compile_our_transforms_and_call(photos):
     assert "RandomResizedCrop" in repr(T.RandomResizedCrop(224))
 
 
-def test_compile_rejects_non_bilinear():
-    spec, rest, _ = T.compile_transform(v2.Compose([v2.Resize(64, interpolation=v2.InterpolationMode.BICUBIC),
-                                                    v2.PILToTensor()]))
-    assert spec["geom"] == "none" and len(rest.transforms) == 2
+def test_compile_rejects_other_interpolations():
+    """Bilinear and bicubic run natively (tests/test_bicubic.py); any other
+    mode leaves the resize, and what follows, to Python."""
+    for mode in (v2.InterpolationMode.NEAREST, v2.InterpolationMode.LANCZOS, v2.InterpolationMode.BOX):
+        spec, rest, _ = T.compile_transform(v2.Compose([v2.Resize(64, interpolation=mode), v2.PILToTensor()]))
+        assert spec["geom"] == "none" and len(rest.transforms) == 2
 
 
 def test_random_plans_match_pil(photos):
@@ -429,13 +431,14 @@ def test_random_plans_match_pil(photos):
 
 # ---------------------------------------------------------------- source window (decode less)
 
-def _axis_window(b0, n, rs, o0, o1):
+def _axis_window(b0, n, rs, o0, o1, interp=0):
     """Mirror of resample.c's tap bounds (Pillow's precompute_coeffs): the source
-    pixels [lo, hi) that resized outputs [o0, o1) of a box [b0, b0 + n) read."""
+    pixels [lo, hi) that resized outputs [o0, o1) of a box [b0, b0 + n) read,
+    with the bilinear (interp 0, support 1) or bicubic (1, support 2) filter."""
     if rs == n:
         return b0 + o0, b0 + o1
     scale = n / rs
-    support = max(scale, 1.0)
+    support = (1.0, 2.0)[interp] * max(scale, 1.0)
     ks = math.ceil(support) * 2 + 1
 
     def bounds(xx):
@@ -462,8 +465,9 @@ def _source_window(spec, plan, W, H):
         x0, y0 = min(max(bx, 0), W - 1), min(max(by, 0), H - 1)
         ref = (x0, y0, x0 + 1, y0 + 1)
     else:
-        x0, x1 = _axis_window(bx, bw, rw, cx0, cx1)
-        y0, y1 = _axis_window(by, bh, rh, cy0, cy1)
+        interp = plan.get("interp", 0) if spec.get("interp", 0) == 2 else spec.get("interp", 0)
+        x0, x1 = _axis_window(bx, bw, rw, cx0, cx1, interp)
+        y0, y1 = _axis_window(by, bh, rh, cy0, cy1, interp)
         ref = (x0, y0, x1, y1)
     if fn is not None:
         assert tuple(fn(spec, plan, W, H)) == ref, (plan, ref)
@@ -476,12 +480,14 @@ def _render_cropped(spec, a, plan, win):
     return _C._render(spec, sub, plan, view_origin=(float(x0), float(y0)))
 
 
-def test_source_window_renders_bit_identically(photos):
+@pytest.mark.parametrize("interp", [0, 1, 2], ids=["bilinear", "bicubic", "random"])
+def test_source_window_renders_bit_identically(photos, interp):
     """Rendering from a view holding only fl_plan_source_window's rectangle
     (origin = its corner, scale 1) equals rendering from the whole image, bit
     for bit: RandomResizedCrop (window = box), Resize + CenterCrop (window =
-    taps of the centre crop), zero padding, flips, gray and float32."""
-    rng = np.random.default_rng(77)
+    taps of the centre crop), zero padding, flips, gray and float32; with
+    each filter (bicubic reads twice as far; random: each plan's draw)."""
+    rng = np.random.default_rng(77 + interp)
     checked = 0
     for name in ("land_500x375", "port_301x447", "odd_333x251", "small_97x131", "gray_287x193"):
         pil = photos[name]
@@ -506,6 +512,8 @@ def test_source_window_renders_bit_identically(photos):
             specs.append(dict(geom="resize_crop", resize_short=72, crop_h=64, crop_w=64, out_h=64, out_w=64,
                               out_channels=1))
         for spec in specs:
+            if interp:
+                spec["interp"] = interp
             for i in range(12):
                 plan = _C._plan_sample(spec, W, H, 3, 1, i)
                 win = _source_window(spec, plan, W, H)
@@ -519,7 +527,7 @@ def test_source_window_renders_bit_identically(photos):
                 np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str((spec, plan)))
                 checked += 1
         # arbitrary plans: random boxes, sizes and windows partly (or wholly) outside the image
-        spec = dict(geom="none", out_channels=ch)
+        spec = dict(geom="none", out_channels=ch, interp=interp)
         for _ in range(60):
             bw, bh = int(rng.integers(1, W + 1)), int(rng.integers(1, H + 1))
             bx, by = int(rng.integers(0, W - bw + 1)), int(rng.integers(0, H - bh + 1))
@@ -527,7 +535,7 @@ def test_source_window_renders_bit_identically(photos):
             ow, oh = int(rng.integers(1, 200)), int(rng.integers(1, 200))
             wx, wy = int(rng.integers(-60, rw + 10)), int(rng.integers(-60, rh + 10))
             plan = dict(box=(bx, by, bw, bh), resized=(rw, rh), window=(wx, wy), flip=bool(rng.integers(0, 2)),
-                        out=(ow, oh))
+                        out=(ow, oh), interp=int(rng.integers(0, 2)))
             win = _source_window(spec, plan, W, H)
             full = _C._render(spec, a, plan)
             np.testing.assert_array_equal(_render_cropped(spec, a, plan, win), full, err_msg=str(plan))
