@@ -266,7 +266,7 @@ fl_render_layout(const fl_rctx *r, fl_offsets *o, size_t *total)
             o->hcnt = fl_reserve(&L, (size_t)nh, sizeof(int));
             if (r->simd) {
                 o->htab = fl_reserve(&L, (size_t)nhp / 8 * ax->ksize, FL_HTAB_TAP);
-                o->hoff = fl_reserve(&L, (size_t)nhp / 8 * 2, sizeof(int32_t));
+                o->hoff = fl_reserve(&L, (size_t)nhp / 8 * 2 * ax->ksize, sizeof(int32_t));   /* per tap group */
             }
             o->planes = fl_reserve(&L, r->ips * wc, 1);
             if (r->htmp)

@@ -274,8 +274,11 @@ fl_clip8(int32_t v)
 /* single-channel bytes; the output is CHW-shaped already.                  */
 /*                                                                          */
 /* Each kernel has a portable C version and an AVX2 version (picked at run  */
-/* time); both compute exactly Pillow's integer sums (non-negative weights, */
-/* 32-bit accumulators starting at 1 << 21), so the results are identical.  */
+/* time); both compute exactly Pillow's integer sums (signed 32-bit        */
+/* weights, negative for bicubic's lobes, and 32-bit accumulators starting  */
+/* at 1 << 21; no sum overflows: |weights| sum to < 1.5 << 22), then shift  */
+/* arithmetically and clip to 0..255 on both sides, so the results are      */
+/* identical.                                                               */
 /* ------------------------------------------------------------------------ */
 
 #ifdef FL_X86_SIMD
@@ -346,6 +349,8 @@ FL_DEFINE_HPASS(3)
 FL_DEFINE_HPASS(5)
 FL_DEFINE_HPASS(7)
 FL_DEFINE_HPASS(9)
+FL_DEFINE_HPASS(11)
+FL_DEFINE_HPASS(13)
 
 /* The portable horizontal kernel for an axis (after fl_axis_make_fixed). */
 static fl_hpass_fn
@@ -357,6 +362,8 @@ fl_hpass_pick(const fl_axis *ax)
         case 5: return fl_hpass_c5;
         case 7: return fl_hpass_c7;
         case 9: return fl_hpass_c9;
+        case 11: return fl_hpass_c11;   /* bicubic, downscales in (2, 2.5] */
+        case 13: return fl_hpass_c13;   /* bicubic, (2.5, 3] */
         default: break;
         }
     }
@@ -382,43 +389,82 @@ fl_vpass_c(const int32_t *k, int n, const uint8_t *const *rows, int32_t *acc, ui
 
 #ifdef FL_X86_SIMD
 /* AVX2 horizontal pass.  Outputs go in blocks of 8; lane l (outputs 4l..4l+3
- * of the block) loads the 16 plane bytes from off[2 * block + l] and, for
- * tap j, one byte shuffle puts each output's tap pixel, zero extended, in
- * its 32-bit slot; a 32-bit multiply by the tap weights and an add follow.
- * tab holds per block and tap the 32 shuffle bytes and the 8 weights (0 for
- * missing taps, whose shuffle byte is 0x80 = zero).  Needs every output's
- * taps within its lane's 16 bytes (fl_htab_build checks). */
+ * of the block) works on 16 loaded plane bytes and, for tap j, one byte
+ * shuffle puts each output's tap pixel, zero extended, in its 32-bit slot;
+ * a 32-bit multiply by the tap weights (signed: bicubic's are negative
+ * near its lobes) and an add follow.  The taps go in groups of gs
+ * (taps [g * gs, (g + 1) * gs) of every output): each group of each lane
+ * loads its own 16 bytes, from off[2 * (b * ng + g) + l].  tab holds per
+ * block and tap the 32 shuffle bytes and the 8 weights (0 for missing
+ * taps, whose shuffle byte is 0x80 = zero).  One group (ng = 1) when the 4
+ * outputs' taps fit 16 bytes, as they do for bilinear up to a 3x and
+ * bicubic up to a 2x downscale; more (wider downscales) otherwise. */
 
+/* The tap group size for a filled axis: the largest gs <= kb such that
+ * every lane's outputs, taps [g * gs, (g + 1) * gs) each, lie within 16
+ * bytes from the group's first pixel: 16 - (the widest spread of the 4
+ * outputs' first pixels), at most kb.  Returns it, or 0 when even one tap
+ * per group does not fit (a spread of 16 or more: the portable kernel
+ * runs).  Pure. */
 static int
-fl_htab_build(const fl_axis *a, int nh, int kb, int32_t *off, uint8_t *tab)
+fl_htab_group(const fl_axis *a, int nh, int kb)
 {
-    const int nb = (nh + 7) / 8, ks = a->ksize;
+    int spread = 0;
+    for (int i0 = 0; i0 < nh; i0 += 4) {
+        int lo = -1, hi = -1;
+        for (int i = i0; i < i0 + 4 && i < nh; i++) {
+            if (a->cnt[i] <= 0)
+                continue;
+            if (lo < 0 || a->lo[i] < lo)
+                lo = a->lo[i];
+            if (a->lo[i] > hi)
+                hi = a->lo[i];
+        }
+        if (lo >= 0 && hi - lo > spread)
+            spread = hi - lo;
+    }
+    int gs = 16 - spread;
+    return gs < 1 ? 0 : gs > kb ? kb : gs;
+}
+
+/* Build the table (off: 2 * ng int32 per block, tab: kb * FL_HTAB_TAP bytes
+ * per block) for nh outputs of a filled axis, kb taps in groups of gs, ng
+ * = ceil(kb / gs) groups.  A lane's group with no taps loads from 0 (its
+ * weights are 0).  Returns 0, or -1 when some tap lies outside its
+ * group's 16 bytes (not for the gs fl_htab_group picks). */
+static int
+fl_htab_build(const fl_axis *a, int nh, int kb, int gs, int32_t *off, uint8_t *tab)
+{
+    const int nb = (nh + 7) / 8, ks = a->ksize, ng = (kb + gs - 1) / gs;
     for (int b = 0; b < nb; b++) {
         uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
         for (int l = 0; l < 2; l++) {
-            int base = -1;
-            for (int q = 0; q < 4; q++) {
-                int i = 8 * b + 4 * l + q;
-                if (i < nh && a->cnt[i] > 0 && (base < 0 || a->lo[i] < base))
-                    base = a->lo[i];
-            }
-            if (base < 0)
-                base = 0;
-            off[2 * b + l] = base;
-            for (int q = 0; q < 4; q++) {
-                int i = 8 * b + 4 * l + q;
-                for (int j = 0; j < kb; j++) {
-                    uint8_t *ix = T + (size_t)j * FL_HTAB_TAP + 16 * l + 4 * q;
-                    int32_t w = 0;
-                    ix[0] = ix[1] = ix[2] = ix[3] = 0x80;
-                    if (i < nh && j < a->cnt[i]) {
-                        int p = a->lo[i] + j - base;
-                        if (p > 15)
-                            return -1;
-                        ix[0] = (uint8_t)p;
-                        w = a->k[(size_t)i * ks + j];
+            for (int g = 0; g < ng; g++) {
+                const int j0 = g * gs, j1 = j0 + gs < kb ? j0 + gs : kb;
+                int base = -1;
+                for (int q = 0; q < 4; q++) {
+                    int i = 8 * b + 4 * l + q;
+                    if (i < nh && a->cnt[i] > j0 && (base < 0 || a->lo[i] + j0 < base))
+                        base = a->lo[i] + j0;
+                }
+                if (base < 0)
+                    base = 0;
+                off[2 * (b * ng + g) + l] = base;
+                for (int q = 0; q < 4; q++) {
+                    int i = 8 * b + 4 * l + q;
+                    for (int j = j0; j < j1; j++) {
+                        uint8_t *ix = T + (size_t)j * FL_HTAB_TAP + 16 * l + 4 * q;
+                        int32_t w = 0;
+                        ix[0] = ix[1] = ix[2] = ix[3] = 0x80;
+                        if (i < nh && j < a->cnt[i]) {
+                            int p = a->lo[i] + j - base;
+                            if (p < 0 || p > 15)
+                                return -1;
+                            ix[0] = (uint8_t)p;
+                            w = a->k[(size_t)i * ks + j];
+                        }
+                        memcpy(T + (size_t)j * FL_HTAB_TAP + 32 + 4 * (4 * l + q), &w, sizeof w);
                     }
-                    memcpy(T + (size_t)j * FL_HTAB_TAP + 32 + 4 * (4 * l + q), &w, sizeof w);
                 }
             }
         }
@@ -439,28 +485,36 @@ fl_load2x128(const uint8_t *p0, const uint8_t *p1)
         _mm256_shuffle_epi8(d, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP))), \
         _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP + 32))))
 
+/* The kernel for nb blocks; kb, ng and gs are compile-time constants in
+ * the common cases (fl_hpass_avx2 below), which unrolls the tap loops. */
 FL_AVX2 static inline __attribute__((always_inline)) void
-fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int kb, const int32_t *off,
-                   const uint8_t *tab, uint8_t *out, size_t ops)
+fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int kb, const int ng, const int gs,
+                   const int32_t *off, const uint8_t *tab, uint8_t *out, size_t ops)
 {
     const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     if (wc == 3) {
         for (int b = 0; b < nb; b++) {
             const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
-            const uint8_t *p0 = planes + off[2 * b], *p1 = planes + off[2 * b + 1];
-            const __m256i d0 = fl_load2x128(p0, p1);
-            const __m256i d1 = fl_load2x128(p0 + ips, p1 + ips);
-            const __m256i d2 = fl_load2x128(p0 + 2 * ips, p1 + 2 * ips);
+            const int32_t *o = off + 2 * (size_t)b * ng;
             __m256i a0 = rnd, a1 = rnd, a2 = rnd;
-            for (int j = 0; j < kb; j++) {
-                FL_HTAP(a0, d0, T, j);
-                FL_HTAP(a1, d1, T, j);
-                FL_HTAP(a2, d2, T, j);
+            for (int g = 0; g < ng; g++) {
+                const uint8_t *p0 = planes + o[2 * g], *p1 = planes + o[2 * g + 1];
+                const __m256i d0 = fl_load2x128(p0, p1);
+                const __m256i d1 = fl_load2x128(p0 + ips, p1 + ips);
+                const __m256i d2 = fl_load2x128(p0 + 2 * ips, p1 + 2 * ips);
+                const int j1 = (g + 1) * gs < kb ? (g + 1) * gs : kb;
+                for (int j = g * gs; j < j1; j++) {
+                    FL_HTAP(a0, d0, T, j);
+                    FL_HTAP(a1, d1, T, j);
+                    FL_HTAP(a2, d2, T, j);
+                }
             }
             a0 = _mm256_srai_epi32(a0, FL_PREC);
             a1 = _mm256_srai_epi32(a1, FL_PREC);
             a2 = _mm256_srai_epi32(a2, FL_PREC);
+            /* saturating packs clip to 0..255: below 0 (negative lobes) to 0,
+             * above 255 to 255 (a shifted sum is within -512..511) */
             /* lane 0 bytes: a0[0..3] a1[0..3] a2[0..3] a2[0..3]; lane 1 the same for [4..7] */
             __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(a0, a1), _mm256_packus_epi32(a2, a2));
             p = _mm256_permutevar8x32_epi32(p, perm);   /* a0[0..7] a1[0..7] a2[0..7] a2[0..7] */
@@ -473,10 +527,14 @@ fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int 
     } else {
         for (int b = 0; b < nb; b++) {
             const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
-            const __m256i d0 = fl_load2x128(planes + off[2 * b], planes + off[2 * b + 1]);
+            const int32_t *o = off + 2 * (size_t)b * ng;
             __m256i a0 = rnd;
-            for (int j = 0; j < kb; j++)
-                FL_HTAP(a0, d0, T, j);
+            for (int g = 0; g < ng; g++) {
+                const __m256i d0 = fl_load2x128(planes + o[2 * g], planes + o[2 * g + 1]);
+                const int j1 = (g + 1) * gs < kb ? (g + 1) * gs : kb;
+                for (int j = g * gs; j < j1; j++)
+                    FL_HTAP(a0, d0, T, j);
+            }
             a0 = _mm256_srai_epi32(a0, FL_PREC);
             __m256i p = _mm256_packus_epi32(a0, a0);
             p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
@@ -487,19 +545,24 @@ fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int 
 
 /* Contract: resample.h. */
 FL_AVX2 void
-fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, const int32_t *off, const uint8_t *tab,
-              uint8_t *out, size_t ops)
+fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, int gs, const int32_t *off,
+              const uint8_t *tab, uint8_t *out, size_t ops)
 {
     const int nb = (nh + 7) / 8;
-    switch (kb) {   /* constant tap counts unroll the tap loop */
-    case 2: fl_hpass_avx2_body(planes, ips, wc, nb, 2, off, tab, out, ops); break;
-    case 3: fl_hpass_avx2_body(planes, ips, wc, nb, 3, off, tab, out, ops); break;
-    case 4: fl_hpass_avx2_body(planes, ips, wc, nb, 4, off, tab, out, ops); break;
-    case 5: fl_hpass_avx2_body(planes, ips, wc, nb, 5, off, tab, out, ops); break;
-    case 6: fl_hpass_avx2_body(planes, ips, wc, nb, 6, off, tab, out, ops); break;
-    case 7: fl_hpass_avx2_body(planes, ips, wc, nb, 7, off, tab, out, ops); break;
-    default: fl_hpass_avx2_body(planes, ips, wc, nb, kb, off, tab, out, ops); break;
+    if (gs >= kb) {   /* one group; constant tap counts unroll the tap loop */
+        switch (kb) {
+        case 2: fl_hpass_avx2_body(planes, ips, wc, nb, 2, 1, 2, off, tab, out, ops); return;
+        case 3: fl_hpass_avx2_body(planes, ips, wc, nb, 3, 1, 3, off, tab, out, ops); return;
+        case 4: fl_hpass_avx2_body(planes, ips, wc, nb, 4, 1, 4, off, tab, out, ops); return;
+        case 5: fl_hpass_avx2_body(planes, ips, wc, nb, 5, 1, 5, off, tab, out, ops); return;
+        case 6: fl_hpass_avx2_body(planes, ips, wc, nb, 6, 1, 6, off, tab, out, ops); return;
+        case 7: fl_hpass_avx2_body(planes, ips, wc, nb, 7, 1, 7, off, tab, out, ops); return;
+        case 8: fl_hpass_avx2_body(planes, ips, wc, nb, 8, 1, 8, off, tab, out, ops); return;
+        case 9: fl_hpass_avx2_body(planes, ips, wc, nb, 9, 1, 9, off, tab, out, ops); return;
+        default: fl_hpass_avx2_body(planes, ips, wc, nb, kb, 1, kb, off, tab, out, ops); return;
+        }
     }
+    fl_hpass_avx2_body(planes, ips, wc, nb, kb, (kb + gs - 1) / gs, gs, off, tab, out, ops);
 }
 
 /* Contract: resample.h.  Accumulators stay in registers, 32 bytes at a
@@ -589,10 +652,13 @@ fl_hrow_prepare(fl_hrow_plan *h, fl_axis *ax, int simd)
 {
     h->ax = ax;
     h->simd = 0;
+    h->gs = 0;
     h->c = NULL;
 #ifdef FL_X86_SIMD
-    if (simd)
-        h->simd = fl_htab_build(ax, h->nh, ax->kmax, h->off, h->tab) == 0;
+    if (simd) {
+        h->gs = fl_htab_group(ax, h->nh, ax->kmax);
+        h->simd = h->gs > 0 && fl_htab_build(ax, h->nh, ax->kmax, h->gs, h->off, h->tab) == 0;
+    }
 #else
     (void)simd;
 #endif

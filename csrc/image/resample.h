@@ -93,7 +93,8 @@ typedef struct {
     int nhp;                   /* output plane stride (>= nh; whole blocks of 8 with AVX2) */
     uint8_t *planes;           /* wc planes of ips bytes: the split source row */
     size_t ips;
-    int simd;                  /* 1: the AVX2 kernel runs, with off/tab */
+    int simd;                  /* 1: the AVX2 kernel runs, with off/tab/gs */
+    int gs;                    /* AVX2: taps per group (each group loads its own 16 bytes) */
     fl_hpass_fn c;             /* else this portable kernel */
     int32_t *off;
     uint8_t *tab;
@@ -101,10 +102,13 @@ typedef struct {
 
 /* Choose the horizontal kernel for a filled axis and set up *h (all other
  * fields are set by the caller first).  With simd (fl_use_avx2()) the AVX2
- * table is built into h->off (2 * nhp / 8 int32) and h->tab
- * (nhp / 8 * ksize * FL_HTAB_TAP bytes); when some output's taps do not fit
- * the kernel's 16-byte window, or without simd, the axis is made
- * fixed-length where it can be and a portable kernel is picked.  Zeroes the
+ * table is built into h->off (at most 2 * ksize * nhp / 8 int32: 2 per
+ * block and tap group) and h->tab (nhp / 8 * ksize * FL_HTAB_TAP bytes),
+ * the taps in groups of h->gs that each fit the kernel's 16-byte window
+ * (one group when all of them do); when not even single taps fit (an
+ * output's 4-block spreads over 16 or more pixels: a downscale by more
+ * than about 5), or without simd, the axis is made fixed-length where it
+ * can be and a portable kernel is picked.  Zeroes the
  * planes' slack (bytes sw..ips of each), which the AVX2 loads may read. */
 void fl_hrow_prepare(fl_hrow_plan *h, fl_axis *ax, int simd);
 
@@ -131,9 +135,9 @@ FL_AVX2 void fl_split3_avx2(const uint8_t *s, int n, uint8_t *d, size_t ps);
 
 /* AVX2 horizontal pass of wc planes (stride ips, pixels from the axis'
  * in_lo) -> out planes (stride ops), nh outputs each, through the table
- * (off, tab) that fl_hrow_prepare builds for kb = the axis' kmax taps.
- * Writes 8 * ceil(nh / 8) bytes per output plane. */
-FL_AVX2 void fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, const int32_t *off,
+ * (off, tab) that fl_hrow_prepare builds for kb = the axis' kmax taps in
+ * groups of gs.  Writes 8 * ceil(nh / 8) bytes per output plane. */
+FL_AVX2 void fl_hpass_avx2(const uint8_t *planes, size_t ips, int wc, int nh, int kb, int gs, const int32_t *off,
                            const uint8_t *tab, uint8_t *out, size_t ops);
 
 /* fl_vrow_portable with AVX2 (no acc needed). */
@@ -153,7 +157,7 @@ fl_hrow(const fl_hrow_plan *h, const uint8_t *s, uint8_t *d)
             fl_split3_avx2(s, h->sw, h->planes, h->ips);
         else
             memcpy(h->planes, s, (size_t)h->sw);
-        fl_hpass_avx2(h->planes, h->ips, h->wc, h->nh, h->ax->kmax, h->off, h->tab, d, (size_t)h->nhp);
+        fl_hpass_avx2(h->planes, h->ips, h->wc, h->nh, h->ax->kmax, h->gs, h->off, h->tab, d, (size_t)h->nhp);
         return;
     }
 #endif
