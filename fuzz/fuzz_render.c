@@ -137,6 +137,7 @@ build_spec(fz_bytes *p, fl_tspec *t)
     t->out_channels = (opts & 1) ? 1 : 3;
     t->layout = (opts >> 1) & 1 ? FL_LAYOUT_HWC : FL_LAYOUT_CHW;
     const int crop = (opts >> 2) & 1;
+    t->interp = ((opts >> 4) & 3) % 3;   /* FL_INTERP_*: bilinear (3 too), bicubic, random */
     switch (form % 8) {
     case 0:   /* no geometry: natural size */
         t->geom = FL_GEOM_NONE;

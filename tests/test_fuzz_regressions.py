@@ -201,3 +201,30 @@ def test_render_refuses_non_finite_view_geometry():
     # fails this test instead of ending the whole run.
     r = subprocess.run([sys.executable, "-c", _RENDER_CHILD], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "all refused" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+# -- render: bicubic weights of outputs whose centre lies outside the view ----
+
+def test_bicubic_outputs_centred_outside_the_view_keep_bounded_weights():
+    # F8 (docs/hardening.md): a scaled view that misses the top of the box
+    # (origin_y > 0) put the first outputs' centres above the buffer; the
+    # bicubic taps left there are its negative tail, whose sum is near 0, and
+    # the normalised weights overflowed the 32-bit sums (UBSan; garbage
+    # pixels otherwise).  The box is now clipped to the buffer for bicubic:
+    # the render is Pillow's bicubic resize of the mapped box, clipped, on
+    # the pixels it covers.  Input render-bicubic-centre-outside-view.bin.
+    import math
+    img = np.zeros((26, 23, 3), np.uint8)
+    img[::2] = 255                      # stripes: the negative lobes meet 0, the positive ones 255
+    img[:, ::3] = 90
+    plan = dict(box=(0, 0, 11, 17), resized=(11, 17), window=(0, 0))
+    s = 1.635
+    for ox, oy in ((-4.3333, 1.8571), (0.0, 3.9), (5.5, -6.25)):
+        out = _C._render(dict(geom="none", interp=1), img, plan, view_scale=(s, s), view_origin=(ox, oy))
+        b = (-ox, -oy, 11 * s - ox, 17 * s - oy)                  # the box in buffer coordinates
+        x0, y0 = max(math.floor(b[0] + 1e-6), 0), max(math.floor(b[1] + 1e-6), 0)
+        x1, y1 = min(math.ceil(b[2] - 1e-6), 23), min(math.ceil(b[3] - 1e-6), 26)
+        box = (max(b[0] - x0, 0), max(b[1] - y0, 0), min(b[2] - x0, x1 - x0), min(b[3] - y0, y1 - y0))
+        ref = Image.fromarray(img[y0:y1, x0:x1]).resize((11, 17), Image.BICUBIC, box=box)
+        diff = np.abs(out.astype(int) - np.asarray(ref).transpose(2, 0, 1)).max()
+        assert diff <= 1, ((ox, oy), diff)   # Pillow's box is float32, ours double

@@ -130,8 +130,9 @@ fl_axis_span(fl_axis *a)
  * box coordinates, whatever part of the box the buffer holds; that is exact
  * as long as the buffer holds every pixel the wanted outputs read (the
  * window fl_plan_source_window reports).  Otherwise (a fractional box from
- * a DCT-scaled view, or a buffer lacking some of those pixels) the box is
- * clipped to the buffer and the filter to the pixels it covers. */
+ * a DCT-scaled view, or a buffer lacking some of those pixels) the filter
+ * is clipped to the buffer's pixels, and for bicubic the box too (below);
+ * a box inside the buffer, as every view fl_native makes, is kept. */
 int
 fl_axis_setup(fl_axis *a, int interp, double b0, double b1, int len, int out_size, int o0, int o1)
 {
@@ -169,6 +170,17 @@ fl_axis_setup(fl_axis *a, int interp, double b0, double b1, int len, int out_siz
     a->insize = hi - lo;
     a->in0 = b0 - lo;
     a->in1 = b1 - lo;
+    /* Bicubic: the box too is clipped to the buffer, so that every output's
+     * centre lies in it.  A centre outside would keep only the filter's
+     * tail, whose (negative-lobe) sum can be near 0, and its normalised
+     * weights would overflow the 32-bit sums; with the centre inside, the
+     * weights' magnitudes sum to less than 1.5. */
+    if (interp == FL_INTERP_BICUBIC) {
+        if (a->in0 < 0.0)
+            a->in0 = 0.0;
+        if (a->in1 > (double)a->insize)
+            a->in1 = (double)a->insize;
+    }
     fl_axis_span(a);
     if (a->in_lo < 0 || a->in_hi > len || a->in_hi <= a->in_lo)
         return -1;
