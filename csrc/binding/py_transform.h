@@ -11,14 +11,15 @@
 /* Fill *out from a spec dict whose keys are fl_tspec's field names:
  *   geom "none" | "rrc" | "resize_crop"; out_h, out_w; scale_lo, scale_hi,
  *   ratio_lo, ratio_hi; resize_short; resize_h, resize_w; max_size;
- *   crop_h, crop_w; flip_p; out_channels 1 | 3;
+ *   crop_h, crop_w; flip_p; interp 0 (bilinear) | 1 (bicubic) | 2 (random);
+ *   out_channels 1 | 3;
  *   dtype "uint8" | "float16" | "bfloat16" | "float32";
  *   scale_to_unit 0 | 1 (x / 255, ToTensor) | 2 (x * (1/255), v2 ToDtype) (bools: True = 1);
  *   normalize (bool; defaults to True when mean or std is given);
  *   mean, std: sequences of out_channels floats (or one, broadcast);
  *   layout "CHW" | "HWC".
  * Missing keys take defaults (geom none, RRC scale (0.08, 1), ratio (3/4, 4/3),
- * 3 channels, uint8, CHW, no resize/crop/flip/normalize).  The result is
+ * 3 channels, uint8, CHW, bilinear, no resize/crop/flip/normalize).  The result is
  * checked with fl_tspec_check (its error raised through the translator of
  * `module`, fastloader._C).  GIL held.  Returns 0, or -1 with ValueError
  * (naming the key; also for unknown keys) or TypeError set.  Borrows d. */
