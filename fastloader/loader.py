@@ -160,6 +160,15 @@ class _Iter:
             backend = NativeBackend(self._num_workers, ds)
             backend.batch_size = loader.batch_size
             return backend
+        if (isinstance(loader.dataset, NativeImageDataset) and not default and loader._auto_collation
+                and not getattr(loader, "_fl_collate_warned", False)):
+            loader._fl_collate_warned = True
+            warnings.warn(
+                f"fastloader: the custom collate_fn {getattr(collate_fn, '__qualname__', collate_fn)!r} takes "
+                f"{type(loader.dataset).__name__} off its native batch path: each sample is loaded alone and "
+                "collated in Python. For MixUp / CutMix pass them as batch_transform= (docs/recipes.md); other "
+                "per-batch work can run on the batches the default collate_fn gives.", PerformanceWarning,
+                stacklevel=4)
         mode = getattr(loader, "worker_mode", "thread")
         if self._num_workers and mode != "thread":  # worker processes (backends.py, _procworkers.py)
             from .backends import AutoBackend, ProcessBackend

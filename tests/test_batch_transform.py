@@ -129,3 +129,20 @@ def test_loader_batches_are_mixed_and_the_same_for_any_num_workers(folder):
         lam = float(ya[diff[0], yp[diff[0]]])
         assert torch.allclose(ya, own * lam + own.roll(1, 0) * (1 - lam), atol=1e-6)
         assert not torch.equal(xa, xp)
+
+
+def test_a_custom_collate_fn_on_a_native_dataset_says_what_it_costs(folder):
+    from torch.utils.data import default_collate
+    from torchvision import transforms as T
+
+    ds = fastloader.ImageFolder(folder, transform=T.Compose([T.RandomResizedCrop(32), T.ToTensor()]))
+    mix = v2.MixUp(alpha=0.2, num_classes=4)
+
+    def collate(batch):
+        return mix(*default_collate(batch))
+
+    dl = fastloader.DataLoader(ds, batch_size=8, collate_fn=collate)
+    with pytest.warns(fastloader.PerformanceWarning, match="off its native batch path.*batch_transform="):
+        x, y = next(iter(dl))
+    assert y.shape == (8, 4)
+    assert dl.stats()["path"] == "python"
