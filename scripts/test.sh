@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite (set-up included):
-#   1. the suite on the release build
+#   1. the suite on the release build, then the benchmarks' quick pass (pytest benchmarks/
+#      --bench-quick: every benchmark runs a few batches and its batches are checked)
 #   2. a 60 s fuzz smoke pass (libFuzzer + ASan/UBSan; installs clang if missing)
 #   3. the suite on an AddressSanitizer + UndefinedBehaviorSanitizer build
 #   4. the engine and loader tests on a ThreadSanitizer build
@@ -15,6 +16,8 @@ full=1
 if [ "${1:-}" = "--no-asan" ]; then full=0; shift; fi
 echo "== pytest (release build)"
 "$VENV/bin/python" -m pytest -q "$@" tests
+echo "== pytest benchmarks/ --bench-quick (each benchmark runs, its batches right; the figures mean nothing)"
+"$VENV/bin/python" -m pytest -q benchmarks --bench-quick --benchmark-columns=median,ops,rounds
 if [ $full = 1 ]; then
     echo "== fuzz smoke (60 s)"
     FASTLOADER_VENV="$VENV" bash scripts/fuzz.sh 60

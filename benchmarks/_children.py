@@ -1,0 +1,258 @@
+"""Measured configurations that no benchmark script has: the peers
+(torchdata's StatefulDataLoader), checkpoint/resume, GPU delivery.
+
+Each function is one configuration, run by the pytest suite in a fresh process
+(harness.run_child) or, in quick mode, in the pytest process; like the
+scripts' ``child`` functions, it times the loader with harness.time_loader and
+returns its dict.  Nothing here imports fastloader at module level, so that
+torch's and torchdata's measured processes never load it.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+# ----------------------------------------------------------------------------
+# torchdata's StatefulDataLoader: torch's drop-in DataLoader with state_dict()
+
+
+def _stateful_dataloader():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader
+
+
+def torchdata_pipeline(cfg):
+    """harness.pipeline_child's torch side (torchvision ImageFolder + transforms) under StatefulDataLoader."""
+    import torch
+
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(cfg["torch_threads"])
+    import torchvision.datasets  # noqa: F401  (imports outside the timed region)
+    import torchvision.transforms  # noqa: F401
+
+    DL = _stateful_dataloader()
+    H = C.H
+
+    def make():
+        ds = torchvision.datasets.ImageFolder(cfg["root"], transform=H.torch_transform(cfg["pipeline"]))
+        return DL(ds, batch_size=cfg["batch_size"], num_workers=cfg["workers"], shuffle=True)
+
+    r = H.time_loader(make, epochs=cfg.get("epochs", 1), max_batches=cfg.get("max_batches"),
+                      hold_batch=bool(cfg.get("hold_batch")))
+    r["torch_threads"] = torch.get_num_threads()
+    return r
+
+
+def torchdata_python(cfg):
+    """bench_python.py's datasets (as bench_procworkers.child runs them) under StatefulDataLoader."""
+    import torch
+
+    torch.set_num_threads(1)
+    import bench_python as BP
+
+    DL = _stateful_dataloader()
+    ds = BP.DATASETS[cfg["dataset"]](cfg["batches"] * BP.BATCH_SIZE)
+    r = C.H.time_loader(lambda: DL(ds, batch_size=BP.BATCH_SIZE, shuffle=True, num_workers=cfg["workers"]),
+                        epochs=1, hold_batch=True)
+    r.update(cfg)
+    return r
+
+
+# ----------------------------------------------------------------------------
+# checkpoint and resume (bench_state.py's measurements, fastloader against torchdata)
+
+
+class Indices:
+    """A map-style dataset of its indices: no data is loaded, so a resume's cost is the loader's alone."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def _loader_class(impl):
+    if impl == "torchdata":
+        return _stateful_dataloader()
+    return C.import_fastloader("DataLoader", "DataLoader.state_dict").DataLoader
+
+
+def _make(impl, cfg, state=None):
+    import torch
+
+    DL = _loader_class(impl)
+    dl = DL(Indices(cfg["n"]), batch_size=cfg["batch_size"], shuffle=True, num_workers=cfg["workers"],
+            generator=torch.Generator().manual_seed(0))
+    if state is not None:
+        dl.load_state_dict(copy.deepcopy(state))
+    return dl
+
+
+def state_dict_child(cfg):
+    """DataLoader.state_dict() per call, mid-epoch with batches in flight: the median of cfg["calls"]
+    calls (``call_s``), and the state's size pickled."""
+    import torch
+
+    torch.set_num_threads(1)
+    dl = _make(cfg["impl"], cfg)
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    times = []
+    perf = time.perf_counter
+    for _ in range(cfg["calls"]):
+        t = perf()
+        dl.state_dict()
+        times.append(perf() - t)
+    state = dl.state_dict()
+    del it, dl
+    return {"call_s": statistics.median(times), "state_bytes": len(pickle.dumps(state)), "calls": cfg["calls"]}
+
+
+def resume_child(cfg):
+    """What a resume late in an epoch costs before its first batch: the state taken after cfg["k"]
+    batches; then, timed by harness.time_loader, building a loader + load_state_dict() + the first
+    batch (``ttfb_s``), against the same for a fresh epoch (``fresh_s``); medians of cfg["reps"].
+    ``resume_ok``: the resumed loader's first batch is the one the original gave next."""
+    import torch
+
+    torch.set_num_threads(1)
+    impl = cfg["impl"]
+    dl = _make(impl, cfg)
+    it = iter(dl)
+    for _ in range(cfg["k"]):
+        next(it)
+    state = copy.deepcopy(dl.state_dict())
+    expected = next(it)
+    del it, dl
+    H = C.H
+    fresh = [H.time_loader(lambda: _make(impl, cfg), max_batches=1)["ttfb_s"] for _ in range(cfg["reps"])]
+    runs = [H.time_loader(lambda: _make(impl, cfg, state), max_batches=2) for _ in range(cfg["reps"])]
+    runs.sort(key=lambda r: r["ttfb_s"])
+    r = dict(runs[len(runs) // 2])
+    r["fresh_s"] = statistics.median(fresh)
+    it = iter(_make(impl, cfg, state))
+    got = next(it)
+    del it
+    r["resume_ok"] = bool(torch.equal(torch.as_tensor(got), torch.as_tensor(expected)))
+    r.update({k: cfg[k] for k in ("n", "batch_size", "k", "workers")})
+    return r
+
+
+def stream_resume_child(cfg):
+    """A shard stream (fastloader.WebDataset, train transform) resumed at its last batch -- every position
+    before it read again and dropped undecoded -- against reading and decoding the whole epoch
+    (bench_state.py's last measurement): ``total_s`` from building the loader to the end of the epoch."""
+    import torch
+
+    torch.set_num_threads(1)
+    fl = C.import_fastloader("DataLoader", "WebDataset")
+    tf = C.H.fastloader_transform("train")
+
+    def wds():
+        return fl.DataLoader(fl.WebDataset(cfg["shards"], transform=tf, shuffle=500), batch_size=cfg["batch_size"],
+                             num_workers=cfg["workers"], seed=0)
+
+    if cfg["variant"] == "epoch":
+        return C.H.time_loader(wds, hold_batch=True)
+    dl = wds()
+    it = iter(dl)
+    next(it)
+    state = dl.state_dict()
+    del it
+    state["num_yielded"] = len(dl) - 1  # the last batch: everything before it read again and dropped
+    last = len(dl)
+
+    def make():
+        d = wds()
+        d.load_state_dict(copy.deepcopy(state))
+        return d
+
+    r = C.H.time_loader(make, hold_batch=True)
+    r["epoch_batches"] = last
+    return r
+
+
+# ----------------------------------------------------------------------------
+# GPU delivery (bench_gpu.py's measurements, with torch's pinned-memory loader beside fastloader's)
+
+
+def gpu_h2d_child(cfg):
+    """Host-to-device copies of one 64x3x224x224 float32 batch, GPU-timed with CUDA events
+    (bench_gpu.bandwidth): torch's pinned tensor.to(device, non_blocking=True) or fastloader's copier.
+    ``copy_s``: seconds per copy."""
+    import bench_gpu as BG
+
+    nbytes = 64 * 3 * 224 * 224 * 4
+    raw, ours, _ = BG.bandwidth(nbytes, reps=cfg["reps"])
+    gpu_bps = raw[0] if cfg["impl"] == "torch" else ours[0]
+    wall_bps = raw[1] if cfg["impl"] == "torch" else ours[1]
+    return {"copy_s": nbytes / gpu_bps, "gbps_gpu": gpu_bps / 1e9, "gbps_wall": wall_bps / 1e9, "bytes": nbytes,
+            "shape": "64x3x224x224", "dtype": "float32"}
+
+
+class _OnDevice:
+    """Iterates a loader and hands out each batch once it is on the device and ready: torch's batches
+    copied with .to(device, non_blocking=True) from pinned memory; fastloader's (device=) as they come.
+    The current stream is synchronised per batch, for both alike."""
+
+    def __init__(self, dl, copy_to=None):
+        self.dl = dl
+        self.copy_to = copy_to
+
+    def __len__(self):
+        return len(self.dl)
+
+    def __iter__(self):
+        import torch
+
+        for x, y in self.dl:
+            if self.copy_to is not None:
+                x = x.to(self.copy_to, non_blocking=True)
+                y = y.to(self.copy_to, non_blocking=True)
+            x.sum()  # a trivial consumer: the batch is used on the device
+            torch.cuda.current_stream().synchronize()
+            yield x, y
+
+
+def gpu_delivery_child(cfg):
+    """Images/s delivered to the device by the train pipeline (harness.time_loader over _OnDevice),
+    a simulated asynchronous model step of cfg["step_ms"] per batch (harness: time.sleep, as from the
+    CPU an asynchronous GPU step looks): torch (torchvision ImageFolder + DataLoader(pin_memory=True)),
+    fastloader (DataLoader(device="cuda")), fastloader-uint8 (convert_on_device=True)."""
+    import torch
+
+    torch.set_num_threads(1)
+    H = C.H
+    impl, w = cfg["impl"], cfg["workers"]
+    dev = torch.device("cuda")
+    torch.zeros(1, device=dev)  # the CUDA context outside the timed region
+    if impl == "torch":
+        import torchvision.datasets
+
+        def make():
+            ds = torchvision.datasets.ImageFolder(cfg["root"], transform=H.torch_transform("train"))
+            return _OnDevice(torch.utils.data.DataLoader(ds, batch_size=cfg["batch_size"], shuffle=True,
+                                                         num_workers=w, pin_memory=True), copy_to=dev)
+    else:
+        fl = C.import_fastloader("DataLoader", "ImageFolder")
+
+        def make():
+            ds = fl.ImageFolder(cfg["root"], transform=H.fastloader_transform("train"))
+            return _OnDevice(fl.DataLoader(ds, batch_size=cfg["batch_size"], shuffle=True, num_workers=w,
+                                           device="cuda", seed=0, convert_on_device=impl == "fastloader-uint8"))
+    r = H.time_loader(make, max_batches=cfg.get("max_batches"), step_s=cfg["step_ms"] / 1000.0, hold_batch=True)
+    r.update(cfg)
+    return r

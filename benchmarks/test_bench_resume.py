@@ -1,0 +1,62 @@
+"""What checkpointing the loader costs (bench_state.py's measurements), fastloader
+against torchdata's StatefulDataLoader (torch's DataLoader has no state_dict()).
+
+test_state_dict  DataLoader.state_dict() per call, mid-epoch with batches in
+                 flight (map-style, shuffle with a seeded generator, batch 32):
+                 the median of 20,000 calls per run
+test_resume      a resume late in an ImageNet-sized epoch (1,281,167 indices,
+                 batch 256, the state taken after 4,900 batches; no data is
+                 loaded, so this is the loader's own cost): from building the
+                 loader + load_state_dict() to the first batch; also checks that
+                 the first batch after the resume is the one the original run
+                 gave next
+test_stream_resume  fastloader.WebDataset over the sample's shards (train
+                 transform): resumed at the last batch (every position before it
+                 read again and dropped undecoded) vs reading the whole epoch
+"""
+import pytest
+
+import _suite as S
+
+
+@pytest.mark.parametrize("loader", S.loaders("torchdata", "fastloader"))
+def test_state_dict(bench, workers, loader):
+    """state_dict() per call mid-epoch, us"""
+    calls = 50 if bench.quick else 20000
+
+    def config(ld):
+        return S.Child(S.CHILDREN, "state_dict_child", dict(impl=ld, n=10000, batch_size=32, workers=workers,
+                                                            calls=calls))
+
+    bench.run(config, baseline="torchdata", unit="us", measure=S.field_s("call_s"),
+              expect=dict(check=lambda r: None if r.get("state_bytes") else "an empty state"))
+
+
+@pytest.mark.parametrize("loader", S.loaders("torchdata", "fastloader"))
+def test_resume(bench, workers, loader):
+    """load_state_dict() late in an epoch, to the first batch, ms"""
+    if bench.quick:
+        cfg = dict(n=20000, batch_size=256, k=60, reps=1)
+    else:
+        cfg = dict(n=1281167, batch_size=256, k=4900, reps=5)
+
+    def config(ld):
+        return S.Child(S.CHILDREN, "resume_child", dict(cfg, impl=ld, workers=workers))
+
+    def check(r):
+        return None if r.get("resume_ok") else "the first batch after the resume is not the one the run gave next"
+
+    bench.run(config, baseline="torchdata", unit="ms", measure=S.field_s("ttfb_s"),
+              expect=dict(shape=str(cfg["batch_size"]), dtype="int64", batches=2, check=check))
+
+
+@pytest.mark.parametrize("loader", S.loaders("fastloader-epoch", "fastloader-resume"))
+def test_stream_resume(bench, sample, shards, workers, loader):
+    """A shard stream resumed at its last batch vs the whole epoch, ms to the end of the epoch"""
+    def config(ld):
+        return S.Child(S.CHILDREN, "stream_resume_child",
+                       dict(variant=ld.split("-")[1], shards=shards.files, batch_size=64, workers=workers))
+
+    expect = dict(samples=sample.count) if loader == "fastloader-epoch" else dict(batches=1)
+    bench.run(config, baseline="fastloader-epoch", unit="ms", measure=S.field_s("total_s"),
+              expect=dict(expect, shape="64x3x224x224", dtype="float32"))
