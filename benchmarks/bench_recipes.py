@@ -7,7 +7,7 @@ process, and the SAME object is handed, unchanged, to both sides:
   torch       torchvision.datasets.ImageFolder(root, transform=t)
               + torch.utils.data.DataLoader(ds, batch_size=64, num_workers=k, shuffle=True[, collate_fn=c])
   fastloader  fastloader.ImageFolder(root, transform=t)
-              + fastloader.DataLoader(ds, batch_size=64, num_workers=k, shuffle=True[, collate_fn=c])
+              + fastloader.DataLoader(ds, batch_size=64, num_workers=k, shuffle=True[, batch_transform=m])
 
 Recipes (``--list`` prints them):
 
@@ -32,8 +32,10 @@ Recipes (``--list`` prints them):
            create_transform(224, is_training=False).
   *+mixcut the ta_wide v2 preset plus train.py's batch stage:
            collate_fn(batch) = RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])(*default_collate(batch))
-           -- the same collate_fn object on both sides (fastloader then takes
-           its Python path: per-sample __getitem__ + collate_fn in threads).
+           -- torch gets it as collate_fn (train.py's spelling); fastloader
+           gets the same RandomChoice object as batch_transform= (its
+           documented spelling: a custom collate_fn would take it off the
+           native batch path), applied to each default-collated batch.
 
 Protocol (the shared harness, fastloader/tools/harness.py, as bench_images.py):
 every (recipe, loader, num_workers) runs in a fresh process; the two loaders
@@ -233,7 +235,11 @@ def child(cfg):
 
         def make():
             ds = holder["ds"] = DS(cfg["root"], transform=transform)
-            kw = dict(collate_fn=MixUpCutMixCollate(len(ds.classes))) if mixcut else {}
+            kw = {}
+            if mixcut:
+                collate = MixUpCutMixCollate(len(ds.classes))
+                kw = (dict(batch_transform=collate.mixup_cutmix) if impl == "fastloader"
+                      else dict(collate_fn=collate))
             dl = holder["dl"] = DL(ds, batch_size=BATCH_SIZE, num_workers=cfg["workers"], shuffle=True, **kw)
             return dl
 
