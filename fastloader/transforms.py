@@ -521,10 +521,10 @@ def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None
     return dict(rounds=rounds, interp=interp, fill=fill, ops=ops, subs=subs)
 
 
-def _erase_spec(t: Any, v2: bool, channels: int, dtype: str) -> dict | None:
-    """The fl_erase dict for a torchvision v1/v2 RandomErasing on the
+def _erase_spec(t: Any, v2: bool, channels: int, dtype: str, timm: bool = False) -> dict | None:
+    """The fl_erase dict for a torchvision v1/v2 (or, timm=True, timm) RandomErasing on the
     finished sample, or None when it cannot run natively."""
-    if getattr(t, "per_pixel", None) is not None and hasattr(t, "log_aspect_ratio"):   # timm's
+    if timm:
         import math
 
         mode = 1 if t.per_pixel else 2 if t.rand_color else 0
@@ -674,7 +674,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             pos += 1
     if kind(pos) == "erase" and tensor_stage:
         p = descs[pos][1]
-        er = _erase_spec(p["obj"], p["v2"], spec["out_channels"], spec["dtype"])
+        er = _erase_spec(p["obj"], p["v2"], spec["out_channels"], spec["dtype"], p.get("timm", False))
         if er is not None:
             if er["p"] > 0:
                 spec["erase"] = er

@@ -19,6 +19,7 @@
 #ifndef FL_RNG_H
 #define FL_RNG_H
 
+#include <math.h>
 #include <stdint.h>
 
 typedef struct {
@@ -117,6 +118,15 @@ fl_rng_below(fl_rng *r, uint64_t n)
         if (x >= threshold)
             return x % n;
     }
+}
+
+/* A standard normal draw: Box-Muller on two uniforms, u1 in (0, 1] so the
+ * log stays finite; the second value of the pair is dropped. */
+static inline double
+fl_rng_normal(fl_rng *r)
+{
+    double u1 = 1.0 - fl_rng_uniform(r, 0.0, 1.0), u2 = fl_rng_uniform(r, 0.0, 1.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 #endif

@@ -38,13 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "image/imgops.h" /* FL_MAX_DIM */
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define FL_AUG_HOT __attribute__((target_clones("avx2", "default")))
-#else
-#define FL_AUG_HOT
-#endif
+#include "image/imgops.h"          /* FL_MAX_DIM */
+#include "image/imgops_internal.h" /* FL_HOT, fl_use_avx2 */
 
 /* Hand-written AVX2 (the nearest affine's gathers), picked at run time. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
@@ -106,7 +101,7 @@ fl_blend1(int in1, int in2, float alpha)
 }
 
 /* p[i] = lut[p[i]] for n bytes. */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
 {
     size_t i = 0;
@@ -123,14 +118,14 @@ fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
 /* The table ops that are plain arithmetic, as vector loops: Invert
  * (255 - v), Posterize (v & mask) and Solarize (v < k ? v : 255 - v, k the
  * number of bytes below the threshold: those are a prefix of 0..255). */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_invert_bytes(uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         p[i] = (uint8_t)(255 - p[i]);
 }
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_mask_bytes(uint8_t *p, size_t n, uint8_t mask)
 {
     for (size_t i = 0; i < n; i++)
@@ -138,7 +133,7 @@ fl_mask_bytes(uint8_t *p, size_t n, uint8_t mask)
 }
 
 /* k in 1..255 (0 inverts everything, 256 changes nothing) */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_solarize_bytes(uint8_t *p, size_t n, uint8_t k)
 {
     for (size_t i = 0; i < n; i++)
@@ -146,7 +141,7 @@ fl_solarize_bytes(uint8_t *p, size_t n, uint8_t k)
 }
 
 /* RGB pixels through three tables (lut: 3 x 256, channel-major). */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
 {
     const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
@@ -169,7 +164,7 @@ fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
  * 64-bit totals every FL_HIST_BLOCK pixels. */
 #define FL_HIST_BLOCK ((size_t)1 << 30)
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_histogram(const uint8_t *p, size_t npix, int channels, uint64_t *hist)
 {
     uint32_t sub[4][3][256];
@@ -213,7 +208,7 @@ fl_histogram(const uint8_t *p, size_t npix, int channels, uint64_t *hist)
 
 /* Sum of Pillow's convert("L") over RGB pixels ((r*19595 + g*38470 +
  * b*7471 + 0x8000) >> 16), or of the bytes of a gray image. */
-FL_AUG_HOT static uint64_t
+FL_HOT static uint64_t
 fl_luma_sum(const uint8_t *p, size_t npix, int channels)
 {
     uint64_t total = 0;
@@ -258,7 +253,7 @@ fl_clip_int(int32_t i)
 }
 
 /* img[i] = blend(deg[i], img[i]) for n bytes (ImagingBlend over a row). */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_blend_row(const uint8_t *restrict deg, uint8_t *restrict img, size_t n, float alpha)
 {
     for (size_t i = 0; i < n; i++) {
@@ -270,7 +265,7 @@ fl_blend_row(const uint8_t *restrict deg, uint8_t *restrict img, size_t n, float
 /* ImageEnhance.Color on RGB pixels: the degenerate is convert("L") then
  * convert("RGB"), i.e. (l, l, l); blended row by row through a row of
  * (l, l, l) in deg (3 * w bytes). */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_color_rows(uint8_t *img, int w, int h, float alpha, uint8_t *deg)
 {
     size_t rs = (size_t)w * 3;
@@ -314,14 +309,14 @@ fl_color_rows(uint8_t *img, int w, int h, float alpha, uint8_t *deg)
         }                                                                                              \
     } while (0)
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_sharpness_row3(const uint8_t *restrict up, const uint8_t *restrict md, const uint8_t *restrict dn,
                   uint8_t *restrict out, size_t n, float alpha)
 {
     FL_SMOOTH_BODY(3);
 }
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_sharpness_row1(const uint8_t *restrict up, const uint8_t *restrict md, const uint8_t *restrict dn,
                   uint8_t *restrict out, size_t n, float alpha)
 {
@@ -344,26 +339,6 @@ fl_sharpness_rows(const uint8_t *src, uint8_t *img, int w, int h, int channels, 
 
 /* ------------------------------------------------------------------------ */
 /* Geometry                                                                 */
-
-/* 1 when the AVX2 kernels run: the CPU has AVX2 and FASTLOADER_NO_AVX2 is
- * unset or "0" (the variable the resampler honours too, to test the portable
- * loops).  Read once, then cached; thread-safe. */
-static int
-fl_aug_avx2(void)
-{
-#ifdef FL_AUG_X86
-    static int level = -1;
-    int v = __atomic_load_n(&level, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *e = getenv("FASTLOADER_NO_AVX2");
-        v = __builtin_cpu_supports("avx2") && !(e != NULL && e[0] != '\0' && strcmp(e, "0") != 0);
-        __atomic_store_n(&level, v, __ATOMIC_RELAXED);
-    }
-    return v;
-#else
-    return 0;
-#endif
-}
 
 #ifdef FL_AUG_X86
 /* The covered run of one affine_fixed row, 8 pixels per step: n pixels from
@@ -570,7 +545,7 @@ fl_fix16(double v)
  * run of each row is solved for exactly instead of testing every pixel; a
  * row whose values would leave int32 (where Pillow's int arithmetic wraps)
  * takes the per-pixel loop with wrapping arithmetic. */
-FL_AUG_HOT static void
+FL_HOT static void
 fl_affine_fixed(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], const uint8_t *fill)
 {
     size_t rs = (size_t)w * (size_t)c;
@@ -579,7 +554,7 @@ fl_affine_fixed(const uint8_t *src, uint8_t *img, int w, int h, int c, const dou
     uint32_t r5 = (uint32_t)fl_fix16(a[5] + a[3] * 0.5 + a[4] * 0.5);
     int64_t xlim = (int64_t)w << 16, ylim = (int64_t)h << 16;
 #ifdef FL_AUG_X86
-    const int simd = fl_aug_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
+    const int simd = fl_use_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
 #endif
     for (int y = 0; y < h; y++, r2 += (uint32_t)a1, r5 += (uint32_t)a4) {
         uint8_t *out = img + (size_t)y * rs;
@@ -749,14 +724,14 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
     }
 }
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_affine_bilinear3(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
                     const uint8_t *fill)
 {
     fl_bilinear_chunked(src, img, w, h, 3, a, fill);
 }
 
-FL_AUG_HOT static void
+FL_HOT static void
 fl_affine_bilinear1(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
                     const uint8_t *fill)
 {

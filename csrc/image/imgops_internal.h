@@ -32,6 +32,13 @@
 #endif
 
 
+/* resample.c: 1 when the AVX2 kernels run: the CPU has AVX2 and
+ * FASTLOADER_NO_AVX2 is unset (or "0"); the variable exists to test the
+ * portable kernels.  Read once per process (the first call), then cached.
+ * Thread-safe.  Asked by fl_render (the resampler) and by augment.c (the
+ * nearest affine's gathers). */
+int fl_use_avx2(void);
+
 /* convert.c: Pillow's convert("L") (ITU-R 601-2 luma, 16-bit fixed point)
  * of h rows of w interleaved RGB pixels (row i at src + i * stride) into
  * dst, h packed rows of w bytes. */

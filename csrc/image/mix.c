@@ -12,16 +12,6 @@
 #include <math.h>
 #include <string.h>
 
-/* A standard normal draw (Box-Muller; the second value is dropped, so each
- * call uses two uniforms).  Pure given rng. */
-static double
-fl_mix_normal(fl_rng *r)
-{
-    double u1 = 1.0 - fl_rng_uniform(r, 0.0, 1.0);   /* (0, 1]: the log stays finite */
-    double u2 = fl_rng_uniform(r, 0.0, 1.0);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 /* A Gamma(a, 1) draw, a > 0: Marsaglia and Tsang's method, with the
  * U^(1/a) boost for a < 1.  Pure given rng. */
 static double
@@ -34,7 +24,7 @@ fl_mix_gamma(fl_rng *r, double a)
     }
     double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
     for (;;) {
-        double z = fl_mix_normal(r), v = 1.0 + c * z;
+        double z = fl_rng_normal(r), v = 1.0 + c * z;
         if (v <= 0.0)
             continue;
         v = v * v * v;

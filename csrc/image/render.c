@@ -448,7 +448,9 @@ fl_render_row(const fl_rctx *r, int oy, void *out)
 }
 
 /* The fused render (geometry, window, flip, conversion in one pass over the
- * output rows), without the policy ops or erasing.  Contract as fl_render. */
+ * output rows), without the policy ops or erasing.  Contract as fl_render,
+ * for a spec fl_render has checked (fl_tspec_check sizes the tables and
+ * rows below). */
 static int
 fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
                 fl_err *err)
@@ -462,8 +464,6 @@ fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void
         fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid source view");
         return -1;
     }
-    if (fl_tspec_check(t, err) < 0)   /* the spec sizes the tables and rows below */
-        return -1;
     fl_rctx r;
     memset(&r, 0, sizeof r);
     r.t = t;
@@ -547,7 +547,7 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     }
     uint8_t *lut = (uint8_t *)scratch->aux, *img = lut + lutb, *row = img + imgb, *tmp = row + rowb;
 
-    fl_tspec u = *t;   /* the geometry alone, as uint8 HWC */
+    fl_tspec u = *t;   /* the geometry alone, as uint8 HWC: valid, being t's with fields cleared */
     u.dtype = FL_DT_U8;
     u.layout = FL_LAYOUT_HWC;
     u.scale_to_unit = FL_SCALE_NONE;
@@ -580,15 +580,6 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     return 0;
 }
 
-/* One standard normal draw (Box-Muller, the second value dropped).  Pure
- * given rng. */
-static double
-fl_erase_normal(fl_rng *r)
-{
-    double u1 = 1.0 - fl_rng_uniform(r, 0.0, 1.0), u2 = fl_rng_uniform(r, 0.0, 1.0);   /* u1 in (0, 1] */
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 /* RandomErasing: write each of the plan's boxes, in order, into the
  * finished out_w x out_h sample at out (t's dtype and layout): the spec's
  * constant, or N(0, 1) values (one per element, FL_ERASE_NORMAL, channel-
@@ -615,14 +606,14 @@ fl_render_erase(const fl_tspec *t, const fl_plan *plan, void *out, fl_err *err)
         for (int c = 0; c < C; c++) {
             uint8_t cval[4];
             float v = t->erase.mode == FL_ERASE_CONST ? t->erase.value[c]
-                      : t->erase.mode == FL_ERASE_CHANNEL ? (float)fl_erase_normal(&rng) : 0.0f;
+                      : t->erase.mode == FL_ERASE_CHANNEL ? (float)fl_rng_normal(&rng) : 0.0f;
             fl_convert_store(t, v, cval);
             for (int y = y0; y < y0 + eh; y++) {
                 for (int x = x0; x < x0 + ew; x++) {
                     size_t idx = t->layout == FL_LAYOUT_CHW ? ((size_t)c * H + y) * W + x
                                                             : ((size_t)y * W + x) * C + c;
                     if (t->erase.mode == FL_ERASE_NORMAL)
-                        fl_convert_store(t, (float)fl_erase_normal(&rng), o + idx * es);
+                        fl_convert_store(t, (float)fl_rng_normal(&rng), o + idx * es);
                     else
                         memcpy(o + idx * es, cval, es);
                 }
@@ -642,7 +633,7 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
         fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid plan");
         return -1;
     }
-    if (fl_tspec_check(t, err) < 0)   /* the policy and erase fields too */
+    if (fl_tspec_check(t, err) < 0)   /* once per call: both paths rely on it */
         return -1;
     int rc = plan->naug > 0 ? fl_render_augmented(t, plan, src, out, scratch, err)
                             : fl_render_fused(t, plan, src, out, scratch, err);

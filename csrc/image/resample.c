@@ -297,7 +297,7 @@ fl_clip8(int32_t v)
 #include <immintrin.h>
 #endif
 
-/* Contract: resample.h. */
+/* Contract: imgops_internal.h. */
 int
 fl_use_avx2(void)
 {

@@ -9,7 +9,7 @@
  * planar: a row of n pixels with wc channels is wc planes of n bytes at a
  * plane stride, so both passes work on runs of single-channel bytes.
  *
- * Kernel choice: fl_use_avx2() says whether the AVX2 kernels run; fl_render
+ * Kernel choice: fl_use_avx2() (imgops_internal.h) says whether the AVX2 kernels run; fl_render
  * asks once per call and passes the answer on (fl_hrow_prepare, fl_vrow,
  * fl_split3).  Portable and AVX2 kernels compute the same integer sums
  * (signed 32-bit weights and accumulators, arithmetic shift, clip to
@@ -54,10 +54,6 @@ typedef struct {
     int32_t *k;                /* per wanted output: ksize fixed-point weights */
 } fl_axis;
 
-/* 1 when the AVX2 kernels run: the CPU has AVX2 and FASTLOADER_NO_AVX2 is
- * unset (or "0"); the variable exists to test the portable kernels.  Read
- * once per process (the first call), then cached.  Thread-safe. */
-int fl_use_avx2(void);
 
 /* Map the box [b0, b1) (buffer coordinates) of one axis onto a buffer of
  * `len` pixels, resized to out_size with the filter `interp`
