@@ -9,6 +9,7 @@ naming the sample, batch and worker.
 """
 from __future__ import annotations
 
+import copy
 import numbers
 import sys
 import time
@@ -75,19 +76,20 @@ class Epoch:
         self.batch_hook = hook if hook is not None and collate_fn is fast_default_collate else None
 
 
-def fetch(ep: Epoch, wid, seq, indices):
-    """Load and collate one batch.  Returns (status, value); never raises."""
-    res = _fetch_in_context(ep, wid, seq, indices)
+def fetch(ep: Epoch, wid, seq, indices, dataset=None):
+    """Load and collate one batch from `dataset` (the worker's own copy;
+    None: ep.dataset).  Returns (status, value); never raises."""
+    res = _fetch_in_context(ep, wid, seq, indices, dataset)
     if ep.snapshot is not None:   # resume (fastloader/state.py): the place after this batch
         ep.snapshot(ep, wid, seq)
     return res
 
 
-def _fetch_in_context(ep: Epoch, wid, seq, indices):
+def _fetch_in_context(ep: Epoch, wid, seq, indices, dataset=None):
     if wid >= 0:
         tls.epoch_ctx = (ep.base_seed, ep.epoch, ep.native_seed)
         try:
-            return _fetch_body(ep, wid, seq, indices)
+            return _fetch_body(ep, wid, seq, indices, dataset)
         finally:
             tls.index = tls.calls = None
     # the main thread (num_workers=0): the context holds only while the
@@ -110,7 +112,8 @@ def _at_sample(index):
     tls.calls = None
 
 
-def _fetch_body(ep: Epoch, wid, seq, indices):
+def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
+    dataset = ep.dataset if own is None else own
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
     t0 = time.perf_counter()
     _at_sample(None)
@@ -120,7 +123,7 @@ def _fetch_body(ep: Epoch, wid, seq, indices):
                 return (EXHAUSTED, None)
             it = ep.iters.get(wid)
             if it is None:
-                it = ep.iters[wid] = iter(ep.dataset)
+                it = ep.iters[wid] = iter(dataset)
                 if ep.resume is not None:
                     it = ep.iters[wid] = ep.resume.restore_iter(ep, wid, it)
             if ep.auto_collation:
@@ -157,13 +160,13 @@ def _fetch_body(ep: Epoch, wid, seq, indices):
             return (OK, batch)
         elif ep.auto_collation:
             if ep.getitems is not None:
+                getitems = ep.getitems if own is None else own.__getitems__
                 try:
-                    data = ep.getitems(indices)
+                    data = getitems(indices)
                 except Exception as e:
                     return (ERR, annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
             else:
                 data = []
-                dataset = ep.dataset
                 for idx in indices:
                     if ep.cancelled:
                         return (CANCELLED, None)
@@ -176,7 +179,7 @@ def _fetch_body(ep: Epoch, wid, seq, indices):
             # a key from a custom sampler may be anything; only an int is an index
             _at_sample(indices if isinstance(indices, numbers.Integral) else None)
             try:
-                data = ep.dataset[indices]
+                data = dataset[indices]
             except Exception as e:
                 return (ERR, annotate(e, f"sample index {indices} (batch {seq}) in {where_worker}"))
         t1 = time.perf_counter()
@@ -210,19 +213,44 @@ def _short(indices):
     return s if len(s) <= 8 else f"{s[:8]}..."
 
 
-class WorkerHost:
-    """The engine's view of Python: init / fetch / finish, run on worker threads."""
+def worker_copy(dataset):
+    """(the copy of `dataset` one worker thread loads from, None) or
+    (dataset, the exception copying raised).  A shallow copy, as cheap as
+    copying its __dict__: what a worker (or worker_init_fn) sets on self
+    (a lazily opened file, a worker id) stays that worker's, as in torch's
+    worker processes, while the data it refers to is shared."""
+    try:
+        return copy.copy(dataset), None
+    except Exception as e:  # an object that refuses copying: shared, and the loader says so
+        return dataset, e
 
-    def __init__(self, num_workers, dataset, seed_base, epoch, worker_init_fn):
+
+class WorkerHost:
+    """The engine's view of Python: init / fetch / finish, run on worker
+    threads.  copy_per_worker: each worker thread loads from its own
+    shallow copy of the dataset, made when it starts (every epoch, or once
+    with persistent_workers, as torch's worker processes copy it)."""
+
+    def __init__(self, num_workers, dataset, seed_base, epoch, worker_init_fn, copy_per_worker=False):
         self.num_workers = num_workers
         self.dataset = dataset
         self.seed_base = seed_base
         self.epoch = epoch
         self.worker_init_fn = worker_init_fn
         self.init_errors = {}
+        self.copy_per_worker = copy_per_worker
+        self.datasets = [None] * num_workers   # each worker's copy (None: it loads the dataset itself)
+        self.copy_error = None                 # what copy.copy raised (the dataset is then shared)
 
     def init(self, wid):
-        tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, self.dataset, self.epoch, self.seed_base)
+        ds = self.dataset
+        if self.copy_per_worker:
+            ds, err = worker_copy(self.dataset)
+            if err is None:
+                self.datasets[wid] = ds
+            else:
+                self.copy_error = err
+        tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, ds, self.epoch, self.seed_base)
         if self.worker_init_fn is not None:
             try:
                 self.worker_init_fn(wid)
@@ -237,7 +265,7 @@ class WorkerHost:
         info = tls.info
         info.epoch = ep.epoch
         info.base_seed = ep.base_seed
-        return fetch(ep, wid, seq, indices)
+        return fetch(ep, wid, seq, indices, self.datasets[wid])
 
     def finish(self, wid):
         for attr in ("info", "epoch_ctx", "index", "calls"):

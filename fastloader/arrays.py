@@ -170,6 +170,9 @@ class ArrayDataset(_Dataset):
     gathers each batch in C with one call (see the module's docstring).
     """
 
+    # worker_mode="auto" runs it on threads: its work is C without the GIL (backends.choose_worker_mode)
+    _fl_thread_safe = True
+
     def __new__(cls, *arrays, transform=None, **kwargs):
         if cls is ArrayDataset and transform is not None:
             cls = _ArrayImageDataset

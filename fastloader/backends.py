@@ -15,17 +15,17 @@ the memory budget, delivery to a device, statistics and shutdown.
     ProcessBackend  worker_mode="process": the same jobs run in worker
                     processes, batches written into shared-memory slots
                     (fastloader/_procworkers.py)
-    AutoBackend     worker_mode="auto": PythonBackend until the GIL report
-                    says the threads are held back, then ProcessBackend
+
+worker_mode="auto" (the default) picks PythonBackend or ProcessBackend for
+a Python dataset once, from what the dataset is (worker_mode.py).
 
 A backend owns its engine (`engine`, None with num_workers=0 or once closed).
 """
 from __future__ import annotations
 
 import itertools
-import time
 
-from . import _C, sysinfo
+from . import _C
 from ._worker import CANCELLED as _CANCELLED, ERR as _ERR, EXHAUSTED as _EXHAUSTED, WorkerHost as _WorkerHost, \
     fetch as _fetch
 from .collate import batch_len
@@ -197,11 +197,23 @@ class PythonBackend(_Backend):
         if not self.num_workers:
             return None
         if not self._engine_ready():
-            self.host = _WorkerHost(self.num_workers, self.dataset, base_seed, ep.epoch, self.worker_init_fn)
+            self.host = _WorkerHost(self.num_workers, self.dataset, base_seed, ep.epoch, self.worker_init_fn,
+                                    copy_per_worker=self._copies(ep))
             self.engine = _C.Engine(self.num_workers, self.host.fetch, self.host.init, self.host.finish)
         self._start_turns(ep)
         self.stats0 = self.engine.worker_stats()
         return self.stats0
+
+    def _copies(self, ep):
+        """Does each worker thread load from its own copy of the dataset?
+        Yes for a user's dataset, as in torch's worker processes; not for
+        fastloader's own (their shared counters are the loader's report) nor
+        for a Stateful one (its state is the loader's checkpoint)."""
+        from .worker_mode import threads_suit
+
+        ds = self.dataset
+        stateful = callable(getattr(ds, "state_dict", None)) and callable(getattr(ds, "load_state_dict", None))
+        return not threads_suit(ds, ep.iterable) and not stateful
 
     def _start_turns(self, ep):
         self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended
@@ -216,9 +228,17 @@ class PythonBackend(_Backend):
                 return w
         return None
 
+    # map-style batch k goes to worker k mod N, torch's round robin, so that
+    # each worker's copy of the dataset sees the batches it would see under
+    # torch; the iterator turns it off for in_order=False and under
+    # num_workers="auto" (a free worker takes the next batch)
+    round_robin = True
+
     def _pick_worker(self, seq):
         # an iterable's job is pinned to a worker, which keeps its own iterator
-        return self._next_worker() if self.ep.iterable else ANY_WORKER
+        if self.ep.iterable:
+            return self._next_worker()
+        return seq % self.num_workers if self.round_robin else ANY_WORKER
 
     def _send(self, seq, indices, w):
         self.engine.submit(seq, (self.ep, seq, indices), w)
@@ -232,6 +252,17 @@ class PythonBackend(_Backend):
         return value
 
     def finish(self, seq, wid, result):
+        host = self.host
+        if host is not None and host.copy_error is not None and not getattr(self, "copy_warned", False):
+            self.copy_warned = True
+            import warnings
+
+            err = host.copy_error
+            warnings.warn(f"fastloader: {type(self.dataset).__name__} cannot be copied ({type(err).__name__}: {err}), "
+                          f"so its {self.num_workers} worker threads share the one object: what a worker sets on "
+                          "the dataset (a file it opens, worker_init_fn's state) is seen by all of them. "
+                          "worker_mode='process' gives each worker its own, as torch's DataLoader does.",
+                          UserWarning, stacklevel=5)
         status, value = result
         if status == _EXHAUSTED:
             self.active[wid] = False
@@ -351,169 +382,3 @@ class ProcessBackend(PythonBackend):
             out["shared_memory"] = {"start_method": eng.start_method, "slots": ring.nslots,
                                     "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak,
                                     "batches_pickled": eng.unslotted}
-
-
-class _ThreadEpoch:
-    """The epoch as AutoBackend's threads see it: the iterator's, plus a
-    `cancelled` of its own, so that moving to processes mid-epoch stops the
-    threads without cancelling the epoch."""
-
-    def __init__(self, ep):
-        self.__dict__["_ep"] = ep
-        self.__dict__["moved"] = False
-
-    def __getattr__(self, name):
-        return getattr(self._ep, name)
-
-    @property
-    def cancelled(self):
-        return self.moved or self._ep.cancelled
-
-
-class AutoBackend:
-    """worker_mode="auto": worker threads (PythonBackend) until the GIL
-    report (stats.py GilMonitor, watched from the first batch on) says the
-    dataset's Python holds them back, then worker processes
-    (ProcessBackend), once, with a warning.  A map-style dataset moves at
-    once: the thread jobs not yet handed out are cancelled and resubmitted,
-    in order, to the processes; an iterable one (whose workers each hold an
-    iterator) at its next epoch.  The decision is kept on the loader, so
-    later epochs start in processes."""
-
-    native = False
-    close_timeout = None
-    # CPUs of the machine that must have been idle while the threads were
-    # GIL-bound: processes only gain where there is CPU the GIL kept the
-    # threads from (on a machine other programs keep busy they would not)
-    IDLE_MIN = 0.5
-
-    def __init__(self, num_workers, dataset, worker_init_fn, mp_context, nslots, loader_ref):
-        self.num_workers = num_workers
-        self.threads = PythonBackend(num_workers, dataset, worker_init_fn)
-        self.procs = ProcessBackend(num_workers, dataset, worker_init_fn, mp_context, nslots)
-        self.loader_ref = loader_ref
-        loader = loader_ref()
-        self.mode = getattr(loader, "_fl_auto_mode", "thread") or "thread"
-        self.pending_move = False
-        self.moved_at = None      # the first batch the processes loaded, in the epoch of the move
-        self.inflight = {}        # seq -> indices of thread jobs not handed out yet
-        self.ep = self.tep = None
-
-    @property
-    def current(self):
-        return self.procs if self.mode == "process" else self.threads
-
-    @property
-    def engine(self):
-        return self.current.engine
-
-    def start_epoch(self, ep, base_seed):
-        self.ep = ep
-        self.base_seed = base_seed
-        self.inflight.clear()
-        if self.pending_move:
-            self.pending_move = False
-            self.mode = "process"
-        if self.mode == "process":
-            self.threads.close(1.0)
-            return self.procs.start_epoch(ep, base_seed)
-        self.tep = _ThreadEpoch(ep)
-        self.idle0 = (time.perf_counter(), sysinfo.system_idle_s())
-        return self.threads.start_epoch(self.tep, base_seed)
-
-    def gil_watch(self):
-        if self.mode == "process" or not self.num_workers:
-            return {"enabled": False}
-        # decide from the first batches: the signal (the consumer's GIL
-        # re-acquisition, ~5 ms vs ~0) is clear at once, and every batch
-        # loaded on threads before the move costs twice its time.  The
-        # workers need only be busy 60% of the time: GIL-bound threads also
-        # slow the loop down, each of its GIL hand-offs costing a switch
-        # interval, and then the prefetch window runs dry now and then
-        return {"on_bound": self._gil_bound, "skip_s": 0.0, "window_s": 0.02, "busy_min": 0.6}
-
-    def submit(self, seq, next_indices):
-        if self.mode == "process":
-            return self.procs.submit(seq, next_indices)
-        got = []
-
-        def take():
-            got.append(next_indices())
-            return got[-1]
-
-        ok = self.threads.submit(seq, take)
-        if ok and got and got[-1] is not END:
-            self.inflight[seq] = got[-1]
-        return ok
-
-    def load_inline(self, seq, next_indices):
-        return self.threads.load_inline(seq, next_indices)
-
-    def finish(self, seq, wid, result):
-        if self.mode == "process":
-            return self.procs.finish(seq, wid, result)
-        self.inflight.pop(seq, None)
-        return self.threads.finish(seq, wid, result)
-
-    def _gil_bound(self, rep):
-        """GilMonitor's verdict: the threads are GIL-bound.  Move and return
-        True, or return False (asked again later) while the machine had no
-        idle CPU for processes to use."""
-        t1, idle1 = time.perf_counter(), sysinfo.system_idle_s()
-        t0, idle0 = self.idle0
-        if idle0 is not None and idle1 is not None and (idle1 - idle0) / max(t1 - t0, 1e-9) < self.IDLE_MIN:
-            return False
-        loader = self.loader_ref()
-        if loader is not None:
-            loader._fl_auto_mode = "process"
-        n = self.num_workers
-        why = (f"the dataset's Python code holds the GIL, so its {n} worker threads ran it one at a time "
-               f"({rep['python_cpu_cores']:.2f} CPU cores busy, the GIL took {rep['gil_reacquire_ms']:.1f} ms to "
-               f"get back)")
-        if self.ep.iterable:
-            self.pending_move = True
-            when = "from the next epoch on (an IterableDataset's workers keep their iterators until then)"
-        else:
-            self._move_now()
-            when = "from the next batch on" if self.moved_at is None else f"from batch {self.moved_at} on"
-        import warnings
-
-        from .stats import PerformanceWarning
-
-        warnings.warn(f"fastloader: worker_mode='auto': {why}; loading moves to {n} worker processes {when}. "
-                      "Pass worker_mode='process' to start there.", PerformanceWarning, stacklevel=6)
-        return True
-
-    def _move_now(self):
-        # the threads stop at their next sample; what they loaded but the
-        # loop has not taken yet is loaded again by the processes, in order
-        self.tep.__dict__["moved"] = True
-        self.threads.close(1.0)
-        self.mode = "process"
-        self.procs.start_epoch(self.ep, self.base_seed)
-        pending = sorted(self.inflight.items())
-        self.inflight.clear()
-        self.moved_at = pending[0][0] if pending else None
-        for seq, indices in pending:
-            self.procs.submit(seq, lambda indices=indices: indices)
-
-    def count(self, batch):
-        return batch_len(batch)
-
-    def pool_bytes_out(self):
-        return self.current.pool_bytes_out()
-
-    def pin_error(self):
-        return self.current.pin_error()
-
-    def add_stats(self, out, workers, eng):
-        self.current.add_stats(out, workers, eng)
-        out["worker_mode_auto"] = {"now": self.mode, "moved_at_batch": self.moved_at}
-
-    def close(self, timeout=None):
-        self.threads.close(timeout)
-        self.procs.close(timeout)
-
-    def forget(self):
-        self.threads.forget()
-        self.procs.forget()

@@ -126,6 +126,9 @@ class NativeImageDataset(_Dataset):
             MAX_IMAGE_PIXELS), before allocating anything.
     """
 
+    # worker_mode="auto" runs it on threads: its work is C without the GIL (backends.choose_worker_mode)
+    _fl_thread_safe = True
+
     def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
                  dct_scaling=False, max_pixels=0, source=None, targets=None):
         # samples: (name, label) pairs; the name is a file path, or for

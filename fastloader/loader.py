@@ -24,6 +24,7 @@ threads are joined on the consumer thread):
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -37,7 +38,8 @@ from . import _C, sysinfo
 from . import state as _state
 from ._worker import Epoch
 from .autotune import AutoTuner
-from .backends import AGAIN, END, NativeBackend, PythonBackend
+from .backends import AGAIN, END, NativeBackend, ProcessBackend, PythonBackend
+from .worker_mode import choose_worker_mode
 from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
 from .datasets import NativeImageDataset
 from .stats import GilMonitor, PerformanceWarning, iterator_stats
@@ -48,6 +50,8 @@ try:  # torch is optional: without it the loader yields NumPy arrays
     import torch.utils.data as _tud
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
+
+_log = logging.getLogger("fastloader")
 
 __all__ = ["DataLoader", "get_worker_info", "sample_rng", "WorkerInfo", "PerformanceWarning", "epoch_context",
            "fast_default_collate", "auto_worker_limit", "resolve_max_memory"]
@@ -152,11 +156,18 @@ class _Iter:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
                 if wire is not None:  # uint8 over the wire, float on the device
                     ds, self._convert = wire, conv
-            if getattr(loader, "worker_mode", "thread") == "process" and not getattr(loader, "_fl_mode_warned", 0):
+            if loader.worker_mode == "process" and not getattr(loader, "_fl_mode_warned", 0):
                 loader._fl_mode_warned = True
-                warnings.warn("fastloader: worker_mode='process' does not apply to a native dataset with default "
-                              "collation: its workers are C threads that never hold the GIL", UserWarning,
-                              stacklevel=4)
+                rest = getattr(loader.dataset, "_rest", None)
+                if rest is None:
+                    why = ("its workers are C threads that read, decode and transform without the GIL, so there "
+                           "is no Python to move into processes")
+                else:
+                    why = (f"C worker threads build its batches, and the transform's Python part ({rest!r}) runs "
+                           "on those same threads after the native part, one batch at a time in batch order; "
+                           "docs/recipes.md lists what compiles to C")
+                warnings.warn(f"fastloader: worker_mode='process' does not apply to {type(loader.dataset).__name__} "
+                              f"with default collation: {why}", UserWarning, stacklevel=4)
             backend = NativeBackend(self._num_workers, ds)
             backend.batch_size = loader.batch_size
             return backend
@@ -169,22 +180,24 @@ class _Iter:
                 "collated in Python. For MixUp / CutMix pass them as batch_transform= (docs/recipes.md); other "
                 "per-batch work can run on the batches the default collate_fn gives.", PerformanceWarning,
                 stacklevel=4)
-        mode = getattr(loader, "worker_mode", "thread")
-        if self._num_workers and mode != "thread":  # worker processes (backends.py, _procworkers.py)
-            from .backends import AutoBackend, ProcessBackend
-
+        self._mode_why = None
+        if not self._num_workers:
+            return PythonBackend(0, loader.dataset, loader.worker_init_fn)
+        mode, why = choose_worker_mode(loader)
+        self._mode_why = why
+        if loader.worker_mode == "auto" and getattr(loader, "_fl_mode_said", None) != mode:
+            loader._fl_mode_said = mode  # said once per loader (again only if the choice changes)
+            _log.info("fastloader: %d worker %s: %s", self._num_workers,
+                      "processes" if mode == "process" else "threads", why)
+        if mode == "process":  # worker processes (backends.py, _procworkers.py)
+            # torch's warning about more worker processes than CPUs, where
+            # torch gives it: when an iterator starts worker processes
+            check = getattr(_Base, "check_worker_number_rationality", None)
+            if check is not None:
+                check(loader)
             nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
-            if mode == "process" or getattr(loader, "_fl_auto_mode", None) == "process":
-                # torch's warning about more worker processes than CPUs, where
-                # torch gives it: when an iterator starts worker processes
-                check = getattr(_Base, "check_worker_number_rationality", None)
-                if check is not None:
-                    check(loader)
-            if mode == "process":
-                return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
-                                      loader.multiprocessing_context, nslots)
-            return AutoBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
-                               loader.multiprocessing_context, nslots, self._loader_ref)
+            return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
+                                  loader.multiprocessing_context, nslots)
         return PythonBackend(self._num_workers, loader.dataset, loader.worker_init_fn)
 
     @property
@@ -292,6 +305,9 @@ class _Iter:
         if getattr(loader, "_fl_auto", False) and not self._ep.iterable:
             self._tuner = AutoTuner(self._num_workers, self._t_start,
                                     active=self._engine.set_active(self._num_workers))
+        if isinstance(self._backend, PythonBackend) and not isinstance(self._backend, ProcessBackend):
+            # torch's round robin, except where a free worker should take the next batch
+            self._backend.round_robin = self._in_order and self._tuner is None
         self._top_up()
 
     def _next_indices(self):
@@ -558,22 +574,28 @@ class DataLoader(_Base, Generic[_T_co]):
     batches prefetched ahead of the training loop; and `device="cuda[:N]"`:
     batches are copied to that GPU on the loader's own stream and arrive as
     CUDA tensors (`convert_on_device=True`: native datasets send uint8 and
-    finish ToTensor/Normalize on the GPU, bit-identical).  Differences:
-    workers are threads of this process (nothing is pickled or copied; the
-    dataset object is shared), `multiprocessing_context` is accepted and
-    ignored, and batches of arrays/tensors are stacked in C without the GIL.
-    `worker_mode="process"` runs a Python dataset in worker processes instead
-    (torch's semantics: per-worker seeds, `multiprocessing_context`, a copy
-    of the dataset per worker), its batches written into shared memory;
-    `"auto"` starts with threads and moves to processes, once, when the
-    dataset's Python holds the threads back (docs/process-workers.md, "The GIL trade-off").
+    finish ToTensor/Normalize on the GPU, bit-identical); `batch_transform=`
+    (MixUp / CutMix on each batch, docs/recipes.md).
+
+    Where the workers run (`worker_mode`): fastloader's own datasets
+    (ImageFolder, ImageList, WebDataset, LMDB, HF tables, ArrayDataset) build
+    batches on C worker threads without the GIL.  Any other dataset runs, by
+    default (`"auto"`), in worker processes with torch's semantics
+    (per-worker seeds, a copy of the dataset per worker,
+    `multiprocessing_context`), its batches written into shared memory
+    rather than pickled.  `worker_mode="thread"` runs it on threads of this
+    process instead (nothing copied, one GIL; right for a dataset whose work
+    releases the GIL); `"process"` forces processes.  The choice and its
+    reason are in stats()["worker_mode"] / ["worker_mode_why"] and logged
+    once (logger "fastloader", INFO).  docs/process-workers.md has the
+    trade-off, docs/migrating.md what differs from torch.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 seed=None, max_memory=None, device=None, convert_on_device=False, worker_mode="thread",
+                 seed=None, max_memory=None, device=None, convert_on_device=False, worker_mode="auto",
                  batch_transform=None):
         if worker_mode not in ("thread", "process", "auto"):
             raise ValueError(f"worker_mode must be 'thread', 'process' or 'auto', got {worker_mode!r}")

@@ -690,11 +690,12 @@ def _check(state, loader, iterable):
 
 
 def _in_processes(loader):
-    """Does the loader run its Python dataset in worker processes (now)?"""
-    mode = getattr(loader, "worker_mode", "thread")
-    if mode == "auto":
-        mode = getattr(loader, "_fl_auto_mode", None) or "thread"
-    return mode == "process" and loader.num_workers > 0
+    """Does the loader run its Python dataset in worker processes?"""
+    if not loader.num_workers:
+        return False
+    from .worker_mode import choose_worker_mode
+
+    return choose_worker_mode(loader)[0] == "process"
 
 
 def _dataset_len(loader):

@@ -80,9 +80,22 @@ def iterator_stats(it):
     if workers:
         out["worker_busy_fraction"] = [min(1.0, w["busy_s"] / wall) for w in workers]
     it._backend.add_stats(out, workers, eng)
+    if getattr(it, "_mode_why", None):
+        out["worker_mode_why"] = it._mode_why
     if workers and not it._backend.native and it._gil is not None:
         out["gil"] = it._gil.report(it._wait_s, eng)
     return out
+
+
+def gil_remedy(dataset):
+    """The one remedy for GIL-bound worker threads that applies to this
+    dataset (they run only with worker_mode='thread', asked for)."""
+    cls = type(dataset)
+    if cls.__module__.startswith("torchvision.datasets") and cls.__name__ in ("ImageFolder", "DatasetFolder"):
+        return (f"Remedy: fastloader.ImageFolder takes the same arguments as torchvision's {cls.__name__} and "
+                "decodes and transforms in C, without the GIL.")
+    return ("Remedy: worker_mode='process' (or the default, 'auto', which runs a Python dataset in worker "
+            "processes), each with a GIL of its own.")
 
 
 class GilMonitor:
@@ -97,13 +110,9 @@ class GilMonitor:
 
     WINDOW_S = 0.3
     SKIP_S = 0.1
-    EARLY_S = 1.0
 
-    def __init__(self, t_start, stats0, *, enabled=True, on_bound=None, skip_s=None, window_s=None, busy_min=0.8):
-        """`on_bound(report)`, when given, is called instead of warning when
-        the workers are found GIL-bound: True when it acted (worker_mode=
-        "auto" moved to processes), False to be asked again later; `skip_s` of start-up is ignored (0: the first
-        window starts with the epoch), then windows of `window_s`.
+    def __init__(self, t_start, stats0, *, enabled=True, skip_s=None, window_s=None, busy_min=0.8):
+        """`skip_s` of start-up is ignored, then windows of `window_s`.
         enabled=False: nothing to watch (worker processes).  `busy_min`: the
         share of time the workers must spend in the dataset (below it the
         loop, not the loading, is what waits)."""
@@ -111,11 +120,9 @@ class GilMonitor:
         self.stats0 = stats0    # the engine's worker_stats() at the epoch's start
         self.enabled = enabled
         self.checked = not enabled  # decided (warned, or nothing to watch)
-        self.on_bound = on_bound
         self.skip_s = self.SKIP_S if skip_s is None else skip_s
         self.window_s = self.WINDOW_S if window_s is None else window_s
         self._snap = None
-        self._last = t_start    # the last early check
         self.busy_min = busy_min
 
     @staticmethod
@@ -156,45 +163,25 @@ class GilMonitor:
             self.checked = True
             return
         now = time.perf_counter()
-        # skip_s=0 (worker_mode="auto"): judge the epoch so far after every
-        # batch for its first EARLY_S, then in windows as the warning does
-        early = self.skip_s == 0 and now - self.t_start < self.EARLY_S
-        if early:
-            # every window_s at most, and without reading /proc: while the
-            # threads hold the GIL, each call that lets it go here costs the
-            # consumer a switch interval to get it back
-            if now - self._last < self.window_s:
-                return
-            self._last = now
-        elif self._snap is None:
+        if self._snap is None:
             if now - self.t_start >= self.skip_s:  # skip start-up
                 self._snap = self.snapshot(wait_s, eng)
             return
-        elif now - self._snap[0] < max(self.window_s, self.WINDOW_S if self.skip_s == 0 else 0.0):
+        if now - self._snap[0] < self.window_s:
             return
         if loader is None or loader._fl_gil_warned or num_workers < 2 or sysinfo.usable_cpus() < 2:
             self.checked = True
             return
-        rep = self.report(wait_s, eng, since=None if early else self._snap, idle=not early)
-        if not early:
-            self._snap = self.snapshot(wait_s, eng)
+        rep = self.report(wait_s, eng, since=self._snap)
+        self._snap = self.snapshot(wait_s, eng)
         if (rep is not None and rep["consumer_wait_fraction"] > 0.5 and rep["worker_busy_fraction"] > self.busy_min
                 and rep["python_cpu_cores"] < 1.3
                 and rep["gil_reacquire_ms"] > 300.0 * sys.getswitchinterval()):
-            if self.on_bound is not None:
-                if self.on_bound(rep):  # handled (worker_mode="auto" moved to processes)
-                    loader._fl_gil_warned = True
-                    self.checked = True
-                    self.enabled = False  # the workers are processes now: nothing left to watch
-                self._last = now + self.WINDOW_S  # declined for now: ask again in a while
-                return
             loader._fl_gil_warned = True
             self.checked = True
             warnings.warn(
                 f"fastloader: the dataset's Python code holds the GIL, so its {num_workers} worker threads "
                 f"run it one at a time ({rep['python_cpu_cores']:.2f} CPU cores busy; taking the GIL took "
                 f"{rep['gil_reacquire_ms']:.1f} ms; the training loop waited "
-                f"{100 * rep['consumer_wait_fraction']:.0f}% of the time). Remedies: do the per-sample work in "
-                "NumPy/torch/PIL calls that release the GIL, use fastloader.ImageFolder/ImageList (native, no "
-                "Python per sample), or worker processes, each with a GIL of its own: worker_mode='process' "
-                "(or 'auto', which moves there when it sees this).", PerformanceWarning, stacklevel=5)
+                f"{100 * rep['consumer_wait_fraction']:.0f}% of the time). {gil_remedy(loader.dataset)}",
+                PerformanceWarning, stacklevel=5)

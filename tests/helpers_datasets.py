@@ -35,7 +35,7 @@ def slow_wait(seconds: float) -> None:
 
 
 # --------------------------------------------------------------------------
-# Workers: counting live fastloader worker threads (and torch worker procs)
+# Workers: counting live fastloader worker threads and worker processes
 # --------------------------------------------------------------------------
 
 def fl_worker_tids() -> set[int]:
@@ -62,10 +62,9 @@ def torch_worker_pids() -> set[int]:
 
 
 def live_workers() -> set[int]:
-    """Ids of live loader workers: fastloader threads, or torch processes."""
-    if AGAINST_TORCH:
-        return torch_worker_pids()
-    return fl_worker_tids()
+    """Ids of live loader workers: fastloader's worker threads, and worker
+    processes (torch's, or fastloader's for a Python dataset)."""
+    return fl_worker_tids() | torch_worker_pids()
 
 
 def wait_until(cond, timeout: float = 2.0, interval: float = 0.02) -> bool:

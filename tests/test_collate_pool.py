@@ -12,6 +12,7 @@ which buffers were page-locked, and a stub of Tensor.pin_memory records
 every tensor the worker still copies.
 """
 import collections
+import functools
 import gc
 import json
 import os
@@ -28,6 +29,10 @@ from helpers_fakecuda import build_fake_cudart, run_on_fake_cudart  # noqa: E402
 import fastloader  # noqa: E402
 from fastloader import _C  # noqa: E402
 from fastloader.collate import collate_into, fast_default_collate  # noqa: E402
+
+# the pool is the one worker threads stack into (worker processes stack into
+# their shared-memory slot, tests/test_process_workers.py)
+_DL = functools.partial(fastloader.DataLoader, worker_mode="thread")
 
 pytestmark = pytest.mark.fastloader_only
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,7 +64,7 @@ class Nested(torch.utils.data.Dataset):
 
 
 def _loader(ds, **kw):
-    return fastloader.DataLoader(ds, batch_size=4, **kw)
+    return _DL(ds, batch_size=4, **kw)
 
 
 # ---- the batches ------------------------------------------------------------------
@@ -114,7 +119,7 @@ def test_buffer_reused_once_dropped():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_loader_reuses_buffers_of_dropped_batches(num_workers):
-    dl = fastloader.DataLoader(Nested(200), batch_size=4, num_workers=num_workers, drop_last=True)
+    dl = _DL(Nested(200), batch_size=4, num_workers=num_workers, drop_last=True)
     ptrs = []
     for b in dl:
         ptrs.append(b["img"].data_ptr())
@@ -128,7 +133,7 @@ def test_loader_reuses_buffers_of_dropped_batches(num_workers):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_kept_batches_are_distinct_and_intact(num_workers):
-    dl = fastloader.DataLoader(Nested(40), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
+    dl = _DL(Nested(40), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
     ref = list(torch.utils.data.DataLoader(Nested(40), batch_size=4))
     kept = list(dl)
     kept += list(dl)  # a second epoch: no buffer of the first may be reused
@@ -144,7 +149,7 @@ def test_kept_batches_are_distinct_and_intact(num_workers):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_last_smaller_batch(num_workers):
-    dl = fastloader.DataLoader(Nested(22), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
+    dl = _DL(Nested(22), batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0)
     for _ in range(2):
         out = list(dl)
         assert [len(b["label"]) for b in out] == [4] * 5 + [2]
@@ -275,7 +280,7 @@ def _fake_child():
     for nw in (0, 2):
         copied.clear()
         a0 = host_allocs()
-        dl = fastloader.DataLoader(Nested(24), batch_size=4, num_workers=nw, pin_memory=True)
+        dl = _DL(Nested(24), batch_size=4, num_workers=nw, pin_memory=True)
         got = list(dl)
         st = dl._fl_pool.stats()
         H.assert_same_batches(got, list(torch.utils.data.DataLoader(Nested(24), batch_size=4)))
@@ -289,7 +294,7 @@ def _fake_child():
 
     # a user's collate_fn: its own tensors are still pinned by pin_batch
     copied.clear()
-    dl = fastloader.DataLoader(Nested(8), batch_size=4, pin_memory=True,
+    dl = _DL(Nested(8), batch_size=4, pin_memory=True,
                                collate_fn=lambda b: torch.stack([torch.from_numpy(s["img"]) for s in b]))
     got = list(dl)
     out["user_collate_copies"] = len(copied)
@@ -382,7 +387,7 @@ def test_a_pooled_buffer_raises_glibcs_mmap_threshold_as_a_freed_batch_would():
 
 def test_loaders_pool_their_collation_without_pinning():
     ds = [np.full(4, i, np.float32) for i in range(64)]
-    dl = fastloader.DataLoader(ds, batch_size=16, num_workers=2)
+    dl = _DL(ds, batch_size=16, num_workers=2)
     batches = list(dl)
     assert dl._fl_pool.stats()["classes"] == [{"nbytes": 16 * 4 * 4, "buffers": 4, "buffers_out": 4}]
     assert len({b.data_ptr() for b in batches}) == 4  # alive: each in its own buffer

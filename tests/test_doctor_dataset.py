@@ -79,7 +79,7 @@ def test_gil_releasing_dataset_keeps_threads(tmp_path):
         """) + "def make_dataset():\n    return make_sleepy()\n")
     rc, out = _doctor(str(script), "--seconds", "0.5")
     assert rc == 0
-    assert "Recommendation: keep worker threads" in out, out
+    assert "Recommendation: use worker threads (worker_mode='thread')" in out, out
     assert "worker threads" in out and "samples/s" in out
 
 

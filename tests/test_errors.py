@@ -93,15 +93,22 @@ def test_next_epoch_runs_after_error_is_fixed(DL, num_workers):
 
 @pytest.mark.fastloader_only
 @pytest.mark.parametrize("num_workers", [1, 2])
-def test_next_epoch_after_error_persistent_workers_sees_live_dataset(DL, num_workers):
+def test_next_epoch_after_error_persistent_workers_go_on_with_their_copy(DL, num_workers):
+    """An error ends the epoch, not the persistent workers; they keep the
+    copy of the dataset they started with (torch's semantics), so what the
+    loop changes on its object afterwards does not reach them."""
     ds = H.FailingDataset(16, fail_index=7, exc="key")
     dl = DL(ds, batch_size=4, num_workers=num_workers, persistent_workers=True)
     with pytest.raises(KeyError):
         _consume(dl)
-    ds.fail = False  # threads see the live dataset object
-    out = torch.cat([b.view(-1) for b in dl]).tolist()
-    assert out == list(range(16))
-    del dl
+    ds.fail = False  # the loop's object; the workers' copies still fail
+    it = iter(dl)
+    assert next(it).view(-1).tolist() == [0, 1, 2, 3]
+    with pytest.raises(KeyError):
+        next(it)
+    del it, dl
+    fresh = DL(ds, batch_size=4, num_workers=num_workers)   # new workers copy the changed object
+    assert torch.cat([b.view(-1) for b in fresh]).tolist() == list(range(16))
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])

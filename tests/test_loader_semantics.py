@@ -197,16 +197,28 @@ def test_frozen_attributes(DL, attr, value):
 
 
 @pytest.mark.fastloader_only
-def test_multiprocessing_context_accepted_with_warning(DL):
+def test_multiprocessing_context_ignored_with_a_warning_in_thread_mode(DL):
     ds = H.RangeDataset(10)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        dl = DL(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn")
+        dl = DL(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn", worker_mode="thread")
         out = _collect(dl)
     mentions = [w for w in rec if "thread" in str(w.message).lower()]
     assert len(mentions) == 1, [str(w.message) for w in rec]
     assert issubclass(mentions[0].category, UserWarning)
     assert [b.tolist() for b in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_multiprocessing_context_honoured_by_default_for_a_python_dataset(DL):
+    ds = H.RangeDataset(10)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        dl = DL(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn")
+        out = _collect(dl)
+    assert [str(w.message) for w in rec if "multiprocessing_context" in str(w.message)] == []
+    assert [b.tolist() for b in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    if not H.AGAINST_TORCH:
+        assert dl.stats()["shared_memory"]["start_method"] == "spawn"
 
 
 # ---------------------------------------------------------------------------
@@ -440,7 +452,7 @@ def test_gil_bound_dataset_warns_once(DL, fl):
     ds = H.PythonCpuDataset(800)  # ~2 ms of pure Python per item: ~1.6 s of GIL-bound work
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        out = _collect(DL(ds, batch_size=10, num_workers=2))
+        out = _collect(DL(ds, batch_size=10, num_workers=2, worker_mode="thread"))
     assert len(out) == 80
     perf = _perf_warnings(fl, rec)
     assert len(perf) == 1, [str(w.message) for w in perf]
@@ -452,6 +464,6 @@ def test_sleeping_dataset_does_not_warn(DL, fl):
     ds = H.SleepyDataset(500, delay=0.004)  # ~1 s of sleeping (GIL released) on 2 workers
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        out = _collect(DL(ds, batch_size=10, num_workers=2))
+        out = _collect(DL(ds, batch_size=10, num_workers=2, worker_mode="thread"))
     assert torch.cat(out).tolist() == list(range(500))
     assert _perf_warnings(fl, rec) == []

@@ -1,4 +1,4 @@
-"""worker_mode="process" and "auto": torch's worker-process semantics with
+"""worker_mode="process" (and "auto", the default, for a Python dataset): torch's worker-process semantics with
 batches in shared memory (fastloader/_procworkers.py, csrc/core/shmring.c).
 
 Equality tests compare with torch.utils.data.DataLoader itself (forked
@@ -416,22 +416,12 @@ def test_interpreter_exit_with_a_live_iterator_does_not_hang():
 
 
 # --------------------------------------------------------------------------
-# worker_mode="auto"
+# worker_mode="auto" (the default): processes for a Python dataset
 
 
-@pytest.fixture
-def any_idle(monkeypatch):
-    """auto moves only when the machine has idle CPU for processes; this
-    machine is shared with other jobs, so tests of the move itself do not
-    ask for it."""
-    from fastloader.backends import AutoBackend
-
-    monkeypatch.setattr(AutoBackend, "IDLE_MIN", -1.0)
-
-
-def test_auto_moves_a_gil_bound_dataset_to_processes_and_says_so_once(any_idle):
+def test_auto_runs_a_python_dataset_in_processes_from_the_first_batch():
     fl = _fl()
-    dl = fl.DataLoader(PurePython(), batch_size=16, num_workers=2, worker_mode="auto", persistent_workers=True)
+    dl = fl.DataLoader(PurePython(), batch_size=16, num_workers=2, persistent_workers=True)
     try:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -439,37 +429,18 @@ def test_auto_moves_a_gil_bound_dataset_to_processes_and_says_so_once(any_idle):
             second = [x for b in dl for x in b.tolist()]
     finally:
         dl._iterator = None  # a failed check must not leave the persistent workers behind
-    assert first == second == list(range(320))  # nothing lost or repeated by the move
-    moved = [x for x in w if "worker_mode='auto'" in str(x.message)]
-    assert len(moved) == 1 and issubclass(moved[0].category, fl.PerformanceWarning)
-    assert "worker processes" in str(moved[0].message)
+    assert first == second == list(range(320))
+    assert not [x for x in w if "GIL" in str(x.message)]   # processes: nothing to warn about
     st = dl.stats()
-    assert st["worker_mode"] == "process" and st["worker_mode_auto"]["now"] == "process"
+    assert st["worker_mode"] == "process" and "Python dataset" in st["worker_mode_why"]
     del dl
 
 
-def test_auto_stays_on_threads_without_idle_cpu_to_gain(monkeypatch):
-    from fastloader.backends import AutoBackend
-
-    monkeypatch.setattr(AutoBackend, "IDLE_MIN", 1e9)  # as if other programs kept every CPU busy
+def test_thread_mode_is_kept_when_asked_for():
     fl = _fl()
-    dl = fl.DataLoader(PurePython(), batch_size=16, num_workers=2, worker_mode="auto")
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got = [x for b in dl for x in b.tolist()]
-    assert got == list(range(320))
-    assert not [x for x in w if "worker_mode" in str(x.message) or "holds the GIL" in str(x.message)]
-    assert dl.stats()["worker_mode"] == "thread"
-
-
-def test_auto_stays_on_threads_for_a_gil_releasing_dataset(any_idle):
-    fl = _fl()
-    dl = fl.DataLoader(Sleepy(), batch_size=8, num_workers=2, worker_mode="auto")
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got = [x for b in dl for x in b.tolist()]
+    dl = fl.DataLoader(Sleepy(), batch_size=8, num_workers=2, worker_mode="thread")
+    got = [x for b in dl for x in b.tolist()]
     assert got == list(range(256))
-    assert not [x for x in w if "worker_mode" in str(x.message)]
     assert dl.stats()["worker_mode"] == "thread"
     assert not multiprocessing.active_children()
 
@@ -487,7 +458,7 @@ def test_worker_mode_is_checked_and_multiprocessing_context_honoured():
         fl.DataLoader([1], num_workers=1, multiprocessing_context="fork", worker_mode="process")
     assert not [x for x in w if "multiprocessing_context" in str(x.message)]
     with pytest.warns(UserWarning, match="ignores multiprocessing_context"):
-        fl.DataLoader([1], num_workers=1, multiprocessing_context="fork")
+        fl.DataLoader([1], num_workers=1, multiprocessing_context="fork", worker_mode="thread")
 
 
 def test_shm_ring_contract():

@@ -95,7 +95,7 @@ def test_fastloader_get_worker_info_matches_torch(DL, fl, num_workers):
             return i
 
     ds = Probe()
-    out = torch.cat(list(DL(ds, batch_size=3, num_workers=num_workers))).tolist()
+    out = torch.cat(list(DL(ds, batch_size=3, num_workers=num_workers, worker_mode="thread"))).tolist()
     assert out == list(range(24))
     assert len(records) == 24
     main = threading.get_ident()
@@ -105,9 +105,10 @@ def test_fastloader_get_worker_info_matches_torch(DL, fl, num_workers):
         assert a is not None and b is not None
         assert 0 <= a.id < num_workers and a.num_workers == num_workers
         assert isinstance(a.seed, int)
-        assert a.dataset is ds and me is ds
+        # each worker thread loads from its own copy, as a worker process does
+        assert a.dataset is me and type(me) is Probe and me is not ds
         assert (b.id, b.num_workers, b.seed) == (a.id, a.num_workers, a.seed)
-        assert b.dataset is ds
+        assert b.dataset is me
         ids_by_thread.setdefault(ident, set()).add(a.id)
     # each worker thread has one stable id, distinct from the other threads'
     assert all(len(v) == 1 for v in ids_by_thread.values())
@@ -119,8 +120,9 @@ def test_fastloader_get_worker_info_matches_torch(DL, fl, num_workers):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_init_fn_once_per_worker_in_its_thread(DL, num_workers, persistent):
     ds = H.InitRecordDataset(40)
+    threads = {} if H.AGAINST_TORCH else {"worker_mode": "thread"}   # INIT_CALLS is this process's
     dl = DL(ds, batch_size=2, num_workers=num_workers, worker_init_fn=H.record_worker_init,
-            persistent_workers=persistent)
+            persistent_workers=persistent, **threads)
     epochs = 3 if persistent else 1
     for _ in range(epochs):
         rows = _rows(dl)
@@ -162,7 +164,8 @@ class RngDataset(Dataset):
 
 def _rng_epochs(DL, fl, num_workers, seed, epochs=2, **kw):
     ds = RngDataset(fl)
-    dl = DL(ds, batch_size=4, num_workers=num_workers, generator=torch.Generator().manual_seed(seed), **kw)
+    dl = DL(ds, batch_size=4, num_workers=num_workers, generator=torch.Generator().manual_seed(seed),
+            worker_mode="thread", **kw)
     out = [torch.cat(list(dl)) for _ in range(epochs)]
     assert ds.kinds == {np.random.Generator}
     return out
@@ -195,6 +198,6 @@ def test_rng_keyed_by_index_not_position(DL, fl):
     plain = _rng_epochs(DL, fl, 2, 5, epochs=1)[0]
     ds = RngDataset(fl)
     dl = DL(ds, batch_size=4, num_workers=2, sampler=H.ReversedSampler(20),
-            generator=torch.Generator().manual_seed(5))
+            generator=torch.Generator().manual_seed(5), worker_mode="thread")
     rev = torch.cat(list(dl))
     assert torch.equal(rev, plain.flip(0))

@@ -569,7 +569,7 @@ def findings(rep):
         val = f"{py['version']} ({py['implementation']}, with GIL)"
         adv = ("fastloader's native ImageFolder/ImageList pipeline decodes and transforms without the GIL, so "
                "threads scale; a dataset whose __getitem__ is heavy Python code is serialized by the GIL on "
-               "threads (fastloader warns when that happens) -- use worker_mode='process' (or 'auto') or a "
+               "threads, so the default (worker_mode='auto') runs such a dataset in worker processes; a "
                "free-threaded Python (3.13t+) for such datasets; `python -m fastloader doctor DATASET_SCRIPT` "
                "measures which path a dataset should take.")
     add("ok", "Python", val, adv)

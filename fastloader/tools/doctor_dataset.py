@@ -8,9 +8,9 @@ measured run.
                             and transforming images (Pillow, torchvision):
                             change that line to fastloader.NativeTransform
     process workers         a __getitem__ whose own Python holds the GIL:
-                            worker_mode="process" (or "auto")
-    (threads, the default)  a __getitem__ that releases the GIL (NumPy,
-                            torch, I/O): nothing to change
+                            the default (worker_mode="auto") runs it there
+    threads                 a __getitem__ that releases the GIL (NumPy,
+                            torch, I/O): worker_mode="thread" saves memory
 
 The measurements, in order: one sample on one thread, plain and under
 cProfile (the share of its time inside Pillow / torchvision / OpenCV); how
@@ -272,20 +272,22 @@ def examine(ds, *, batch_size=32, collate_fn=None, num_workers=None, seconds=1.5
                       + (f"; worker processes loaded {speedup:.2f}x as fast here" if speedup and speedup >= 1 else "")
                       + (". Other programs kept this machine's CPUs busy during the runs, so the rates above "
                          "understate what processes gain" if busy_machine else "")
-                      + ". Use worker_mode='process' (or 'auto', which moves there by itself).")
+                      + ". Keep the default, worker_mode='auto', which runs it in worker processes (or pass "
+                         "worker_mode='process').")
     else:
         out["path"] = "threads"
         out["why"] = ("the dataset releases the GIL while it works (NumPy, torch, I/O), so worker threads run in "
                       "parallel" + (f" (processes: {speedup:.2f}x threads)" if speedup else "")
-                      + ". Nothing to change; worker threads share one copy of the dataset.")
+                      + ". worker_mode='thread' runs it on threads (each on its own shallow copy of the dataset), "
+                      "in less memory than the default's worker processes.")
     return out
 
 
 _ADVICE = {
     "native_dataset": "use a native dataset",
     "native_call": "use the native call in __getitem__ (fastloader.NativeTransform)",
-    "process_workers": "use process workers (worker_mode='process')",
-    "threads": "keep worker threads (the default)",
+    "process_workers": "use process workers (the default, worker_mode='auto', for a Python dataset)",
+    "threads": "use worker threads (worker_mode='thread')",
 }
 
 
