@@ -224,6 +224,10 @@ class _Iter:
         elif seed is not None:
             self._base_seed = seed
         self._num_yielded = 0
+        # torch's NOTE [ IterableDataset and __len__ ]: the len(dataset) that
+        # len(loader) saw, checked against the batches handed out (__next__)
+        self._len_called = getattr(loader, "_IterableDataset_len_called", None)
+        self._fetched = self._st.num_yielded or 0
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
         pin = loader._fl_check_pin_memory()
@@ -337,9 +341,27 @@ class _Iter:
                 "shared by threads (as with torch's DataLoader). Give each thread its own iterator "
                 "(iter(loader)), or hold a lock around next().")
         try:
-            return self._next_locked()
+            batch = self._next_locked()
         finally:
             self._next_lock.release()
+        if self._len_called is not None and self._ep.iterable:
+            self._fetched += 1
+            if self._fetched > self._len_called:
+                self._warn_len_exceeded()
+        return batch
+
+    def _warn_len_exceeded(self):
+        """torch's warning, at each batch beyond the length len(loader) was
+        given (as torch, the count of batches against len(dataset))."""
+        loader = self._loader_ref()
+        ds = loader.dataset if loader is not None else self._ep.dataset
+        msg = (f"Length of IterableDataset {ds} was reported to be {self._len_called}"
+               f"(when accessing len(dataloader)), but {self._fetched} samples have been fetched. ")
+        if self._num_workers > 0:
+            msg += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                    "IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
     def _next_locked(self):
         if self._finished:

@@ -192,3 +192,37 @@ def test_worker_info_in_processes_matches_torchs():
         assert got["info"].worker_method == "multiprocessing"
         assert want["thread_torch"] is not None and got["thread_torch"] is not None
         assert got["thread_torch"].id == got["thread_ours"].id == got["info"].id
+
+
+# --------------------------------------------------------------------------
+# 2. an IterableDataset longer than its __len__
+
+
+@pytest.mark.parametrize("num_workers,batch_size,mode", [
+    (0, None, "thread"), (0, 1, "thread"), (0, 2, "thread"),
+    (2, None, "thread"), (2, 2, "thread"), (2, None, "process")])
+def test_iterable_longer_than_its_len_warns_as_torch(num_workers, batch_size, mode):
+    def run(cls, **kw):
+        ds = Longer(3, 6)
+        dl = cls(ds, batch_size=batch_size, num_workers=num_workers, **kw)
+        assert len(dl) == (3 if batch_size in (None, 1) else 2)
+        out, w = _caught(lambda: list(dl))
+        msgs = [(str(x.message).replace(repr(ds), "DS"), x.category, x.filename, x.lineno)
+                for x in w if "Length of IterableDataset" in str(x.message)]
+        return len(out), msgs
+
+    n, want = run(TorchDL)
+    got_n, got = run(FL, worker_mode=mode)
+    assert got_n == n
+    assert got == want  # same text, same category, each at the same next() (the caller's line)
+    if batch_size == 2:   # as torch: batches are counted against len(dataset)
+        assert want == [] if num_workers == 0 else len(want) == 3
+    else:
+        assert len(want) == n - 3 and want[0][0].startswith(
+            "Length of IterableDataset DS was reported to be 3(when accessing len(dataloader)), but 4 samples")
+    assert all(m[1] is UserWarning for m in want)
+
+
+def test_iterable_without_len_called_gives_no_length_warning():
+    _, w = _caught(lambda: list(FL(Longer(3, 6), batch_size=None, num_workers=2)))
+    assert not [x for x in w if "Length of IterableDataset" in str(x.message)]
