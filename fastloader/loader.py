@@ -80,6 +80,56 @@ def resolve_max_memory(value):
     return value
 
 
+def _native_workers(loader):
+    """Whether the loader's iterators run the native pipeline (C worker
+    threads): a native image dataset with default collation."""
+    ds = loader.dataset
+    if not isinstance(ds, NativeImageDataset) or not loader._auto_collation:
+        return False
+    if loader.collate_fn not in DEFAULT_COLLATES + (fast_default_collate,):
+        return False
+    return getattr(ds, "_fl_stream", False) or not loader._dataset_kind_iterable
+
+
+def worker_processes(loader):
+    """Whether the next iterator of `loader` runs its workers in processes
+    (worker_mode="process", or "auto" once it has moved there) rather than
+    in threads (False also with num_workers=0)."""
+    if not loader.num_workers or _native_workers(loader):
+        return False
+    mode = getattr(loader, "worker_mode", "thread")
+    return mode == "process" or (mode == "auto" and getattr(loader, "_fl_auto_mode", None) == "process")
+
+
+def _usable_cpus_as_torch():
+    """The CPU count torch's check_worker_number_rationality compares with
+    (the affinity mask where there is one), and whether it is the mask."""
+    if torch is not None and hasattr(torch._utils, "cpu_count"):
+        return torch._utils.cpu_count(), hasattr(os, "sched_getaffinity")
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)), True
+    return os.cpu_count(), False
+
+
+def warn_excess_workers(num_workers, kind, stacklevel=2):
+    """torch's warning when num_workers is more than the CPUs this process
+    may use, with the same text; `kind` is "processes" or "threads", what the
+    workers are."""
+    cpus, affinity = _usable_cpus_as_torch()
+    if cpus is not None and num_workers <= cpus:
+        return
+    if cpus is None:
+        suggested = "DataLoader is not able to compute a suggested max number of worker in current system."
+    else:
+        where = "" if affinity else " (`cpuset` is not taken into account)"
+        suggested = (f"Our suggested max number of worker in current system is {cpus}{where}, which is smaller "
+                     "than what this DataLoader is going to create.")
+    warnings.warn(
+        f"This DataLoader will create {num_workers} worker {kind} in total. {suggested} Please be aware that "
+        "excessive worker creation might get DataLoader running slow or even freeze, lower the worker number to "
+        "avoid potential slowness/freeze if necessary.", UserWarning, stacklevel=stacklevel + 1)
+
+
 class _NoRange:
     def __enter__(self):
         return self
@@ -142,8 +192,7 @@ class _Iter:
         if stream and not (default and loader._auto_collation):
             raise ValueError("fastloader.WebDataset builds whole batches natively: use the default collate_fn and a "
                              "batch_size (per-sample Python belongs in transform / target_transform)")
-        if (isinstance(loader.dataset, NativeImageDataset) and default
-                and loader._auto_collation and (stream or not loader._dataset_kind_iterable)):
+        if _native_workers(loader):
             ds = loader.dataset
             if (loader._fl_device is not None and loader._fl_convert_on_device
                     and loader._fl_batch_stage is None):   # a batch stage mixes the finished floats
@@ -174,12 +223,6 @@ class _Iter:
             from .backends import AutoBackend, ProcessBackend
 
             nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
-            if mode == "process" or getattr(loader, "_fl_auto_mode", None) == "process":
-                # torch's warning about more worker processes than CPUs, where
-                # torch gives it: when an iterator starts worker processes
-                check = getattr(_Base, "check_worker_number_rationality", None)
-                if check is not None:
-                    check(loader)
             if mode == "process":
                 return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
                                       loader.multiprocessing_context, nslots)
@@ -609,6 +652,7 @@ class DataLoader(_Base, Generic[_T_co]):
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
             num_workers = auto_worker_limit()
+        self._fl_auto = auto  # before torch's __init__, which calls check_worker_number_rationality
         kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       pin_memory_device=pin_memory_device, in_order=in_order)
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -688,6 +732,8 @@ class DataLoader(_Base, Generic[_T_co]):
         return pool
 
     def _get_iterator(self):
+        if self.num_workers:
+            self.check_worker_number_rationality()  # as torch's _get_iterator, before the workers start
         it = _Iter(self)
         self._fl_last_iter = weakref.ref(it)
         return it
@@ -736,8 +782,11 @@ class DataLoader(_Base, Generic[_T_co]):
         _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):
-        # torch warns about too many worker *processes*: an iterator that
-        # starts them gives torch's warning (_Iter._make_backend); threads
-        # share one process, and fastloader's advice about them lives in
-        # stats() and doctor.
-        return None
+        """torch's warning when num_workers is more than the usable CPUs,
+        given where torch gives it (at construction, and as each iterator
+        with workers starts), naming what the workers will be: "worker
+        processes" or "worker threads".  num_workers="auto" stays within the
+        CPUs, so it never warns."""
+        if not self.num_workers or getattr(self, "_fl_auto", False):
+            return
+        warn_excess_workers(self.num_workers, "processes" if worker_processes(self) else "threads", stacklevel=2)

@@ -226,3 +226,59 @@ def test_iterable_longer_than_its_len_warns_as_torch(num_workers, batch_size, mo
 def test_iterable_without_len_called_gives_no_length_warning():
     _, w = _caught(lambda: list(FL(Longer(3, 6), batch_size=None, num_workers=2)))
     assert not [x for x in w if "Length of IterableDataset" in str(x.message)]
+
+
+# --------------------------------------------------------------------------
+# 3. more workers than CPUs
+
+
+@pytest.mark.parametrize("mode,persistent", [("thread", False), ("process", False), ("thread", True)])
+def test_excess_workers_warn_where_torch_does(mode, persistent):
+    """At construction and as each iterator with workers starts (persistent
+    workers: once), naming threads or processes."""
+    n = _cpus() + 1
+
+    def run(cls, **kw):
+        def go():
+            dl = cls(list(range(4)), batch_size=2, num_workers=n, persistent_workers=persistent, **kw)
+            return [b.tolist() for b in dl] + [b.tolist() for b in dl]
+        out, w = _caught(go)
+        return out, [str(x.message) for x in w if re.search(EXCESS, str(x.message))]
+
+    want_out, want = run(TorchDL)
+    got_out, got = run(FL, worker_mode=mode)
+    assert got_out == want_out
+    assert len(got) == len(want) == (2 if persistent else 3)
+    kind = "processes" if mode == "process" else "threads"
+    assert got == [m.replace("worker processes", f"worker {kind}") for m in want]
+
+
+def test_excess_workers_no_warning_with_auto_or_enough_cpus():
+    for nw in ("auto", min(2, _cpus())):
+        _, w = _caught(lambda: list(FL(list(range(4)), batch_size=2, num_workers=nw)))
+        assert not [x for x in w if re.search(EXCESS, str(x.message))], nw
+
+
+def test_excess_workers_follow_where_the_iterator_runs():
+    """The wording follows where the next iterator's workers run: a native
+    dataset's are C threads whatever worker_mode says; worker_mode="auto"
+    says processes once it has moved there."""
+    dl = FL(list(range(4)), batch_size=2, num_workers=_cpus() + 1, worker_mode="auto")
+    _, w = _caught(dl.check_worker_number_rationality)
+    assert [str(x.message).split(" in total")[0][-14:] for x in w] == ["worker threads"]
+    dl._fl_auto_mode = "process"
+    _, w = _caught(dl.check_worker_number_rationality)
+    assert [str(x.message).split(" in total")[0][-16:] for x in w] == ["worker processes"]
+
+    from fastloader import loader as L
+
+    class FakeNative(L.NativeImageDataset):
+        def __init__(self):
+            pass
+
+        def __len__(self):
+            return 4
+
+    _, w = _caught(lambda: FL(FakeNative(), batch_size=2, num_workers=_cpus() + 1, worker_mode="process"))
+    assert [str(x.message).split(" in total")[0][-14:] for x in w if re.search(EXCESS, str(x.message))] == \
+        ["worker threads"]
