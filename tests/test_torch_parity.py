@@ -282,3 +282,26 @@ def test_excess_workers_follow_where_the_iterator_runs():
     _, w = _caught(lambda: FL(FakeNative(), batch_size=2, num_workers=_cpus() + 1, worker_mode="process"))
     assert [str(x.message).split(" in total")[0][-14:] for x in w if re.search(EXCESS, str(x.message))] == \
         ["worker threads"]
+
+
+# --------------------------------------------------------------------------
+# 4. get_worker_info() and worker_init_fn under spawn and forkserver
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+def test_get_worker_info_and_worker_init_fn_in_spawned_workers(ctx):
+    """torch's test_get_worker_info / worker_init_fn checks, with process
+    workers started by `ctx`: the function is pickled and run in each
+    worker, which sees its own copy of the dataset, its id and its seed."""
+    ds = ValueFromInit()
+    dl = FL(ds, batch_size=2, num_workers=2, worker_init_fn=check_info_and_set_value, worker_mode="process",
+            multiprocessing_context=ctx)
+    it = iter(dl)
+    data = torch.cat(list(it)).tolist()
+    pids = [w["pid"] for w in dl.stats()["workers"]]
+    assert len(data) == 6 and {wid for wid, _ in data} == {0, 1}
+    for wid, pid in data:
+        assert pid == pids[wid] != os.getpid()
+    assert get_worker_info() is None and fastloader.get_worker_info() is None
+    assert not hasattr(ds, "value")  # the loader's dataset never ran worker_init_fn
+    assert dl.stats()["shared_memory"]["start_method"] == ctx
