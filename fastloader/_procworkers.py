@@ -73,6 +73,12 @@ _POLL_S = 0.5
 
 _STOP = ("stop",)
 
+# torch's warning when a worker Process cannot be started for a pickling error
+PICKLE_HINT = ("Got pickle error when attempting to start a worker Process. This might be because the worker Process "
+               "arguments are not picklable. Python 3.14+ changed the multiprocessing start method in non-Mac POSIX "
+               "platforms to 'forkserver', which requires the worker Process arguments to be picklable. You can "
+               "also try multiprocessing.set_start_method('fork').")
+
 
 # ----------------------------------------------------------------------------
 # passing the ring's descriptor to a spawned worker
@@ -503,6 +509,11 @@ class ProcPool:
                 self.conns.append(mine)
                 try:
                     p.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    # spawn / forkserver pickle the dataset, collate_fn and
+                    # worker_init_fn: torch's hint, and its exception as it was
+                    warnings.warn(PICKLE_HINT, UserWarning, stacklevel=2)
+                    raise
                 finally:
                     theirs.close()
                 self.procs.append(p)

@@ -305,3 +305,29 @@ def test_get_worker_info_and_worker_init_fn_in_spawned_workers(ctx):
     assert get_worker_info() is None and fastloader.get_worker_info() is None
     assert not hasattr(ds, "value")  # the loader's dataset never ran worker_init_fn
     assert dl.stats()["shared_memory"]["start_method"] == ctx
+
+
+# --------------------------------------------------------------------------
+# 5. arguments a spawned worker cannot get
+
+
+def _lambda_init():
+    return lambda wid: None
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+@pytest.mark.parametrize("what", ["dataset", "worker_init_fn"])
+def test_unpicklable_worker_arguments_give_torchs_hint(ctx, what):
+    def run(cls, **kw):
+        ds, init = (Locked(), None) if what == "dataset" else (H.RangeDataset(4), _lambda_init())
+        dl = cls(ds, batch_size=2, num_workers=2, worker_init_fn=init, multiprocessing_context=ctx, **kw)
+        err, w = _caught(lambda: iter(dl))
+        return err, [str(x.message) for x in w if "pickle" in str(x.message)]
+
+    want_err, want = run(TorchDL)
+    got_err, got = run(FL, worker_mode="process")
+    assert isinstance(want_err, (TypeError, AttributeError)) or type(want_err).__name__ == "PicklingError"
+    assert type(got_err) is type(want_err)
+    assert got == want and len(got) == 1
+    assert got[0].startswith("Got pickle error when attempting to start a worker Process. This might be because "
+                             "the worker Process arguments are not picklable.")
