@@ -139,6 +139,10 @@ class NumpyDataLoaderBase:
             collate_fn = fast_default_collate if self._auto_collation else (lambda x: x)
         self.collate_fn = collate_fn
         self._iterator = None
+        self.check_worker_number_rationality()  # as torch's constructor does
+
+    def check_worker_number_rationality(self):
+        """torch's check of num_workers against the CPUs (fastloader.DataLoader's)."""
 
     @property
     def _auto_collation(self):

@@ -47,6 +47,7 @@ import threading
 import time
 import traceback
 import warnings
+from dataclasses import replace
 from multiprocessing import connection as _mpc
 from multiprocessing import reduction as _reduction
 
@@ -55,7 +56,7 @@ import numpy as np
 from . import _C
 from ._worker import CANCELLED, ERR, OK, Epoch, annotate, fetch
 from .state import Failed
-from .worker_info import WorkerInfo, tls, patch_torch_worker_info
+from .worker_info import WorkerInfo, patch_torch_worker_info, set_process_info
 
 try:
     import torch
@@ -71,6 +72,12 @@ STOP_GRACE_S = 1.0
 _POLL_S = 0.5
 
 _STOP = ("stop",)
+
+# torch's warning when a worker Process cannot be started for a pickling error
+PICKLE_HINT = ("Got pickle error when attempting to start a worker Process. This might be because the worker Process "
+               "arguments are not picklable. Python 3.14+ changed the multiprocessing start method in non-Mac POSIX "
+               "platforms to 'forkserver', which requires the worker Process arguments to be picklable. You can "
+               "also try multiprocessing.set_start_method('fork').")
 
 
 # ----------------------------------------------------------------------------
@@ -340,9 +347,11 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         torch.set_num_threads(1)
     _raise_mmap_threshold()
     seed = _seed_like_torch(spec["base_seed"], wid)
-    info = WorkerInfo(wid, num_workers, seed, spec["dataset"], spec["epoch"], spec["base_seed"])
-    info.worker_method = "process"
-    tls.info = info
+    # torch's WorkerInfo for a worker process, seen from any of its threads
+    # (torch's get_worker_info() included) as torch's process global is
+    info = WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=spec["dataset"],
+                      worker_method="multiprocessing", epoch=spec["epoch"], base_seed=spec["base_seed"])
+    set_process_info(info)
     patch_torch_worker_info()
     init_error = None
     if spec["worker_init_fn"] is not None:
@@ -365,7 +374,8 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
             _, gen, epoch, base_seed, native_seed, snapshot, resume, ds_resume = msg
             spec.update(epoch=epoch, base_seed=base_seed, native_seed=native_seed, snapshot=snapshot,
                         resume=resume, ds_resume=ds_resume)
-            info.epoch = epoch
+            info = replace(info, epoch=epoch, base_seed=base_seed)  # frozen, as torch's
+            set_process_info(info)
             ep = _make_epoch(spec)
             resume_error = _load_dataset_state(ep, wid)
             continue
@@ -499,6 +509,11 @@ class ProcPool:
                 self.conns.append(mine)
                 try:
                     p.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    # spawn / forkserver pickle the dataset, collate_fn and
+                    # worker_init_fn: torch's hint, and its exception as it was
+                    warnings.warn(PICKLE_HINT, UserWarning, stacklevel=2)
+                    raise
                 finally:
                     theirs.close()
                 self.procs.append(p)

@@ -13,6 +13,7 @@ import copy
 import numbers
 import sys
 import time
+from dataclasses import replace
 
 from .collate import collate_into, fast_default_collate
 from .worker_info import WorkerInfo, tls
@@ -250,7 +251,8 @@ class WorkerHost:
                 self.datasets[wid] = ds
             else:
                 self.copy_error = err
-        tls.info = WorkerInfo(wid, self.num_workers, self.seed_base + wid, ds, self.epoch, self.seed_base)
+        tls.info = WorkerInfo(id=wid, num_workers=self.num_workers, seed=self.seed_base + wid, dataset=ds,
+                              worker_method="thread", epoch=self.epoch, base_seed=self.seed_base)
         if self.worker_init_fn is not None:
             try:
                 self.worker_init_fn(wid)
@@ -263,8 +265,8 @@ class WorkerHost:
         if err is not None:
             return (ERR, err)
         info = tls.info
-        info.epoch = ep.epoch
-        info.base_seed = ep.base_seed
+        if info.epoch != ep.epoch or info.base_seed != ep.base_seed:  # frozen, as torch's: a new one per epoch
+            tls.info = replace(info, epoch=ep.epoch, base_seed=ep.base_seed)
         return fetch(ep, wid, seq, indices, self.datasets[wid])
 
     def finish(self, wid):

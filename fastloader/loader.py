@@ -84,6 +84,55 @@ def resolve_max_memory(value):
     return value
 
 
+def _native_workers(loader):
+    """Whether the loader's iterators run the native pipeline (C worker
+    threads): a native image dataset with default collation."""
+    ds = loader.dataset
+    if not isinstance(ds, NativeImageDataset) or not loader._auto_collation:
+        return False
+    if loader.collate_fn not in DEFAULT_COLLATES + (fast_default_collate,):
+        return False
+    return getattr(ds, "_fl_stream", False) or not loader._dataset_kind_iterable
+
+
+def worker_processes(loader):
+    """Whether the next iterator of `loader` runs its workers in processes
+    (worker_mode="process", or "auto" for a Python dataset, worker_mode.py)
+    rather than in threads (False also with num_workers=0)."""
+    if not loader.num_workers or _native_workers(loader):
+        return False
+    return choose_worker_mode(loader)[0] == "process"
+
+
+def _usable_cpus_as_torch():
+    """The CPU count torch's check_worker_number_rationality compares with
+    (the affinity mask where there is one), and whether it is the mask."""
+    if torch is not None and hasattr(torch._utils, "cpu_count"):
+        return torch._utils.cpu_count(), hasattr(os, "sched_getaffinity")
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)), True
+    return os.cpu_count(), False
+
+
+def warn_excess_workers(num_workers, kind, stacklevel=2):
+    """torch's warning when num_workers is more than the CPUs this process
+    may use, with the same text; `kind` is "processes" or "threads", what the
+    workers are."""
+    cpus, affinity = _usable_cpus_as_torch()
+    if cpus is not None and num_workers <= cpus:
+        return
+    if cpus is None:
+        suggested = "DataLoader is not able to compute a suggested max number of worker in current system."
+    else:
+        where = "" if affinity else " (`cpuset` is not taken into account)"
+        suggested = (f"Our suggested max number of worker in current system is {cpus}{where}, which is smaller "
+                     "than what this DataLoader is going to create.")
+    warnings.warn(
+        f"This DataLoader will create {num_workers} worker {kind} in total. {suggested} Please be aware that "
+        "excessive worker creation might get DataLoader running slow or even freeze, lower the worker number to "
+        "avoid potential slowness/freeze if necessary.", UserWarning, stacklevel=stacklevel + 1)
+
+
 class _NoRange:
     def __enter__(self):
         return self
@@ -146,8 +195,7 @@ class _Iter:
         if stream and not (default and loader._auto_collation):
             raise ValueError("fastloader.WebDataset builds whole batches natively: use the default collate_fn and a "
                              "batch_size (per-sample Python belongs in transform / target_transform)")
-        if (isinstance(loader.dataset, NativeImageDataset) and default
-                and loader._auto_collation and (stream or not loader._dataset_kind_iterable)):
+        if _native_workers(loader):
             ds = loader.dataset
             if (loader._fl_device is not None and loader._fl_convert_on_device
                     and loader._fl_batch_stage is None):   # a batch stage mixes the finished floats
@@ -190,11 +238,6 @@ class _Iter:
             _log.info("fastloader: %d worker %s: %s", self._num_workers,
                       "processes" if mode == "process" else "threads", why)
         if mode == "process":  # worker processes (backends.py, _procworkers.py)
-            # torch's warning about more worker processes than CPUs, where
-            # torch gives it: when an iterator starts worker processes
-            check = getattr(_Base, "check_worker_number_rationality", None)
-            if check is not None:
-                check(loader)
             nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
             return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
                                   loader.multiprocessing_context, nslots)
@@ -237,6 +280,10 @@ class _Iter:
         elif seed is not None:
             self._base_seed = seed
         self._num_yielded = 0
+        # torch's NOTE [ IterableDataset and __len__ ]: the len(dataset) that
+        # len(loader) saw, checked against the batches handed out (__next__)
+        self._len_called = getattr(loader, "_IterableDataset_len_called", None)
+        self._fetched = self._st.num_yielded or 0
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
         pin = loader._fl_check_pin_memory()
@@ -353,9 +400,27 @@ class _Iter:
                 "shared by threads (as with torch's DataLoader). Give each thread its own iterator "
                 "(iter(loader)), or hold a lock around next().")
         try:
-            return self._next_locked()
+            batch = self._next_locked()
         finally:
             self._next_lock.release()
+        if self._len_called is not None and self._ep.iterable:
+            self._fetched += 1
+            if self._fetched > self._len_called:
+                self._warn_len_exceeded()
+        return batch
+
+    def _warn_len_exceeded(self):
+        """torch's warning, at each batch beyond the length len(loader) was
+        given (as torch, the count of batches against len(dataset))."""
+        loader = self._loader_ref()
+        ds = loader.dataset if loader is not None else self._ep.dataset
+        msg = (f"Length of IterableDataset {ds} was reported to be {self._len_called}"
+               f"(when accessing len(dataloader)), but {self._fetched} samples have been fetched. ")
+        if self._num_workers > 0:
+            msg += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                    "IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
     def _next_locked(self):
         if self._finished:
@@ -609,6 +674,7 @@ class DataLoader(_Base, Generic[_T_co]):
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
             num_workers = auto_worker_limit()
+        self._fl_auto = auto  # before torch's __init__, which calls check_worker_number_rationality
         kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       pin_memory_device=pin_memory_device, in_order=in_order)
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -688,6 +754,8 @@ class DataLoader(_Base, Generic[_T_co]):
         return pool
 
     def _get_iterator(self):
+        if self.num_workers:
+            self.check_worker_number_rationality()  # as torch's _get_iterator, before the workers start
         it = _Iter(self)
         self._fl_last_iter = weakref.ref(it)
         return it
@@ -736,8 +804,11 @@ class DataLoader(_Base, Generic[_T_co]):
         _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):
-        # torch warns about too many worker *processes*: an iterator that
-        # starts them gives torch's warning (_Iter._make_backend); threads
-        # share one process, and fastloader's advice about them lives in
-        # stats() and doctor.
-        return None
+        """torch's warning when num_workers is more than the usable CPUs,
+        given where torch gives it (at construction, and as each iterator
+        with workers starts), naming what the workers will be: "worker
+        processes" or "worker threads".  num_workers="auto" stays within the
+        CPUs, so it never warns."""
+        if not self.num_workers or getattr(self, "_fl_auto", False):
+            return
+        warn_excess_workers(self.num_workers, "processes" if worker_processes(self) else "threads", stacklevel=2)

@@ -1,13 +1,16 @@
 """Worker info and reproducible per-sample randomness.
 
-`get_worker_info()` inside a worker thread (torch's own function is patched
-to ask here first, since our workers are threads of one process),
-`sample_rng(index)` and `epoch_context()` for the (seed, epoch) of the
-sample being loaded on this thread.
+`WorkerInfo` (torch's, subclassed when torch is installed) and
+`get_worker_info()` inside a worker thread or process (torch's own function
+is patched to ask here first, since our workers are threads of one
+process), `sample_rng(index)` and `epoch_context()` for the (seed, epoch) of
+the sample being loaded on this thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+from typing import Any, Optional
 
 import numpy as np
 
@@ -20,33 +23,45 @@ except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
 __all__ = ["WorkerInfo", "get_worker_info", "sample_rng", "epoch_context"]
 
 tls = threading.local()
+# a worker process's WorkerInfo, seen from any of its threads (as torch's
+# process global is); None in the loader's process
+_process_info = None
+
+_TORCH_FIELDS = ("id", "num_workers", "seed", "dataset", "rng", "worker_method")
 
 
-class WorkerInfo:
-    """What `get_worker_info()` returns inside a worker thread.
+if torch is not None and dataclasses.is_dataclass(_tud_utils.worker.WorkerInfo) and tuple(
+        f.name for f in dataclasses.fields(_tud_utils.worker.WorkerInfo))[:6] == _TORCH_FIELDS:
+    _Base = _tud_utils.worker.WorkerInfo
+else:  # no torch (or a torch whose WorkerInfo is not 2.x's dataclass): the same fields, our own class
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class _Base:
+        id: int
+        num_workers: int
+        seed: int
+        dataset: Any
+        rng: Any = None
+        worker_method: Optional[str] = "multiprocessing"
 
-    Attributes match torch's WorkerInfo (id, num_workers, seed, dataset),
-    plus `epoch` and `rng(index)`, a NumPy Generator keyed by
-    (base seed, epoch, sample index): the same numbers for a sample whatever
-    num_workers or thread scheduling is.
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerInfo(_Base):
+    """What `get_worker_info()` returns inside a worker thread or process.
+
+    torch's WorkerInfo (a subclass of it when torch is installed): frozen,
+    with id, num_workers, seed, dataset, rng (None) and worker_method
+    ("thread" in worker threads, "multiprocessing" in worker processes), plus
+    `epoch` and `base_seed`, and `sample_rng(index)`: a NumPy Generator keyed
+    by (base seed, epoch, sample index), the same numbers for a sample
+    whatever num_workers or thread scheduling is.  Attributes cannot be
+    assigned (as torch's); fastloader makes a new one for each epoch.
     """
 
-    __slots__ = ("id", "num_workers", "seed", "dataset", "epoch", "base_seed", "worker_method")
+    epoch: int = 0
+    base_seed: Optional[int] = None
 
-    def __init__(self, id, num_workers, seed, dataset, epoch, base_seed):
-        self.id = id
-        self.num_workers = num_workers
-        self.seed = seed
-        self.dataset = dataset
-        self.epoch = epoch
-        self.base_seed = base_seed
-        self.worker_method = "thread"
-
-    def rng(self, index) -> np.random.Generator:
+    def sample_rng(self, index) -> np.random.Generator:
         return _make_rng(self.base_seed, self.epoch, index)
-
-    def __repr__(self):
-        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, epoch={self.epoch})"
 
 
 def _make_rng(base_seed, epoch, index):
@@ -54,8 +69,20 @@ def _make_rng(base_seed, epoch, index):
 
 
 def get_worker_info():
-    """Like torch.utils.data.get_worker_info(): a WorkerInfo in a worker thread, else None."""
-    return getattr(tls, "info", None)
+    """Like torch.utils.data.get_worker_info(): a WorkerInfo in a worker
+    thread or worker process, else None."""
+    info = getattr(tls, "info", None)
+    return info if info is not None else _process_info
+
+
+def set_process_info(info):
+    """A worker process: `info` is what get_worker_info() (ours and torch's)
+    returns on any of its threads, as torch's process global is."""
+    global _process_info
+    _process_info = info
+    tls.info = info
+    if torch is not None:
+        _tud_utils.worker._worker_info = info
 
 
 def sample_rng(index) -> np.random.Generator:

@@ -557,22 +557,24 @@ def test_pin_memory_page_locks_the_slots_once(tmp_path_factory):
 
 
 def test_more_worker_processes_than_cpus_warns_as_torch_does():
-    """torch's check_worker_number_rationality warning: given for worker
-    processes (one per iterator, as torch gives it), not for threads."""
+    """torch's check_worker_number_rationality warning, once per iterator
+    (as torch gives it), naming the workers: processes or threads
+    (tests/test_torch_parity.py has the rest)."""
     fl = _fl()
     n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) + 1
-    for mode, want in (("process", 1), ("thread", 0)):
+    for mode, kind in (("process", "processes"), ("thread", "threads")):
         dl = fl.DataLoader(list(range(4)), batch_size=2, num_workers=n, worker_mode=mode)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
-        got = [x for x in w if "This DataLoader will create" in str(x.message)]
-        assert len(got) == want, (mode, [str(x.message) for x in w])
+        got = [str(x.message) for x in w if "This DataLoader will create" in str(x.message)]
+        assert got and all(f"will create {n} worker {kind} in total" in m for m in got), (mode, got)
+        assert len(got) == 1, (mode, got)
 
 
 def test_native_dataset_in_process_mode_gives_no_process_warning(tmp_path):
     """A native dataset ignores worker_mode="process" (its workers are C
-    threads), so torch's warning about worker processes is not given."""
+    threads), so torch's warning speaks of worker threads, not processes."""
     fl = _fl()
     from fastloader.tools.sample import make_sample
 
@@ -583,4 +585,5 @@ def test_native_dataset_in_process_mode_gives_no_process_warning(tmp_path):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert sum(len(y) for _, y in fl.DataLoader(ds, batch_size=2, num_workers=n, worker_mode="process")) == 4
-    assert not [x for x in w if "This DataLoader will create" in str(x.message)], [str(x.message) for x in w]
+    got = [str(x.message) for x in w if "This DataLoader will create" in str(x.message)]
+    assert len(got) == 2 and all("worker threads in total" in m for m in got), got  # construction, iterator

@@ -144,7 +144,7 @@ def test_worker_init_fn_once_per_worker_in_its_thread(DL, num_workers, persisten
 
 
 # ---------------------------------------------------------------------------
-# Reproducible per-index randomness: get_worker_info().rng(index)
+# Reproducible per-index randomness: get_worker_info().sample_rng(index)
 # ---------------------------------------------------------------------------
 
 class RngDataset(Dataset):
@@ -157,7 +157,7 @@ class RngDataset(Dataset):
         return self.n
 
     def __getitem__(self, i):
-        rng = self.fl.get_worker_info().rng(i)
+        rng = self.fl.get_worker_info().sample_rng(i)
         self.kinds.add(type(rng))
         return rng.random(3)
 
