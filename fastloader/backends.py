@@ -343,12 +343,31 @@ class ProcessBackend(PythonBackend):
 
     def _pick_worker(self, seq):
         if not self.ep.iterable and self.engine.active_n == self.num_workers:
+            if not self.round_robin:
+                return self._next_with_room()
             # map-style, every worker active: batch k goes to worker k mod n,
             # as torch's round robin gives it, also from the middle of a
             # resumed epoch (whose batches keep their numbers), so that each
             # worker's copy of the dataset sees the batches it saw before
             return seq % self.num_workers
         return self._next_worker()
+
+    def _next_with_room(self):
+        """in_order=False, as torch's: the next worker in turn with fewer
+        than its share of the prefetch window outstanding, so a slow worker
+        does not collect the batches fast ones could load (the fewest
+        outstanding, should every share be full)."""
+        pool = self.engine
+        busy = [0] * self.num_workers
+        for (g, _seq), (w, _slot, _idx) in pool.jobs.items():
+            if g == pool.gen:
+                busy[w] += 1
+        share = max(1, (pool.ring.nslots - 2) // self.num_workers)   # prefetch_factor per worker
+        for _ in range(self.num_workers):
+            w = next(self.cycle)
+            if busy[w] < share:
+                return w
+        return min(range(self.num_workers), key=busy.__getitem__)
 
     def _send(self, seq, indices, w):
         self.engine.submit(seq, indices, w)

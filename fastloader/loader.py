@@ -352,7 +352,9 @@ class _Iter:
         if getattr(loader, "_fl_auto", False) and not self._ep.iterable:
             self._tuner = AutoTuner(self._num_workers, self._t_start,
                                     active=self._engine.set_active(self._num_workers))
-        if isinstance(self._backend, PythonBackend) and not isinstance(self._backend, ProcessBackend):
+        if isinstance(self._backend, ProcessBackend):
+            self._backend.round_robin = self._in_order   # in_order=False: the next worker with room
+        elif isinstance(self._backend, PythonBackend):
             # torch's round robin, except where a free worker should take the next batch
             self._backend.round_robin = self._in_order and self._tuner is None
         self._top_up()

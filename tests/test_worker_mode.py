@@ -211,3 +211,28 @@ def test_an_iterable_dataset_iterates_its_own_copy_per_worker_thread():
     assert sorted(rows[:, 0].tolist()) == list(range(12))
     assert set(rows[:, 1].tolist()) == {1}   # each copy opened once, not 1, 2, 3 on one shared object
     assert ds.opened == 0
+
+
+class SlowFirst(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 0:
+            import time
+
+            time.sleep(1.0)
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_in_order_false_lets_fast_workers_run_past_a_slow_one(mode):
+    """torch's in_order=False: batches come as they are ready, and a worker
+    stuck on a slow sample does not collect the batches the others could
+    load (torch's TestOutOfOrderDataLoader)."""
+    got = [int(b) for b in fl.DataLoader(SlowFirst(), batch_size=1, num_workers=2, in_order=False,
+                                         worker_mode=mode)]
+    assert sorted(got) == list(range(12))
+    assert got.index(0) >= 9, got   # at most the one batch queued behind it waits with it
+    ordered = [int(b) for b in fl.DataLoader(SlowFirst(), batch_size=1, num_workers=2, worker_mode=mode)]
+    assert ordered == list(range(12))
