@@ -29,7 +29,9 @@ Memory.
     process count once, so the ~0.5 GB of torch libraries every worker maps
     is not multiplied by num_workers as a summed RSS would be.  Reading a
     worker's /proc/<pid>/smaps_rollup costs a few ms of kernel time; a lone
-    process costs nothing to sample.
+    process costs nothing to sample.  Sampling stops when the measured
+    process prints its result: its exit (interpreter and libtorch teardown)
+    faults in up to ~120 MB of library pages that are not the loader's.
   Both include the ~0.5 GB that ``import torch`` holds; ``base_rss_mib`` is
   the RSS just before the loader is built.
 
@@ -401,8 +403,19 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
     chunks = {"out": [], "err": []}
-    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].append(s.read()), daemon=True)
-               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    # the measurement ends when the child prints its result: what the process
+    # does after (interpreter and libtorch teardown fault in up to ~120 MB of
+    # library pages at exit) is not the loader's and stays out of the peaks
+    finished = threading.Event()
+
+    def read_out(s):
+        for line in s:
+            chunks["out"].append(line)
+            if line.startswith(RESULT_PREFIX):
+                finished.set()
+
+    readers = [threading.Thread(target=read_out, args=(proc.stdout,), daemon=True),
+               threading.Thread(target=lambda s=proc.stderr: chunks["err"].append(s.read()), daemon=True)]
     for r in readers:
         r.start()
     sampling = bool(mem_interval and mem_interval > 0)
@@ -414,7 +427,7 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
             break
         except subprocess.TimeoutExpired:
             pass
-        if sampling:
+        if sampling and not finished.is_set():
             sampler.sample()
         if time.perf_counter() - t0 > timeout:
             proc.kill()
