@@ -71,12 +71,13 @@ def log(msg):
 # running the measured processes
 
 
-def run_child(script, config, *, mem_interval=0.5, timeout=600, env=None):
+def run_child(script, config, *, mem_interval=0.5, timeout=600, env=None, pss=False):
     """Run ``child(config)`` of the benchmark ``script`` in a fresh process
     (with the script's folder first on sys.path, as ``python script`` has it;
-    ``env``: variables to set there, e.g. PYTHONPATH of another checkout)."""
+    ``env``: variables to set there, e.g. PYTHONPATH of another checkout;
+    ``pss``: also the tree's summed PSS, see harness.run_child)."""
     return H.run_child(script, "child", config, timeout=timeout, mem_interval=mem_interval,
-                       sys_path0=os.path.dirname(os.path.abspath(script)), env=env)
+                       sys_path0=os.path.dirname(os.path.abspath(script)), env=env, pss=pss)
 
 
 def short_result(res):

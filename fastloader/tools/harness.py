@@ -29,7 +29,19 @@ Memory.
     process count once, so the ~0.5 GB of torch libraries every worker maps
     is not multiplied by num_workers as a summed RSS would be.  Reading a
     worker's /proc/<pid>/smaps_rollup costs a few ms of kernel time; a lone
-    process costs nothing to sample.
+    process costs nothing to sample.  Sampling stops when the measured
+    process prints its result: its exit (interpreter and libtorch teardown)
+    faults in up to ~120 MB of library pages that are not the loader's.
+  * ``peak_pss_mib`` (``run_child(..., pss=True)``) -- peak of the sum of
+    PSS (proportional set size, /proc/<pid>/smaps_rollup) over the whole tree,
+    the main process included, every 50 ms (a process's smaps_rollup is
+    re-read when its RSS moved by > 2 MiB and every ``mem_interval`` s, its
+    RSS change added in between: TreeMemSampler): each page
+    shared by k processes counts 1/k in each, so the sum is the tree's
+    physical memory, whether its workers are threads or processes.  Pages
+    shared with processes outside the tree (system libraries) count only
+    their share.  Sampling costs the parent ~3 ms of kernel time for the main
+    process and ~1.5 ms per worker; ``sampler_cpu_s`` says how much.
   Both include the ~0.5 GB that ``import torch`` holds; ``base_rss_mib`` is
   the RSS just before the loader is built.
 
@@ -138,17 +150,53 @@ def uss_kib(pid):
     return tot
 
 
+def rollup_kib(pid):
+    """(Pss, USS) of a process from one read of /proc/<pid>/smaps_rollup, kB, or (None, None)."""
+    pss = uss = None
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+                elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    uss = (uss or 0) + int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return pss, uss
+
+
 class TreeMemSampler:
     """Polls RSS(main) + sum of USS(descendants) of a process tree (Linux only).
 
     The main process's VmRSS on every :meth:`sample` call; the descendants'
     smaps_rollup at most every ``worker_interval`` seconds (it costs a few ms
     of kernel time each).
+
+    With ``pss``: ``peak_pss_kib``, the peak over the calls of the summed Pss
+    of the whole tree, main included.  Reading every smaps_rollup on every
+    call would cost ~3 ms for a torch process and ~1.5 ms per worker (10-20%
+    of a CPU for five processes every 50 ms, taken from the loader measured),
+    so each call reads every process's VmRSS (cheap) and re-reads a process's
+    smaps_rollup only when its VmRSS moved by more than ``PSS_REREAD_KIB``
+    since its last read, when a process of the tree started or ended, or
+    ``worker_interval`` s passed; in between its Pss
+    (and USS) is the last one read plus its VmRSS change since (memory a
+    process allocates or frees is private: it moves all three alike).
+    ``full_reads``: the smaps_rollup reads; ``cpu_s``: this thread's CPU time
+    spent sampling.
     """
 
-    def __init__(self, pid, worker_interval=0.5):
+    PSS_REREAD_KIB = 2 * 1024
+
+    def __init__(self, pid, worker_interval=0.5, pss=False):
         self.pid = pid
         self.peak_total_kib = 0
+        self.peak_pss_kib = 0
+        self.pss = pss
+        self.samples = 0
+        self.full_reads = 0
+        self._cache = {}  # pid -> (VmRSS, Pss, USS at the last read, when)
+        self.cpu_s = 0.0
         self.worker_interval = worker_interval
         self._workers_kib = 0
         self._next_workers = 0.0
@@ -157,14 +205,43 @@ class TreeMemSampler:
     def sample(self):
         if not self.ok:
             return
+        c0 = time.thread_time()
         main = status_kib("VmRSS", self.pid)
         if main is None:
             return
         now = time.perf_counter()
-        if now >= self._next_workers:
+        if self.pss:
+            tree = process_tree(self.pid)
+            # a process started or ended: the pages it shares changed their
+            # sharers everywhere in the tree (a fork halves the parent's Pss)
+            changed = set(tree) != set(self._cache)
+            tot_pss, workers_uss, cache = 0, 0, {}
+            for i, p in enumerate(tree):
+                rss = main if i == 0 else status_kib("VmRSS", p)
+                if rss is None:
+                    continue  # gone
+                c = self._cache.get(p)
+                if (changed or c is None or abs(rss - c[0]) > self.PSS_REREAD_KIB
+                        or now - c[3] >= self.worker_interval):
+                    pss, uss = rollup_kib(p)
+                    if pss is None:
+                        continue
+                    self.full_reads += 1
+                    c = (rss, pss, uss or 0, now)
+                cache[p] = c
+                delta = rss - c[0]
+                tot_pss += c[1] + delta
+                if i:
+                    workers_uss += c[2] + delta
+            self._cache = cache
+            self._workers_kib = workers_uss
+            self.peak_pss_kib = max(self.peak_pss_kib, tot_pss)
+            self.samples += 1
+        elif now >= self._next_workers:
             self._next_workers = now + self.worker_interval
             self._workers_kib = sum(uss_kib(p) or 0 for p in process_tree(self.pid)[1:])
         self.peak_total_kib = max(self.peak_total_kib, main + self._workers_kib)
+        self.cpu_s += time.thread_time() - c0
 
 
 # ----------------------------------------------------------------------------
@@ -214,7 +291,8 @@ def busy(seconds):
         pass
 
 
-def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_busy=False, hold_batch=False):
+def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_busy=False, hold_batch=False,
+                on_first=None):
     """Build a loader with ``make_loader()`` and iterate it ``epochs`` times
     (at most ``max_batches`` per epoch), sleeping (or, with ``step_busy``,
     spinning) ``step_s`` after every batch.  Returns the measurements; see the
@@ -223,7 +301,12 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
     ``hold_batch``: keep each batch alive until the next one has arrived, as
     ``for x, y in loader:`` does, instead of dropping it before the step.  It
     adds up to one batch to the peak memory (benchmarks/ measure that way,
-    ``python -m fastloader bench`` the other)."""
+    ``python -m fastloader bench`` the other).
+
+    A dict batch (``{"input_ids": ..., ...}``) counts the samples of its first
+    value.  ``on_first(batch)`` -> dict: called on the first batch, outside
+    the timed region's rate (it is before the rate's start), its dict merged
+    into the result (e.g. the batch's structure)."""
     import gc
 
     step = busy if step_busy else time.sleep
@@ -241,6 +324,7 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
     samples = batches = 0
     shape = dtype = None
     it = held = None
+    first_info = None
     for ep in range(epochs):
         tw = perf()
         it = iter(loader)  # starting workers is loader time too
@@ -256,11 +340,16 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
             now = perf()
             wait += now - tw
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            if isinstance(x, dict) and x:
+                x = next(iter(x.values()))
             n = len(x)
             if t_first is None:
-                t_first, n_first, wait_first = now, n, wait
                 shape = "x".join(str(s) for s in getattr(x, "shape", ()))
                 dtype = str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+                if on_first is not None:
+                    first_info = on_first(batch)
+                now = perf()
+                t_first, n_first, wait_first = now, n, wait
             samples += n
             batches += 1
             i += 1
@@ -279,7 +368,7 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
     del it, loader
     after = samples - n_first
     dt = (t_end - t_first) if t_first is not None else 0.0
-    return {
+    return {**(first_info or {}),
         "total_s": t_end - t0,
         "setup_s": setup_s,
         "ttfb_s": (t_first - t0) if t_first is not None else None,
@@ -385,13 +474,16 @@ CHILD_BOOT = (
 # parent side
 
 
-def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="", env=None):
+def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="", env=None, pss=False):
     """Run ``func(cfg)`` of the file ``target`` in a fresh process and return its
     result dict, with ``peak_mib`` (tree memory, sampled every ``mem_interval``
     s; 0 disables sampling) and ``wall_s`` added.  On failure the dict is
     ``{"error": ..., "stderr": <tail>, "wall_s": ...}``.  ``sys_path0`` is the
     child's ``sys.path[0]`` (a benchmark script passes its folder, as if it
-    were run as ``python script``)."""
+    were run as ``python script``).  ``pss``: also ``peak_pss_mib``, the
+    peak summed PSS of the whole tree every 50 ms (each process's smaps_rollup
+    re-read when its RSS moved, at least every ``mem_interval`` s: see
+    TreeMemSampler), ``mem_samples``, ``mem_full_reads`` and ``sampler_cpu_s``."""
     cmd = [sys.executable, "-c", CHILD_BOOT, sys_path0 or "", os.path.abspath(__file__), os.path.abspath(target),
            func, json.dumps(cfg)]
     e = dict(os.environ)
@@ -401,12 +493,23 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
     chunks = {"out": [], "err": []}
-    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].append(s.read()), daemon=True)
-               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    # the measurement ends when the child prints its result: what the process
+    # does after (interpreter and libtorch teardown fault in up to ~120 MB of
+    # library pages at exit) is not the loader's and stays out of the peaks
+    finished = threading.Event()
+
+    def read_out(s):
+        for line in s:
+            chunks["out"].append(line)
+            if line.startswith(RESULT_PREFIX):
+                finished.set()
+
+    readers = [threading.Thread(target=read_out, args=(proc.stdout,), daemon=True),
+               threading.Thread(target=lambda s=proc.stderr: chunks["err"].append(s.read()), daemon=True)]
     for r in readers:
         r.start()
     sampling = bool(mem_interval and mem_interval > 0)
-    sampler = TreeMemSampler(proc.pid, worker_interval=mem_interval if sampling else 0.5)
+    sampler = TreeMemSampler(proc.pid, worker_interval=mem_interval if sampling else 0.5, pss=pss)
     killed = False
     while True:
         try:
@@ -414,7 +517,7 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
             break
         except subprocess.TimeoutExpired:
             pass
-        if sampling:
+        if sampling and not finished.is_set():
             sampler.sample()
         if time.perf_counter() - t0 > timeout:
             proc.kill()
@@ -435,6 +538,11 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
     elif sampling:
         # the sampled tree total, but never below the exactly known main-process peak
         res["peak_mib"] = max(sampler.peak_total_kib / 1024.0, res.get("rss_peak_mib") or 0.0)
+        if pss:
+            res["peak_pss_mib"] = sampler.peak_pss_kib / 1024.0 if sampler.samples else None
+            res["mem_samples"] = sampler.samples
+            res["mem_full_reads"] = sampler.full_reads
+            res["sampler_cpu_s"] = sampler.cpu_s
     res["wall_s"] = time.perf_counter() - t0
     return res
 
