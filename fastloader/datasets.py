@@ -95,7 +95,7 @@ class _Finished:
         self.notes = notes        # [(kind, index, entry)]: "skipped", "replaced", or ("pillow", index, path)
         self.samples = samples
         self.native_s = native_s  # wall time of the batch's C work
-        self.tail_s = tail_s      # wall time of the transform's Python tail (None: no tail)
+        self.tail_s = tail_s      # (per-sample calls, stacking) seconds of the Python tail (None: no tail)
 
 
 def _short_repr(t) -> str:
@@ -173,7 +173,7 @@ class NativeImageDataset(_Dataset):
         # loader runs on several worker threads at once
         self._lock = threading.Lock()
         self._pil_warned = False
-        self._tail_seen = [0, 0, 0.0, 0.0]  # batches, samples, tail_s, native_s (from the 2nd batch on)
+        self._tail_seen = [0, 0, 0.0, 0.0, 0.0]  # batches, samples, calls_s, native_s, stack_s (2nd batch on)
         self._tail_warned = False
 
     def __len__(self):
@@ -309,8 +309,9 @@ class NativeImageDataset(_Dataset):
             except Exception as e:
                 raise annotate(e, f"{self._batch_name(seq, worker)} in the transform's Python part "
                                    f"({self._rest!r})")
+            t1 = time.perf_counter()
             images = torch.stack(outs) if torch is not None else np.stack(outs)
-            tail_s = time.perf_counter() - t0
+            tail_s = (t1 - t0, time.perf_counter() - t1)   # the per-sample calls, stacking their outputs
         if self.target_transform is not None:
             try:
                 labels = [self.target_transform(int(t)) for t in labels]
@@ -360,20 +361,22 @@ class NativeImageDataset(_Dataset):
         if seen[0] == 1:
             return None
         seen[1] += fin.samples
-        seen[2] += fin.tail_s
+        seen[2] += fin.tail_s[0]
+        seen[4] += fin.tail_s[1]
         seen[3] += fin.native_s
         if seen[0] < 3:
             return None
         self._tail_warned = True
-        py_ms, c_ms = 1e3 * seen[2] / seen[1], 1e3 * seen[3] / seen[1]
+        py_ms, c_ms, st_ms = (1e3 * seen[k] / seen[1] for k in (2, 3, 4))
         ratio = f" ({py_ms / c_ms:.2g}x)" if c_ms > 0 else ""
-        cap = f"about {1e3 / py_ms:,.0f} samples/s" if py_ms > 0 else "its speed"
-        return (f"fastloader: part of the transform runs in Python, per sample: {self._rest!r}. Measured: "
-                f"{py_ms:.3f} ms per sample in Python against {c_ms:.3f} ms for the native part{ratio}. It runs "
-                "after the native part in the worker threads (on the calling thread with num_workers=0), one "
-                f"batch at a time in batch order and with the GIL, so it caps loading at {cap} whatever "
-                "num_workers is; what compiles to C is listed in fastloader.transforms. "
-                f"[{self.pipeline_description}]")
+        per = py_ms + st_ms
+        cap = f"about {1e3 / per:,.0f} samples/s" if per > 0 else "its speed"
+        return (f"fastloader: part of the transform runs in Python, per sample: {self._rest!r}. Measured per "
+                f"sample: {py_ms:.3f} ms in its calls and {st_ms:.3f} ms stacking their outputs into the batch, "
+                f"against {c_ms:.3f} ms for the native part{ratio}. It runs after the native part on the C worker "
+                "threads (on the calling thread with num_workers=0), one batch at a time in batch order and "
+                f"with the GIL, so it caps loading at {cap} whatever num_workers is; docs/recipes.md lists what "
+                f"compiles to C. [{self.pipeline_description}]")
 
     def _fixup(self, images, labels, slot, index, epoch, seed, where, notes):
         """Decode a non-JPEG file with Pillow into batch slot `slot`.  Returns

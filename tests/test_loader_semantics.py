@@ -456,7 +456,22 @@ def test_gil_bound_dataset_warns_once(DL, fl):
     assert len(out) == 80
     perf = _perf_warnings(fl, rec)
     assert len(perf) == 1, [str(w.message) for w in perf]
-    assert "GIL" in str(perf[0].message)
+    msg = str(perf[0].message)
+    assert "GIL" in msg
+    # the one remedy for this dataset, not one it cannot use
+    assert msg.endswith("Remedy: worker_mode='process' (or the default, 'auto', which runs a Python dataset in "
+                        "worker processes), each with a GIL of its own."), msg
+    assert "ImageFolder" not in msg
+
+
+def test_the_gil_remedy_for_torchvisions_folder_is_fastloaders(fl, tmp_path):
+    torchvision = pytest.importorskip("torchvision")
+    from fastloader.stats import gil_remedy
+    from helpers_formats import make_class_folder
+
+    folder = torchvision.datasets.ImageFolder(make_class_folder(tmp_path))
+    assert gil_remedy(folder).startswith("Remedy: fastloader.ImageFolder takes the same arguments as "
+                                         "torchvision's ImageFolder")
 
 
 @pytest.mark.fastloader_only
