@@ -77,6 +77,27 @@ def _get_iterator(self):
 
 
 _tud.DataLoader._get_iterator = _get_iterator
+
+# fastloader's worker processes fork a threaded process too.  What this pass
+# checks is the C threads: a Python dataset that worker_mode="auto" would run
+# in processes runs on worker threads here (each on its own copy of the
+# dataset, the thread mode's semantics); worker_mode="process", asked for,
+# is skipped as torch's workers are.
+import fastloader  # noqa: E402
+from fastloader.worker_mode import choose_worker_mode  # noqa: E402
+
+_fl_orig = fastloader.DataLoader._get_iterator
+
+
+def _fl_get_iterator(self):
+    if self.num_workers > 0 and choose_worker_mode(self)[0] == "process":
+        if self.worker_mode != "auto":
+            pytest.skip("worker_mode='process' forks a threaded process (not supported by TSan)")
+        self.worker_mode = "thread"
+    return _fl_orig(self)
+
+
+fastloader.DataLoader._get_iterator = _fl_get_iterator
 PY
 
 echo "== pytest (ThreadSanitizer build): ${tests[*]}"

@@ -4,6 +4,7 @@ len / re-iteration, samplers, shuffling, ordering, rebuilds, warnings."""
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 
 import pytest
@@ -209,6 +210,8 @@ def test_multiprocessing_context_ignored_with_a_warning_in_thread_mode(DL):
     assert [b.tolist() for b in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
 
 
+@pytest.mark.skipif(bool(os.environ.get("FASTLOADER_UNDER_TSAN")),
+                    reason="the TSan pass runs Python datasets on threads (scripts/test-tsan.sh)")
 def test_multiprocessing_context_honoured_by_default_for_a_python_dataset(DL):
     ds = H.RangeDataset(10)
     with warnings.catch_warnings(record=True) as rec:
