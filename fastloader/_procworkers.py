@@ -677,7 +677,11 @@ class ProcPool:
             s, idx = mine[0]
             short = list(idx) if idx is not None and len(idx) <= 8 else (f"{list(idx)[:8]}..." if idx else idx)
             what = f" while loading batch {s} (indices {short})"
-        self.error = (f"DataLoader worker process {wid} (pid {p.pid}) {_describe_exit(p.exitcode)}{what}. "
+        code = p.exitcode
+        torch_says = ""   # torch's own first sentence for a worker a signal killed, which scripts match
+        if code is not None and code < 0:
+            torch_says = f"DataLoader worker (pid {p.pid}) is killed by signal: {signal.strsignal(-code)}. "
+        self.error = (f"{torch_says}DataLoader worker process {wid} (pid {p.pid}) {_describe_exit(code)}{what}. "
                       f"The loader cannot go on without it; create a new iterator to start over.")
 
     # -- the engine's other faces ------------------------------------------------

@@ -13,6 +13,7 @@ import copy
 import numbers
 import sys
 import time
+import types
 from dataclasses import replace
 
 from .collate import collate_into, fast_default_collate
@@ -253,9 +254,14 @@ class WorkerHost:
                 self.copy_error = err
         tls.info = WorkerInfo(id=wid, num_workers=self.num_workers, seed=self.seed_base + wid, dataset=ds,
                               worker_method="thread", epoch=self.epoch, base_seed=self.seed_base)
-        if self.worker_init_fn is not None:
+        fn = self.worker_init_fn
+        if fn is not None and ds is not self.dataset and getattr(fn, "__self__", None) is self.dataset:
+            # a method of the dataset acts on this worker's copy, as in a worker
+            # process, where it was copied with the dataset
+            fn = types.MethodType(fn.__func__, ds)
+        if fn is not None:
             try:
-                self.worker_init_fn(wid)
+                fn(wid)
             except Exception as e:
                 self.init_errors[wid] = annotate(e, f"worker_init_fn({wid}) in worker {wid}")
 

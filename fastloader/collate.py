@@ -163,12 +163,16 @@ def batch_nbytes(batch):
 def batch_len(batch):
     """Number of samples in a collated batch (first tensor/array/list found)."""
     for _ in range(8):
+        if torch is not None and isinstance(batch, torch.Tensor) and batch.is_nested:
+            return batch.size(0)   # a nested tensor has no .shape (it raises RuntimeError, not AttributeError)
         if hasattr(batch, "shape") and len(batch.shape):
             return int(batch.shape[0])
         if isinstance(batch, collections.abc.Mapping) and batch:
             batch = next(iter(batch.values()))
         elif isinstance(batch, (list, tuple)) and batch:
-            if isinstance(batch[0], (list, tuple, collections.abc.Mapping)) or hasattr(batch[0], "shape"):
+            first = batch[0]
+            if (isinstance(first, (list, tuple, collections.abc.Mapping))
+                    or (torch is not None and isinstance(first, torch.Tensor)) or hasattr(first, "shape")):
                 batch = batch[0]
             else:
                 return len(batch)

@@ -236,3 +236,39 @@ def test_in_order_false_lets_fast_workers_run_past_a_slow_one(mode):
     assert got.index(0) >= 9, got   # at most the one batch queued behind it waits with it
     ordered = [int(b) for b in fl.DataLoader(SlowFirst(), batch_size=1, num_workers=2, worker_mode=mode)]
     assert ordered == list(range(12))
+
+
+class InitByMethod(Dataset):
+    """torch's test_ind_worker_queue pattern: worker_init_fn is a method of
+    the dataset, which sets the worker id on self."""
+
+    def __init__(self):
+        self.worker_id = None
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([i, self.worker_id])
+
+    def init(self, wid):
+        self.worker_id = wid
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_worker_init_method_of_the_dataset_acts_on_the_workers_copy(mode):
+    ds = InitByMethod()
+    rows = torch.cat(list(fl.DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=ds.init,
+                                        worker_mode=mode)))
+    assert rows[:, 1].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert ds.worker_id is None
+
+
+def test_batches_of_nested_tensors_are_counted():
+    from fastloader.collate import batch_len
+
+    nt = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    assert batch_len(nt) == 2 and batch_len([nt, torch.zeros(2)]) == 2 and batch_len({"x": nt}) == 2
+    got = list(fl.DataLoader(list(range(6)), batch_size=3, num_workers=2, worker_mode="thread",
+                             collate_fn=lambda b: torch.nested.nested_tensor([torch.zeros(i + 1) for i in b])))
+    assert [t.size(0) for t in got] == [3, 3]
