@@ -49,13 +49,13 @@ def choose_worker_mode(loader):
     "thread" / "process" as asked.  "auto": threads for fastloader's own
     datasets (their work is C without the GIL, and they keep no per-worker
     state), processes for any other dataset, as torch's DataLoader runs it.
-    A dataset written for torch's loader assumes processes: its Python
-    holds the GIL (pure Python, and Pillow + torchvision transforms, ran at
-    0.72-0.82x torch on threads, benchmarks/RESULTS.md section 18), it may
-    keep per-worker state on self (a lazily opened file), and it draws from
-    the global random / NumPy / torch generators that torch seeds per
-    worker.  Processes give torch's semantics exactly and its speed or
-    better (batches are written into shared memory, not pickled)."""
+    A dataset written for torch's loader assumes processes: its Python may
+    hold the GIL (on threads a pure-Python dataset ran at 0.84-0.91x torch,
+    benchmarks/RESULTS.md section 18), it may keep per-worker state on
+    self (a lazily opened file), and it draws from the global random /
+    NumPy / torch generators that torch seeds per worker.  Processes give
+    torch's semantics exactly; their speed is torch's within 10% (section
+    18), batches written into shared memory rather than pickled."""
     mode = getattr(loader, "worker_mode", "auto")
     if mode != "auto":
         return mode, f"worker_mode={mode!r} was asked for"
