@@ -313,6 +313,7 @@ class _Iter:
         self._finished = False
         self._t_start = time.perf_counter()
         self._wait_s = 0.0
+        self._first_wait_s = None  # _wait_s when the first batch was handed out
         self._h2d_s = 0.0
         self._samples = 0
         self._tuner = None
@@ -506,6 +507,8 @@ class _Iter:
     def _yielded(self, seq):
         """Batch `seq` reached the training loop (or raised there): consumed."""
         self._num_yielded += 1
+        if self._first_wait_s is None:
+            self._first_wait_s = self._wait_s
         self._st.yielded(self, self._ep, seq)
 
     def _watch_gil(self):
@@ -766,8 +769,10 @@ class DataLoader(_Base, Generic[_T_co]):
         """Counters of the current (or last) epoch, cheap to read at any time.
 
         Keys: epoch, num_workers, batches, samples, elapsed_s, consumer_wait_s,
+        first_batch_wait_s (the part of consumer_wait_s spent on the first
+        batch, which includes starting the workers),
         data_starved_fraction (share of wall time the training loop spent
-        waiting in next()), batches_per_s, samples_per_s, queue_depth,
+        waiting in next(), the first batch included), batches_per_s, samples_per_s, queue_depth,
         workers (per-worker counters), worker_busy_fraction, path ("native":
         C workers; "batch": the dataset's batch hook, one call per batch,
         as ArrayDataset's gather in C; "python": __getitem__ + collate_fn),

@@ -42,6 +42,9 @@ def iterator_stats(it):
         "samples": it._samples,
         "elapsed_s": wall,
         "consumer_wait_s": it._wait_s,
+        # the wait for the first batch holds the workers' start-up (processes
+        # fork or spawn then): steady-state starvation is the rest
+        "first_batch_wait_s": it._wait_s if it._first_wait_s is None else it._first_wait_s,
         "data_starved_fraction": min(1.0, it._wait_s / wall),
         "batches_per_s": it._num_yielded / wall,
         "samples_per_s": it._samples / wall,

@@ -64,7 +64,8 @@ def test_slow_consumer_keeps_one_worker():
     hist = st["autotune_history"]
     assert hist[0][1] == dl.num_workers and hist[-1][1] == 1
     assert hist[-1][0] < 5.0  # settled within 5 s
-    assert st["data_starved_fraction"] < 0.05
+    # past the first batch (the workers' start-up) the loop never waits
+    assert (st["consumer_wait_s"] - st["first_batch_wait_s"]) / st["elapsed_s"] < 0.05
 
 
 # -- the controller alone, fed with made-up counters --------------------------------------------------
