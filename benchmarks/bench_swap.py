@@ -289,8 +289,9 @@ def child(cfg):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
+        # warm rate: past torch's prefetch window (num_workers x prefetch_factor 2 batches)
         r = C.H.time_loader(make, epochs=1, max_batches=max_batches, hold_batch=True,
-                            on_first=lambda b: {"structure": structure(b)})
+                            on_first=lambda b: {"structure": structure(b)}, warm_batches=2 * w)
     if impl == "fastloader":
         try:
             st = holder["dl"].stats()
@@ -409,7 +410,7 @@ def main(argv=None):
     def rs(d, w, impl):
         return res.get(((d, w), impl), [])
 
-    def med(d, w, impl, f="rate"):
+    def med(d, w, impl, f="epoch_rate"):
         return C.median_of(rs(d, w, impl), f)
 
     def best(d, impl):
@@ -427,7 +428,9 @@ def main(argv=None):
             modes = sorted({str(r.get("fl_worker_mode")) for r in f_ if "error" not in r})
             paths = sorted({str(r.get("fl_path")) for r in f_ if "error" not in r})
             per[w] = dict(torch_rate=med(d, w, "torch"), fl_rate=med(d, w, "fastloader"),
-                          rate_ratio=C.paired_ratio(f_, t_, "rate"),
+                          rate_ratio=C.paired_ratio(f_, t_, "epoch_rate"),
+                          warm_ratio=C.paired_ratio(f_, t_, "warm_rate"),
+                          first_ratio=C.paired_ratio(f_, t_, "rate"),
                           torch_pss=mem(d, w, "torch"), fl_pss=mem(d, w, "fastloader"),
                           pss_ratio=C.paired_ratio(f_, t_, "peak_pss_mib"),
                           torch_total=med(d, w, "torch", "peak_mib"), fl_total=med(d, w, "fastloader", "peak_mib"),
@@ -468,8 +471,12 @@ def main(argv=None):
             f"{json.dumps(fl_kwargs) if fl_kwargs else 'none (its defaults)'}; torch.set_num_threads("
             f"{a.torch_threads or 'default'}) in every measured process; {rounds} interleaved round(s), each "
             f"configuration in a fresh process; benchmark wall time {elapsed:.0f} s")
-    rep.add("- samples/s: median over rounds, after the first batch; fl/torch: median of the per-round pairs; "
-            "best: each loader's best median over num_workers, best/best their ratio")
+    rep.add("- samples/s: the epoch's samples over the time from building the loader to its last batch (worker "
+            "start included, what a training epoch sees), median over rounds; fl/torch: median of the per-round "
+            "pairs; warm: the same past the first num_workers x 2 batches (torch's prefetch window: its workers "
+            "all start on a batch at once, so its first batch comes late and the next ones in a burst); after "
+            "1st: past the first batch only, which that burst flatters on short epochs; best: each loader's "
+            "best median (epoch) over num_workers, best/best their ratio")
     rep.add(f"- memory: peak over the run of the summed PSS of the loader process and all its descendants, "
             f"sampled every 50 ms (a process's /proc/<pid>/smaps_rollup re-read when its RSS moved by > 2 MiB, when "
             f"the tree changed and every {a.mem_interval:g} s; its RSS change added in between), MiB, median over "
@@ -478,6 +485,8 @@ def main(argv=None):
     rep.add("")
     rep.add("## Summary (target: fl/torch >= 1.00x at every num_workers >= 1 and best/best; memory <= 1.00x)")
     rep.add("")
+    rep.add("Each nw cell: epoch fl/torch (warm fl/torch).")
+    rep.add("")
     hdr = ["dataset"] + [f"nw={w}" for w in workers] + ["best/best (fl nw, torch nw)", "mem at nw"] + [
         "mem at best", "fl worker mode"]
     rows = []
@@ -485,7 +494,8 @@ def main(argv=None):
         s = summary[d]
         row = [d]
         for w in workers:
-            row.append(C.fmt_ratio(s["per_workers"][w]["rate_ratio"]))
+            pw = s["per_workers"][w]
+            row.append(f"{C.fmt_ratio(pw['rate_ratio'])} ({C.fmt_ratio(pw['warm_ratio'])})")
         row.append(f"{C.fmt_ratio(s['best_ratio'])} ({s['fl_best_nw']}, {s['torch_best_nw']})")
         row.append(", ".join(C.fmt(s["per_workers"][w]["pss_ratio"], ".2f") for w in workers))
         row.append(C.fmt_ratio(s["best_pss_ratio"]))
@@ -508,19 +518,21 @@ def main(argv=None):
                 v = med(d, w, impl)
                 if v is None:
                     return "ERROR"
-                lo, hi = C.spread(rs(d, w, impl), "rate")
+                lo, hi = C.spread(rs(d, w, impl), "epoch_rate")
                 return f"{v:.0f}" + (f" ({lo:.0f}-{hi:.0f})" if rounds > 1 else "")
 
             rows.append([str(w), rate("torch"), rate("fastloader"), C.fmt_ratio(pw["rate_ratio"]),
+                         C.fmt_ratio(pw["warm_ratio"]), C.fmt_ratio(pw["first_ratio"]),
                          C.fmt(pw["torch_pss"]), C.fmt(pw["fl_pss"]), C.fmt_ratio(pw["pss_ratio"]),
                          C.fmt_ratio(pw["total_ratio"]), C.fmt(pw["torch_ttfb"], ".2f"), C.fmt(pw["fl_ttfb"], ".2f"),
                          "/".join(pw["fl_worker_mode"]) + " " + "/".join(pw["fl_path"])])
         rows.append(["best", f"{C.fmt(s['torch_best'])} (nw {s['torch_best_nw']})",
-                     f"{C.fmt(s['fl_best'])} (nw {s['fl_best_nw']})", C.fmt_ratio(s["best_ratio"]),
+                     f"{C.fmt(s['fl_best'])} (nw {s['fl_best_nw']})", C.fmt_ratio(s["best_ratio"]), "", "",
                      C.fmt(mem(d, s["torch_best_nw"], "torch")) if s["torch_best_nw"] is not None else "-",
                      C.fmt(mem(d, s["fl_best_nw"], "fastloader")) if s["fl_best_nw"] is not None else "-",
                      C.fmt_ratio(s["best_pss_ratio"]), "", "", "", ""])
-        rep.add(C.markdown_table(["nw", "torch samples/s", "fl samples/s", "fl/torch", "torch peak PSS",
+        rep.add(C.markdown_table(["nw", "torch samples/s", "fl samples/s", "fl/torch", "warm fl/torch",
+                                  "after 1st fl/torch", "torch peak PSS",
                                   "fl peak PSS", "mem fl/torch", "total fl/torch", "torch first (s)",
                                   "fl first (s)",
                                   "fl worker mode, path"], rows))

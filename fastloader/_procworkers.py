@@ -7,15 +7,22 @@ processes and the loop each of them runs.
       (anonymous shared file, sparse)              spawn/forkserver: passed with SCM_RIGHTS)
                                                  seed random/torch/NumPy with base_seed + i,
                                                  get_worker_info(), worker_init_fn(i)
-    submit: slot = ring.acquire()
-      ("job", gen, seq, indices, slot) ------->  ring.begin(slot); fetch(...): __getitem__ /
+    submit:
+      ("job", gen, seq, indices) ------------->  ring.claim(i); fetch(...): __getitem__ /
                                                    __getitems__ / next(it), collate_fn; default
-                                                   collation stacks straight into the slot
+                                                   collation's first stack takes the lowest
+                                                   free slot and stacks straight into it
     wait: the pipes and the processes'   <-----  the batch pickled with every array/tensor
       sentinels (a death is seen at once)          replaced by (slot, offset, dtype, shape):
-    arrays -> views of the slot (ring.buffer)      only that descriptor crosses the pipe
+    ring.adopt(slot, i); arrays -> views of        only that descriptor (and the slot) crosses
+      the slot (ring.buffer)                       the pipe
     the slot is free again when the job's
-      reference and every view are gone
+      reference and every view are gone (a dead worker's slots: ring.reclaim(i))
+
+A slot is taken when the batch is collated, not when the job is sent, so a
+slot (and its pages, which stay resident once written) serves only batches
+that exist: the slots ever written are the most batches alive at once, as
+torch's per-batch shared memory is, not the whole prefetch window.
 
 Semantics follow torch's worker processes: job k goes to worker k mod N
 (the next worker whose iterable has not ended), each worker runs its jobs in
@@ -115,20 +122,24 @@ class _SlotPickler(pickle.Pickler):
     place when collation stacked it there, else copied once) and replaced by
     ("t" | "n", slot, offset, nbytes, dtype, shape)."""
 
-    def __init__(self, file, ring, slot):
+    def __init__(self, file, ring):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.ring = ring
-        self.slot = slot
-        self.lo = ring.slot_address(slot)
-        self.hi = self.lo + ring.slot_bytes
-        self.pickled_bytes = 0  # array bytes that did not fit and were pickled
+        self.ring = ring   # its batch begun with ring.claim(): the slot is the one collation took, if any
+        self.slot = -1
+        self.pickled_bytes = 0  # array bytes that did not fit (or found no free slot) and were pickled
 
     def _place(self, ptr, nbytes, contiguous):
         """Offset of the array's bytes in the slot, or None when they are
-        elsewhere (then: the offset of fresh room for them, and True)."""
-        if contiguous and self.lo <= ptr and ptr + nbytes <= self.hi:
-            return ptr - self.lo, False
+        elsewhere (then: the offset of fresh room for them, and True; the
+        first such allocation takes a slot when collation took none)."""
+        slot = self.ring.slot
+        if slot >= 0 and contiguous:
+            lo = self.ring.slot_address(slot)
+            if lo <= ptr and ptr + nbytes <= lo + self.ring.slot_bytes:
+                self.slot = slot
+                return ptr - lo, False
         off = self.ring.alloc(nbytes)
+        self.slot = self.ring.slot
         if off < 0:
             self.pickled_bytes += nbytes
             return None, False
@@ -182,13 +193,11 @@ class _SlotUnpickler(pickle.Unpickler):
         return np.from_dlpack(buf).view(np.dtype(dtype)).reshape(shape)
 
 
-def _dump_batch(batch, ring, slot):
-    """(body bytes, array bytes pickled because the slot was full)."""
+def _dump_batch(batch, ring):
+    """(body bytes, array bytes pickled because the slot was full or no
+    slot was free) for the batch begun with ring.claim()."""
     f = io.BytesIO()
-    if slot < 0:
-        pickle.dump(batch, f, protocol=pickle.HIGHEST_PROTOCOL)
-        return f.getvalue(), 0
-    p = _SlotPickler(f, ring, slot)
+    p = _SlotPickler(f, ring)
     p.dump(batch)
     return f.getvalue(), p.pickled_bytes
 
@@ -379,18 +388,15 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
             ep = _make_epoch(spec)
             resume_error = _load_dataset_state(ep, wid)
             continue
-        _, g, seq, indices, slot = msg
+        _, g, seq, indices = msg
         if g != gen or _superseded(conn, pending, g):
             _send(conn, ("skip", g, seq, wid, 0.0, None, CANCELLED, 0, b"", None, 0))
             continue
         t0 = time.perf_counter()
         st = ep.stage_s[wid]
         st0 = list(st)
-        if slot >= 0:
-            ring.begin(slot)
-            ep.pool = ring
-        else:
-            ep.pool = None
+        ring.claim(wid)  # the first array laid out takes a free slot
+        ep.pool = ring
         if init_error is not None or resume_error is not None:
             status, value = ERR, init_error or resume_error
         else:
@@ -398,17 +404,18 @@ def _worker_main(wid, num_workers, conn, ring_fd, nslots, slot_bytes, spec, pare
         body, pickled = b"", 0
         if status == OK:
             try:
-                body, pickled = _dump_batch(value, ring, slot)
+                body, pickled = _dump_batch(value, ring)
             except Exception as e:
                 status, value = ERR, annotate(e, f"batch {seq} while sending it from worker process {wid}")
         value = None if status == OK else value
         if status == ERR:
             value = _portable_exception(value, wid)
+        slot = ring.slot  # taken, if at all, by this batch (on an error too: the loader frees it)
         used = ring.used if slot >= 0 else 0
         busy = time.perf_counter() - t0
         stage = [a - b for a, b in zip(st, st0)]
         snap = _portable_snapshot(ep.snaps.pop(seq, None), wid)
-        if not _send(conn, ("res", g, seq, wid, busy, stage, status, used, body, value, pickled, snap)):
+        if not _send(conn, ("res", g, seq, wid, busy, stage, status, used, body, value, pickled, snap, slot)):
             return
 
 
@@ -494,7 +501,8 @@ class ProcPool:
         self.active_n = num_workers
         self.error = None       # message of a dead worker: every later wait raises it
         self.pickled_warned = False
-        self.unslotted = 0      # jobs sent without a slot (every slot held by batches the loop keeps)
+        self.unslotted = 0      # batches pickled whole: no slot was free (the loop keeps many alive)
+        self.slots_written = 0  # 1 + the highest slot a batch came in: the slots whose pages are resident
         self.conns, self.procs = [], []
         method = self.start_method
         parent_pid = os.getpid() if method in ("fork", "spawn") else None
@@ -526,14 +534,11 @@ class ProcPool:
 
     # -- jobs ------------------------------------------------------------------
     def submit(self, seq, indices, worker):
-        slot = self.ring.acquire()
-        if slot < 0:  # the loop keeps more batches alive than the ring holds: this one is pickled
-            self.unslotted += 1
-        self.jobs[(self.gen, seq)] = (worker, slot, indices)
+        self.jobs[(self.gen, seq)] = (worker, -1, indices)  # the worker takes a slot when it collates
         if worker in self.dead:
             return
         try:
-            self.conns[worker].send(("job", self.gen, seq, indices, slot))
+            self.conns[worker].send(("job", self.gen, seq, indices))
         except (OSError, EOFError):
             self._reap(worker)
 
@@ -612,8 +617,16 @@ class ProcPool:
 
     def _take(self, data):
         kind, g, seq, wid, busy, stage, status, used, body, value, *rest = pickle.loads(data)
-        job = self.jobs.pop((g, seq), None)
-        slot = job[1] if job is not None else -1
+        self.jobs.pop((g, seq), None)
+        slot = rest[2] if len(rest) > 2 else -1
+        if slot >= 0 and not self.ring.adopt(slot, wid):
+            # the claim table disagrees with the worker: never read such a slot
+            status, value = ERR, RuntimeError(
+                f"fastloader: worker process {wid} named shared-memory slot {slot} for batch {seq}, "
+                f"which it does not hold (claim {self.ring.claim_of(slot)})")
+            slot = -1
+        if slot >= self.slots_written:  # workers take the lowest free slot: the written ones are 0..this
+            self.slots_written = slot + 1
         try:
             if kind == "res":
                 self.busy_s[wid] += busy
@@ -625,6 +638,8 @@ class ProcPool:
                 for i, v in enumerate(stage):
                     row[i] += v
             if status == OK:
+                if slot < 0 and rest and rest[0]:  # arrays pickled: no slot was free
+                    self.unslotted += 1
                 if slot >= 0 and used and self.pin_device >= 0 and self.pin_error is None:
                     self._pin(slot, used)
                 try:
@@ -634,7 +649,7 @@ class ProcPool:
                         self.pinned_ptrs[seq] = frozenset(up.pinned)
                 except Exception as e:
                     status, value = ERR, annotate(e, f"batch {seq} from worker process {wid}, unpickling it")
-                if rest and rest[0] and not self.pickled_warned:
+                if slot >= 0 and rest and rest[0] and not self.pickled_warned:
                     self.pickled_warned = True
                     warnings.warn(f"fastloader: a batch of {used + rest[0]} bytes does not fit in a shared-memory "
                                   f"slot ({self.ring.slot_bytes >> 20} MiB); what did not fit is pickled",
@@ -667,6 +682,7 @@ class ProcPool:
                 self._take(self.conns[wid].recv_bytes())
         except (EOFError, OSError):
             pass
+        self.ring.reclaim(wid)  # what it took for a batch it never handed over
         p = self.procs[wid]
         p.join(0.2)
         if self.closed:

@@ -400,4 +400,5 @@ class ProcessBackend(PythonBackend):
             ring = eng.ring
             out["shared_memory"] = {"start_method": eng.start_method, "slots": ring.nslots,
                                     "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak,
+                                    "slots_written": eng.slots_written,
                                     "batches_pickled": eng.unslotted}

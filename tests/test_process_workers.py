@@ -164,6 +164,34 @@ class Images(Dataset):
         return np.full((3, 8, 8), i, dtype=np.float32), i
 
 
+class Slow(Dataset):
+    """Small arrays, `delay` seconds of sleep each."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return np.full((3, 8, 8), i, dtype=np.float32), i
+
+
+class DieInCollate(Images):
+    """Its collate_fn stacks the batch into the worker's shared-memory slot
+    (fastloader's default collation, as a user's collate_fn may call it) and
+    then kills the worker process."""
+
+    @staticmethod
+    def collate(batch):
+        from fastloader.collate import fast_default_collate
+
+        out = fast_default_collate(batch)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+
 def numpy_collate(batch):
     return np.stack([b[0] for b in batch]), np.array([b[1] for b in batch])
 
@@ -486,6 +514,110 @@ def test_shm_ring_contract():
     del ring, worker, buf
 
 
+def test_shm_ring_workers_claim_slots_when_they_collate():
+    """A worker takes the lowest free slot at its batch's first allocation
+    (not when the job is sent), the owner adopts it from the result, frees
+    it at the last reference, and reclaims what a dead worker took."""
+    from fastloader import _C
+
+    ring = _C.ShmRing(3, 1 << 16)
+    w0 = _C.ShmRing.attach(ring.fd, 3, 1 << 16)
+    w1 = _C.ShmRing.attach(ring.fd, 3, 1 << 16)
+    w0.claim(0)
+    assert w0.slot == -1 and ring.claim_of(0) == 0  # nothing laid out yet: nothing taken
+    buf = _C.stack([np.full(4, 7, dtype=np.int32)] * 2, pool=w0)
+    assert w0.slot == 0 and ring.claim_of(0) == 1 and buf.ptr == w0.slot_address(0)
+    w1.claim(1)
+    assert w1.alloc(8) == 0 and w1.slot == 1 and ring.claim_of(1) == 2
+    assert ring.acquire() == 2  # the owner skips the workers' slots
+    assert not ring.adopt(1, 0)  # worker 0 does not hold slot 1: refused, left alone
+    assert ring.claim_of(1) == 2 and ring.slots_in_use == 1
+    assert ring.adopt(0, 0) and ring.claim_of(0) == -1 and ring.slots_in_use == 2
+    view = ring.buffer(0, 0, 32)
+    assert torch.from_dlpack(view).view(torch.int32).tolist() == [7] * 8
+    ring.release(0)
+    assert ring.claim_of(0) == -1  # the view still holds it
+    del view
+    assert ring.claim_of(0) == 0 and ring.slots_in_use == 1
+    w0.claim(0)
+    assert w0.alloc(8) == 0 and w0.slot == 0  # the lowest free one again
+    # every slot taken: the next batch gets none and its allocations fail
+    w1.claim(1)
+    assert w1.alloc(8) == -1 and w1.slot == -1
+    # worker 1 dies holding slot 1: the owner frees it, and only it
+    assert ring.reclaim(1) == 1 and ring.claim_of(1) == 0 and ring.claim_of(0) == 1
+    with pytest.raises(ValueError):
+        w0.claim(-1)
+    del ring, w0, w1, buf
+
+
+def test_no_slot_is_held_while_a_job_waits_or_runs_getitem():
+    """Slots (whose pages stay resident once written) are taken when a
+    batch is collated, not when its job is sent: while the prefetch window's
+    jobs wait in the queues and run __getitem__, no slot is held, as torch's
+    per-batch shared memory does not exist before collation either."""
+    fl = _fl()
+    dl = fl.DataLoader(Slow(8, 0.4), batch_size=2, num_workers=2, worker_mode="process")
+    it = iter(dl)
+    time.sleep(0.2)  # 4 jobs sent, each worker inside its first __getitem__
+    ring = it._backend.engine.ring
+    assert len(it._backend.engine.jobs) == 4
+    assert ring.slots_in_use == 0 and [ring.claim_of(i) for i in range(ring.nslots)] == [0] * ring.nslots
+    x, _ = next(it)
+    assert ring.slot_address(0) <= x.data_ptr() < ring.slot_address(0) + ring.slot_bytes
+    rest = [b[0].clone() for b in it]
+    assert len(rest) == 3
+    # x, the batch the comprehension holds until the next arrives, and one
+    # collating in each worker: at most 4 slots written (taking them at
+    # submit, the window's 4 jobs and the 2 held made 6)
+    assert dl.stats()["shared_memory"]["slots_written"] <= 4
+    del it, dl, x, ring
+
+
+def test_a_worker_killed_while_collating_gives_its_slot_back():
+    """A worker that dies after its batch took a slot never hands it over:
+    the loader frees it when it reaps the worker."""
+    fl = _fl()
+    ds = DieInCollate()
+    dl = fl.DataLoader(ds, batch_size=2, num_workers=1, worker_mode="process", collate_fn=ds.collate)
+    it = iter(dl)
+    ring = it._backend.engine.ring
+    with pytest.raises(RuntimeError, match="exited unexpectedly|killed by signal"):
+        next(it)
+    assert [ring.claim_of(i) for i in range(ring.nslots)] == [0] * ring.nslots
+    del it, dl, ring
+
+
+def test_a_forked_child_never_frees_the_loaders_slots():
+    """A process forked from the loader inherits its ring (the shared file
+    and a copy of the owner's bookkeeping): the child's copies of the views
+    dying must not mark the loader's slots free in the shared claim table,
+    or a worker would overwrite a batch the loop still holds."""
+    from fastloader import _C
+
+    ring = _C.ShmRing(2, 1 << 16)
+    slot = ring.acquire()
+    view = ring.buffer(slot, 0, 64)
+    ring.release(slot)  # the view holds it now
+    pid = os.fork()
+    if pid == 0:  # the child: drop its copy of the view, try to take and free slots
+        code = 0
+        try:
+            del view
+            gc.collect()
+            if ring.acquire() != -1 or ring.reclaim(0) != 0 or ring.adopt(1, 0):
+                code = 3
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert ring.claim_of(slot) == -1 and ring.slots_in_use == 1  # still the loader's
+    del view
+    assert ring.claim_of(slot) == 0
+    del ring
+
+
 def test_shm_ring_errors_get_the_types_of_their_errno(tmp_path):
     """The ring's failures go through the one translator: an OS failure is
     the OSError subclass of its errno (it used to be a bare OSError, and
@@ -494,7 +626,9 @@ def test_shm_ring_errors_get_the_types_of_their_errno(tmp_path):
 
     from fastloader import _C
 
-    fd = os.open(tmp_path, os.O_RDONLY)  # a directory cannot be mapped for writing
+    path = tmp_path / "ring"
+    path.write_bytes(bytes(1 << 16))  # room for the claim table and a slot
+    fd = os.open(path, os.O_RDONLY)  # read-only: cannot be mapped shared for writing
     try:
         with pytest.raises(PermissionError, match="mmap of the shared-memory batch ring") as e:
             _C.ShmRing.attach(fd, 1, 64)

@@ -6,7 +6,9 @@
  *   ShmRing.attach(fd, nslots, slot_bytes)      a worker's ring (fd is dup'ed)
  *   fd, nslots, slot_bytes, owner, slots_in_use, slots_peak, used
  *   acquire() -> slot | -1      release(slot)          (owner)
- *   begin(slot)   alloc(nbytes) -> offset | -1         (worker: the arena)
+ *   adopt(slot, worker) -> bool   reclaim(worker) -> int  (owner: workers' claims)
+ *   claim(worker)  begin(slot)   alloc(nbytes) -> offset | -1   slot  (worker: the arena)
+ *   claim_of(slot) -> int                               the shared claim table
  *   slot_address(slot) -> int
  *   buffer(slot, offset, nbytes) -> Buffer              a 1-D uint8 view
  *   pin(slot, nbytes, device)   pinned_bytes(slot) -> int
@@ -208,6 +210,49 @@ shmring_begin(fl_py_shmring *self, PyObject *arg)
 }
 
 static PyObject *
+shmring_claim(fl_py_shmring *self, PyObject *arg)
+{
+    int worker;
+    if (as_int(arg, &worker) < 0)
+        return NULL;
+    if (worker < 0)
+        return PyErr_Format(PyExc_ValueError, "worker must be >= 0, not %d", worker);
+    fl_shmring_arena_claim(self->ring, worker);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+shmring_adopt(fl_py_shmring *self, PyObject *args)
+{
+    int slot, worker;
+    if (!PyArg_ParseTuple(args, "ii:adopt", &slot, &worker))
+        return NULL;
+    if (check_slot(self, slot) < 0)
+        return NULL;
+    return PyBool_FromLong(fl_shmring_adopt(self->ring, slot, worker) == 0);
+}
+
+static PyObject *
+shmring_reclaim(fl_py_shmring *self, PyObject *arg)
+{
+    int worker;
+    if (as_int(arg, &worker) < 0)
+        return NULL;
+    return PyLong_FromLong(fl_shmring_reclaim(self->ring, worker));
+}
+
+static PyObject *
+shmring_claim_of(fl_py_shmring *self, PyObject *arg)
+{
+    int slot;
+    if (as_int(arg, &slot) < 0)
+        return NULL;
+    if (check_slot(self, slot) < 0)
+        return NULL;
+    return PyLong_FromLong(fl_shmring_claim_of(self->ring, slot));
+}
+
+static PyObject *
 shmring_alloc(fl_py_shmring *self, PyObject *arg)
 {
     Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
@@ -338,6 +383,12 @@ get_peak(fl_py_shmring *self, void *Py_UNUSED(c))
 }
 
 static PyObject *
+get_slot(fl_py_shmring *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(fl_shmring_arena_slot(self->ring));
+}
+
+static PyObject *
 get_used(fl_py_shmring *self, void *Py_UNUSED(c))
 {
     return PyLong_FromSize_t(fl_shmring_arena_used(self->ring));
@@ -372,6 +423,14 @@ static PyMethodDef shmring_methods[] = {
     {"acquire", (PyCFunction)shmring_acquire, METH_NOARGS, "acquire() -> a free slot (now referenced), or -1"},
     {"release", (PyCFunction)shmring_release, METH_O, "release(slot): drop the job's reference to the slot"},
     {"begin", (PyCFunction)shmring_begin, METH_O, "begin(slot): lay the next batch out in this slot"},
+    {"claim", (PyCFunction)shmring_claim, METH_O,
+     "claim(worker): lay the next batch out in the lowest free slot, taken for `worker` at the first alloc"},
+    {"adopt", (PyCFunction)shmring_adopt, METH_VARARGS,
+     "adopt(slot, worker) -> True when worker held the slot (it is now the owner's, referenced once)"},
+    {"reclaim", (PyCFunction)shmring_reclaim, METH_O,
+     "reclaim(worker) -> how many slots the worker held and the owner never adopted were freed"},
+    {"claim_of", (PyCFunction)shmring_claim_of, METH_O,
+     "claim_of(slot) -> 0 free, -1 the owner's, w + 1 worker w's"},
     {"alloc", (PyCFunction)shmring_alloc, METH_O,
      "alloc(nbytes) -> offset in the current slot (64-byte aligned), or -1 when it does not fit"},
     {"slot_address", (PyCFunction)shmring_slot_address, METH_O, "slot_address(slot) -> address in this process"},
@@ -391,6 +450,7 @@ static PyGetSetDef shmring_getset[] = {
     {"slots_in_use", (getter)get_in_use, NULL, "slots referenced by a job or a view (owner)", NULL},
     {"slots_peak", (getter)get_peak, NULL, "the most slots ever in use at once (owner)", NULL},
     {"used", (getter)get_used, NULL, "bytes of the current slot laid out so far (arena)", NULL},
+    {"slot", (getter)get_slot, NULL, "the slot the current batch is laid out in, or -1 (arena)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

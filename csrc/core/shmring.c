@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,20 @@
 #include <unistd.h>
 
 
+/* The claim table, the file's first hdr_bytes, shared by every process that
+ * maps it: one atomic int per slot.  0: free; CLAIM_OWNER: the owner holds it
+ * (acquired, or adopted from a worker, and referenced); w + 1: worker w took
+ * it for the batch it is laying out (fl_shmring_arena_claim) and the owner
+ * has not adopted it yet.  Only the owner turns a slot free again (its last
+ * reference, or fl_shmring_reclaim for a worker that died). */
+#define CLAIM_FREE 0
+#define CLAIM_OWNER (-1)
+#define ARENA_LAZY (-2) /* arena_slot: claim a slot at the first allocation */
+
 struct fl_shmring {
     pthread_mutex_t mu;
+    _Atomic int *claims;   /* nslots entries at the start of the mapping */
+    size_t hdr_bytes;      /* the claim table's pages; slot 0 starts after them */
     int refs;              /* creator + views handed out */
     int fd;                /* the shared file, owned */
     char *base;            /* this process's mapping of nslots * slot_bytes */
@@ -24,12 +37,15 @@ struct fl_shmring {
     int nslots;
     size_t slot_bytes;
     int owner;             /* 1: created here; slot references are counted here */
+    pid_t owner_pid;       /* the creator's process: a child forked from it keeps a copy of this
+                            * struct and the shared mapping, and must never write the claim table */
     int *slot_refs;        /* owner: nslots entries, 0 = free */
     int in_use, peak;      /* owner: slots referenced now / at most */
     size_t *pinned;        /* nslots entries: bytes page-locked at the slot's start */
     int *pinned_dev;       /* nslots entries: the device each lock was made for */
     const fl_pinner *pinner; /* who made the locks (the first fl_shmring_pin's); not owned */
-    int arena_slot;        /* the slot being filled, -1 before arena_begin */
+    int arena_slot;        /* the slot being filled, -1 before arena_begin / without one, ARENA_LAZY */
+    int arena_worker;      /* the worker id claims are made for (ARENA_LAZY) */
     size_t arena_used;
 };
 
@@ -78,6 +94,17 @@ anon_file(void)
     return -1;
 }
 
+/* Bytes of the claim table for nslots slots, whole pages. */
+static size_t
+header_bytes(int nslots)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        page = 4096;
+    size_t n = (size_t)nslots * sizeof(_Atomic int);
+    return (n + (size_t)page - 1) / (size_t)page * (size_t)page;
+}
+
 static fl_shmring *
 ring_new(int fd, int nslots, size_t slot_bytes, int owner, fl_err *err)
 {
@@ -97,7 +124,8 @@ ring_new(int fd, int nslots, size_t slot_bytes, int owner, fl_err *err)
         set_err(err, FL_ERR_NOMEM, 0, "out of memory for the shared-memory ring");
         return NULL;
     }
-    size_t map_bytes = (size_t)nslots * slot_bytes;
+    size_t hdr = header_bytes(nslots);
+    size_t map_bytes = hdr + (size_t)nslots * slot_bytes;
     /* MAP_NORESERVE: the reservation is address space; pages come as written */
     void *base = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (base == MAP_FAILED) {
@@ -112,10 +140,13 @@ ring_new(int fd, int nslots, size_t slot_bytes, int owner, fl_err *err)
     r->refs = 1;
     r->fd = fd;
     r->base = base;
+    r->claims = (_Atomic int *)base; /* zero-filled by the file: every slot free */
+    r->hdr_bytes = hdr;
     r->map_bytes = map_bytes;
     r->nslots = nslots;
     r->slot_bytes = slot_bytes;
     r->owner = owner;
+    r->owner_pid = getpid();
     r->arena_slot = -1;
     return r;
 }
@@ -131,7 +162,7 @@ check_sizes(int nslots, size_t *slot_bytes, fl_err *err)
         return -1;
     }
     size_t rounded = (*slot_bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
-    if (rounded < *slot_bytes || rounded > (SIZE_MAX / 2) / (size_t)nslots) {
+    if (rounded < *slot_bytes || rounded > (SIZE_MAX / 4) / (size_t)nslots) {
         set_err(err, FL_ERR_INVALID, 0, "shared-memory ring too large for the address space");
         return -1;
     }
@@ -149,7 +180,7 @@ fl_shmring_create(int nslots, size_t slot_bytes, fl_err *err)
         set_err(err, FL_ERR_IO, errno, "creating the shared-memory batch ring (memfd_create)");
         return NULL;
     }
-    if (ftruncate(fd, (off_t)((size_t)nslots * slot_bytes)) != 0) {
+    if (ftruncate(fd, (off_t)(header_bytes(nslots) + (size_t)nslots * slot_bytes)) != 0) {
         set_err(err, FL_ERR_IO, errno, "sizing the shared-memory batch ring (ftruncate)");
         close(fd);
         return NULL;
@@ -170,7 +201,7 @@ fl_shmring_attach(int fd, int nslots, size_t slot_bytes, fl_err *err)
         set_err(err, FL_ERR_IO, errno, "the shared-memory batch ring's descriptor");
         return NULL;
     }
-    if ((size_t)st.st_size < (size_t)nslots * slot_bytes) {
+    if ((size_t)st.st_size < header_bytes(nslots) + (size_t)nslots * slot_bytes) {
         set_err(err, FL_ERR_INVALID, 0, "the shared-memory batch ring is smaller than its slots");
         return NULL;
     }
@@ -204,29 +235,40 @@ fl_shmring_is_owner(const fl_shmring *r)
 char *
 fl_shmring_slot_base(const fl_shmring *r, int slot)
 {
-    return r->base + (size_t)slot * r->slot_bytes;
+    return r->base + r->hdr_bytes + (size_t)slot * r->slot_bytes;
 }
 
 int
 fl_shmring_slot_of(const fl_shmring *r, const void *p)
 {
     const char *c = p;
-    if (c < r->base || c >= r->base + r->map_bytes)
+    if (c < r->base + r->hdr_bytes || c >= r->base + r->map_bytes)
         return -1;
-    return (int)((size_t)(c - r->base) / r->slot_bytes);
+    return (int)((size_t)(c - r->base - r->hdr_bytes) / r->slot_bytes);
 }
 
 /* ---- slots ---------------------------------------------------------------- */
 
+/* The owner's ring, in the owner's process: a process forked from the loader
+ * inherits the ring (and the file, shared) but is not the owner: its
+ * copies of the references die with its copies of the views, and freeing
+ * a slot there would hand the loader's slot, still in use, to a worker. */
+static int
+owner_here(const fl_shmring *r)
+{
+    return r->owner && getpid() == r->owner_pid;
+}
+
 int
 fl_shmring_acquire(fl_shmring *r)
 {
-    if (!r->owner)
+    if (!owner_here(r))
         return -1;
     int got = -1;
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->nslots; i++) {
-        if (r->slot_refs[i] == 0) {
+        int expect = CLAIM_FREE;
+        if (r->slot_refs[i] == 0 && atomic_compare_exchange_strong(&r->claims[i], &expect, CLAIM_OWNER)) {
             r->slot_refs[i] = 1;
             got = i;
             if (++r->in_use > r->peak)
@@ -236,6 +278,46 @@ fl_shmring_acquire(fl_shmring *r)
     }
     pthread_mutex_unlock(&r->mu);
     return got;
+}
+
+int
+fl_shmring_adopt(fl_shmring *r, int slot, int worker)
+{
+    if (!owner_here(r) || slot < 0 || slot >= r->nslots || worker < 0)
+        return -1;
+    int expect = worker + 1;
+    int rc = -1;
+    pthread_mutex_lock(&r->mu);
+    if (r->slot_refs[slot] == 0 && atomic_compare_exchange_strong(&r->claims[slot], &expect, CLAIM_OWNER)) {
+        r->slot_refs[slot] = 1;
+        if (++r->in_use > r->peak)
+            r->peak = r->in_use;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int
+fl_shmring_reclaim(fl_shmring *r, int worker)
+{
+    if (!owner_here(r) || worker < 0)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < r->nslots; i++) {
+        int expect = worker + 1;
+        if (atomic_compare_exchange_strong(&r->claims[i], &expect, CLAIM_FREE))
+            n++;
+    }
+    return n;
+}
+
+int
+fl_shmring_claim_of(const fl_shmring *r, int slot)
+{
+    if (slot < 0 || slot >= r->nslots)
+        return CLAIM_FREE;
+    return atomic_load(&r->claims[slot]);
 }
 
 void
@@ -255,8 +337,11 @@ fl_shmring_slot_unref(fl_shmring *r, int slot)
     if (!r->owner || slot < 0 || slot >= r->nslots)
         return;
     pthread_mutex_lock(&r->mu);
-    if (r->slot_refs[slot] > 0 && --r->slot_refs[slot] == 0)
+    if (r->slot_refs[slot] > 0 && --r->slot_refs[slot] == 0) {
         r->in_use--;
+        if (owner_here(r))
+            atomic_store(&r->claims[slot], CLAIM_FREE); /* workers may take it from here */
+    }
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -289,11 +374,48 @@ fl_shmring_arena_begin(fl_shmring *r, int slot)
     pthread_mutex_unlock(&r->mu);
 }
 
+void
+fl_shmring_arena_claim(fl_shmring *r, int worker)
+{
+    pthread_mutex_lock(&r->mu);
+    r->arena_slot = worker >= 0 ? ARENA_LAZY : -1;
+    r->arena_worker = worker;
+    r->arena_used = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ARENA_LAZY: take the lowest free slot for arena_worker (so the slots in use
+ * stay the low ones and a ring's resident memory is the most slots ever in use
+ * at once), or none (-1) when every slot is taken.  Mutex held. */
+static void
+claim_now(fl_shmring *r)
+{
+    r->arena_slot = -1;
+    for (int i = 0; i < r->nslots; i++) {
+        int expect = CLAIM_FREE;
+        if (atomic_compare_exchange_strong(&r->claims[i], &expect, r->arena_worker + 1)) {
+            r->arena_slot = i;
+            return;
+        }
+    }
+}
+
+int
+fl_shmring_arena_slot(fl_shmring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int s = r->arena_slot >= 0 ? r->arena_slot : -1;
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
 void *
 fl_shmring_arena_alloc(fl_shmring *r, size_t nbytes, size_t *offset)
 {
     void *p = NULL;
     pthread_mutex_lock(&r->mu);
+    if (r->arena_slot == ARENA_LAZY)
+        claim_now(r);
     if (r->arena_slot >= 0) {
         size_t start = (r->arena_used + FL_SHMRING_ALIGN - 1) / FL_SHMRING_ALIGN * FL_SHMRING_ALIGN;
         if (start <= r->slot_bytes && nbytes <= r->slot_bytes - start) {

@@ -13,15 +13,30 @@
  * is a reservation (address space), not memory; the memory used is the bytes
  * the batches actually wrote, at most once per slot.
  *
- * Who does what.  The owner hands a free slot to each job
- * (fl_shmring_acquire), the worker lays the batch's arrays out in it with
- * the slot's bump allocator (fl_shmring_arena_*), and only a small
- * descriptor (slot, offsets, shapes) goes back over the pipe; the owner then
- * exports views of the slot, each holding a slot reference, and the slot is
- * free again when the job's reference and every view are gone.  Slot
- * references are the owner's alone (a worker's ring keeps none): a slot is
- * written only by the one worker its job went to, and read only after that
- * worker said it is done, so the memory itself needs no lock.
+ * Who does what.  A worker takes the lowest free slot when its batch's
+ * first array is laid out (fl_shmring_arena_claim, then the slot's bump
+ * allocator fl_shmring_arena_alloc), not when the job is sent: a slot is held
+ * from collation to the training loop's last view, as torch's per-batch
+ * shared memory is, and not while the job waits in a queue or runs the
+ * dataset's __getitem__, so the slots ever written (the ring's resident
+ * memory: a written page stays until the ring goes) are the most batches
+ * alive at once, not the whole prefetch window.  Only a small descriptor
+ * (slot, offsets, shapes) goes back over the pipe; the owner adopts the
+ * slot (fl_shmring_adopt), exports views of it, each holding a slot
+ * reference, and the slot is free again when the job's reference and every
+ * view are gone.  (The owner may also take a slot itself,
+ * fl_shmring_acquire, and name it to the worker: fl_shmring_arena_begin.)
+ *
+ * Which process holds a slot is in a claim table of atomic ints at the
+ * start of the file, shared by every process that maps it (one page for up
+ * to 1024 slots): free, taken by worker w, or the owner's.  Workers only
+ * take free slots; only the owner frees them (its last reference, or
+ * fl_shmring_reclaim for the slots of a worker that died before handing
+ * them over), and only in the process that created the ring: a child forked
+ * from it inherits the ring but never frees, adopts or acquires a slot.  Slot references are the owner's alone (a worker's ring
+ * keeps none): a slot is written only by the worker that took it, and read
+ * only after that worker said it is done, so the memory itself needs no
+ * lock.
  *
  * Lifetime: the ring is reference counted (the creator's reference, plus one
  * per view handed out), so views may outlive the loader.  Freeing the last
@@ -78,6 +93,21 @@ int fl_shmring_slot_of(const fl_shmring *r, const void *p);
  * is in use (or the ring is not the owner). */
 int fl_shmring_acquire(fl_shmring *r);
 
+/* The owner takes over `slot`, which worker `worker` took and filled (its
+ * result names it): the slot now holds one reference (the job's).  0, or -1
+ * when the claim table does not say the worker holds it (a protocol error:
+ * the caller must not read the slot). */
+int fl_shmring_adopt(fl_shmring *r, int slot, int worker);
+
+/* Free every slot worker `worker` took and the owner never adopted (the
+ * worker died, or will never report them).  Returns how many.  Owner only
+ * (0 otherwise). */
+int fl_shmring_reclaim(fl_shmring *r, int worker);
+
+/* The claim table's entry for `slot`: 0 free, -1 the owner's, w + 1 worker
+ * w's (for tests and diagnostics; another process may change it at once). */
+int fl_shmring_claim_of(const fl_shmring *r, int slot);
+
 /* One more / one less reference to `slot`; at zero the slot is free again.
  * No-ops on a worker's ring and for slots out of range. */
 void fl_shmring_slot_ref(fl_shmring *r, int slot);
@@ -89,8 +119,19 @@ int fl_shmring_slots_peak(fl_shmring *r);
 
 /* ---- the arena: laying one batch out in a slot (the worker's side) ------- */
 
-/* Start filling `slot` from its first byte. */
+/* Start filling `slot` (one the owner acquired for this job) from its first
+ * byte. */
 void fl_shmring_arena_begin(fl_shmring *r, int slot);
+
+/* Start a batch for worker `worker` (>= 0) without a slot yet: the first
+ * fl_shmring_arena_alloc takes the lowest free slot in the claim table for
+ * it (none free: that and every later allocation of the batch returns
+ * NULL). */
+void fl_shmring_arena_claim(fl_shmring *r, int worker);
+
+/* The slot the current batch is laid out in, or -1 (none taken yet, or none
+ * was free). */
+int fl_shmring_arena_slot(fl_shmring *r);
 
 /* nbytes of the current slot, FL_SHMRING_ALIGN-aligned; *offset (may be
  * NULL) gets its offset in the slot.  NULL when it does not fit (the slot

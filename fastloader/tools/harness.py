@@ -292,7 +292,7 @@ def busy(seconds):
 
 
 def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_busy=False, hold_batch=False,
-                on_first=None):
+                on_first=None, warm_batches=0):
     """Build a loader with ``make_loader()`` and iterate it ``epochs`` times
     (at most ``max_batches`` per epoch), sleeping (or, with ``step_busy``,
     spinning) ``step_s`` after every batch.  Returns the measurements; see the
@@ -306,7 +306,18 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
     A dict batch (``{"input_ids": ..., ...}``) counts the samples of its first
     value.  ``on_first(batch)`` -> dict: called on the first batch, outside
     the timed region's rate (it is before the rate's start), its dict merged
-    into the result (e.g. the batch's structure)."""
+    into the result (e.g. the batch's structure).
+
+    Besides ``rate`` (after the first batch), two rates that do not depend on
+    how a loader spreads its start-up: ``epoch_rate``, all samples over the
+    time from building the loader to the last batch (what one epoch of
+    training sees, worker start included), and ``warm_rate``, the samples
+    after the first ``warm_batches`` batches of the first epoch over the time
+    after that batch.  A loader whose workers all start on a batch at once
+    (torch's, num_workers batches in flight from the start) delivers its first
+    batch late and the next few in a burst, which flatters ``rate`` on a short
+    epoch; skipping the prefetch window (num_workers x prefetch_factor
+    batches) measures both loaders past their start."""
     import gc
 
     step = busy if step_busy else time.sleep
@@ -325,6 +336,8 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
     shape = dtype = None
     it = held = None
     first_info = None
+    t_warm = None
+    n_warm = 0
     for ep in range(epochs):
         tw = perf()
         it = iter(loader)  # starting workers is loader time too
@@ -353,6 +366,8 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
             samples += n
             batches += 1
             i += 1
+            if ep == 0 and i == max(1, warm_batches):
+                t_warm, n_warm = perf(), samples
             if hold_batch:
                 held = batch  # the previous one goes only now
             del batch, x
@@ -374,6 +389,10 @@ def time_loader(make_loader, *, epochs=1, max_batches=None, step_s=0.0, step_bus
         "ttfb_s": (t_first - t0) if t_first is not None else None,
         "batch_ms": (dt / (batches - 1) * 1000.0) if batches > 1 else None,
         "rate": (after / dt) if after and dt > 0 else None,
+        "epoch_rate": (samples / (t_end - t0)) if samples else None,
+        "warm_rate": ((samples - n_warm) / (t_end - t_warm))
+                     if t_warm is not None and samples > n_warm and t_end > t_warm else None,
+        "warm_batches": warm_batches,
         "wait_pct": ((wait - wait_first) / dt * 100.0) if dt > 0 else None,
         "samples": samples,
         "batches": batches,
