@@ -187,6 +187,19 @@ def comparison_table(res, group, workers, impls, labels, unit):
     return markdown_table(headers, rows)
 
 
+def distinct_warnings(caught, limit, width=None):
+    """The first `limit` distinct warnings of a warnings.catch_warnings(record=True)
+    list, each as "Category: message" on one line (cut to `width` characters)."""
+    seen = []
+    for w in caught or ():
+        s = f"{w.category.__name__}: {' '.join(str(w.message).split())}"
+        if width:
+            s = s[:width]
+        if s not in seen:
+            seen.append(s)
+    return seen[:limit]
+
+
 def environment_lines():
     """A few Markdown bullet lines describing the machine and versions."""
     lines = []

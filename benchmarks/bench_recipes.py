@@ -199,10 +199,6 @@ def make_transform(recipe, crop_size):
 # child
 
 
-def _short_warning(w):
-    return f"{w.category.__name__}: {' '.join(str(w.message).split())}"
-
-
 def child(cfg):
     """One measured configuration (runs in a fresh process, see C.run_child).
 
@@ -260,12 +256,7 @@ def child(cfg):
         out["fl_path"] = st.get("path")
         out["fl_stages_s"] = st.get("stages_s")
         out["fl_busy"] = st.get("worker_busy_fraction")
-    seen = []
-    for w in caught or ():
-        s = _short_warning(w)
-        if s not in seen:
-            seen.append(s)
-    out["warnings"] = seen[:6]
+    out["warnings"] = C.distinct_warnings(caught, 6)
     out["torch_threads"] = torch.get_num_threads()
     out.update(cfg)
     return out

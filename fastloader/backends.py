@@ -209,11 +209,10 @@ class PythonBackend(_Backend):
         Yes for a user's dataset, as in torch's worker processes; not for
         fastloader's own (their shared counters are the loader's report) nor
         for a Stateful one (its state is the loader's checkpoint)."""
+        from .state import stateful
         from .worker_mode import threads_suit
 
-        ds = self.dataset
-        stateful = callable(getattr(ds, "state_dict", None)) and callable(getattr(ds, "load_state_dict", None))
-        return not threads_suit(ds, ep.iterable) and not stateful
+        return not threads_suit(self.dataset, ep.iterable) and not stateful(self.dataset)
 
     def _start_turns(self, ep):
         self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended

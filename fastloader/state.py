@@ -91,7 +91,7 @@ VERSION = 1
 _END = object()
 
 
-def _stateful(obj):
+def stateful(obj):
     """True for an object with the Stateful protocol (torchdata's)."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
@@ -141,7 +141,7 @@ def _rng_roles(loader, index_sampler):
     if _is_generator(getattr(loader, "generator", None)):
         roles.append(("loader", loader.generator))
     for role, obj in (("index", index_sampler), ("inner", getattr(index_sampler, "sampler", None))):
-        if obj is None or _stateful(obj):
+        if obj is None or stateful(obj):
             continue
         gen = getattr(obj, "generator", None)
         if _is_generator(gen):
@@ -246,7 +246,7 @@ class WorkerSnapshot:
         st = ds_st = None
         if ep.iterable:
             itr = ep.iters.get(wid)
-            if itr is not None and _stateful(itr):
+            if itr is not None and stateful(itr):
                 try:
                     st = itr.state_dict()
                 except Exception as e:
@@ -358,7 +358,7 @@ class Tracker:
         iterable = loader._dataset_kind_iterable and not stream
         persistent = loader.persistent_workers and loader.num_workers > 0
         self.iterable = iterable
-        self.ds_stateful = not stream and _stateful(ds)
+        self.ds_stateful = not stream and stateful(ds)
         self.worker_snaps = iterable or self.ds_stateful
         self._restore = None
         self._order = None
@@ -489,11 +489,11 @@ class Tracker:
 
     def _setup_sampler(self, it, loader, index_sampler):
         target_obj = None
-        if _stateful(it._sampler_iter):
+        if stateful(it._sampler_iter):
             self.target, target_obj = "iter", it._sampler_iter
-        elif _stateful(index_sampler):
+        elif stateful(index_sampler):
             self.target, target_obj = "index_sampler", index_sampler
-        elif _stateful(getattr(index_sampler, "sampler", None)):
+        elif stateful(getattr(index_sampler, "sampler", None)):
             self.target, target_obj = "sampler", index_sampler.sampler
         if self.target is not None:
             self.global_want = False

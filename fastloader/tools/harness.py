@@ -474,6 +474,9 @@ def _child_main(target, func, cfg_json):
         res = {"error": f"{type(e).__name__}: {e}"}
     if "error" not in res:
         res.setdefault("rss_peak_mib", peak_rss_mib())
+        peak = cgroup_peak_mib(os.environ.get(CGROUP_ENV))
+        if peak is not None:
+            res["cgroup_peak_mib"] = peak
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(res) + "\n")
     sys.stdout.flush()
     return 1 if "error" in res else 0
@@ -490,6 +493,77 @@ CHILD_BOOT = (
 
 
 # ----------------------------------------------------------------------------
+# the exact peak: a memory cgroup per measured process
+
+CGROUP_ENV = "FASTLOADER_BENCH_CGROUP"  # the measured process's own cgroup directory
+_cgroup_seq = [0]
+
+
+def _cgroup_parent():
+    """A directory where this process may create memory cgroups, and the
+    name of the peak file in them (v1: memory.max_usage_in_bytes, v2:
+    memory.peak), or (None, None)."""
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.isfile(os.path.join(v1, "memory.max_usage_in_bytes")) and os.access(v1, os.W_OK):
+        return v1, "memory.max_usage_in_bytes"
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        own = None
+    if own is not None:
+        d = "/sys/fs/cgroup" + own.rstrip("/")
+        if os.path.isfile(os.path.join(d, "memory.peak")) and os.access(d, os.W_OK):
+            return d, "memory.peak"
+    return None, None
+
+
+def cgroup_new():
+    """A fresh memory cgroup for one measured process (its path), or None
+    where none can be made (no cgroup file system, not allowed)."""
+    parent, peak = _cgroup_parent()
+    if parent is None:
+        return None
+    _cgroup_seq[0] += 1
+    d = os.path.join(parent, f"fastloader-bench-{os.getpid()}-{_cgroup_seq[0]}")
+    try:
+        os.mkdir(d)
+    except OSError:
+        return None
+    if not os.path.isfile(os.path.join(d, peak)):
+        cgroup_remove(d)
+        return None
+    return d
+
+
+def cgroup_remove(d):
+    """Remove an emptied cgroup (best effort: a process still in it keeps it)."""
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
+
+
+def cgroup_peak_mib(d):
+    """The kernel's high-water mark of the memory charged to cgroup `d`
+    (MiB), or None.  Every page the measured process and its workers
+    fault in counts, shared memory included (torch's per-batch segments and
+    fastloader's ring alike), at the instant of the peak: no sampling
+    interval can miss a short peak.  Page-cache pages another process
+    brought in first (libraries, the dataset's files) are charged to that
+    process, not here."""
+    if not d:
+        return None
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            with open(os.path.join(d, name)) as f:
+                return int(f.read().strip()) / (1 << 20)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+# ----------------------------------------------------------------------------
 # parent side
 
 
@@ -502,15 +576,33 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
     were run as ``python script``).  ``pss``: also ``peak_pss_mib``, the
     peak summed PSS of the whole tree every 50 ms (each process's smaps_rollup
     re-read when its RSS moved, at least every ``mem_interval`` s: see
-    TreeMemSampler), ``mem_samples``, ``mem_full_reads`` and ``sampler_cpu_s``."""
+    TreeMemSampler), ``mem_samples``, ``mem_full_reads`` and ``sampler_cpu_s``.
+    Where a memory cgroup can be made (root, cgroup v1 or a delegated v2
+    subtree), the child runs in its own and reports ``cgroup_peak_mib``, the
+    kernel's exact high-water mark of the tree (cgroup_peak_mib), read
+    before it prints its result."""
     cmd = [sys.executable, "-c", CHILD_BOOT, sys_path0 or "", os.path.abspath(__file__), os.path.abspath(target),
            func, json.dumps(cfg)]
     e = dict(os.environ)
     e.setdefault("PYTHONHASHSEED", "0")
     if env:
         e.update(env)
+    cg = cgroup_new()
+    enter = None
+    if cg is not None:
+        e[CGROUP_ENV] = cg
+
+        def enter(path=os.path.join(cg, "cgroup.procs")):  # in the child, before exec: "0" is itself
+            with open(path, "w") as f:
+                f.write("0")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True,
+                                preexec_fn=enter)
+    except Exception:
+        if cg is not None:
+            cgroup_remove(cg)
+        raise
     chunks = {"out": [], "err": []}
     # the measurement ends when the child prints its result: what the process
     # does after (interpreter and libtorch teardown fault in up to ~120 MB of
@@ -545,6 +637,8 @@ def run_child(target, func, cfg, *, timeout=600.0, mem_interval=0.5, sys_path0="
             break
     for r in readers:
         r.join()
+    if cg is not None:
+        cgroup_remove(cg)
     out, err = "".join(chunks["out"]), "".join(chunks["err"])
     res = None
     for line in out.splitlines():
