@@ -170,3 +170,33 @@ def test_kept_batches_stay_intact(DL, TorchDL, num_workers):
     kept0[0]["x"].fill_(-1)
     H.assert_same_batches(kept0[1:], ref0[1:])
     H.assert_same_batches(kept1, ref1)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float32, torch.float64, torch.complex64])
+def test_stack_of_permuted_and_reversed_views_equals_torch(dtype):
+    """Samples whose innermost dimension is strided (PILToTensor's CHW view
+    of an HWC image, kept by ConvertImageDtype and Normalize; a flipped view;
+    a column slice) stack to what torch.stack gives, whatever the item size
+    (the typed row loop for 1/2/4/8 bytes, the generic walk otherwise)."""
+    from fastloader import _C
+
+    g = torch.Generator().manual_seed(0)
+    base = [(torch.rand(5, 7, 3, generator=g) * 100).to(dtype) for _ in range(4)]
+    cases = [
+        [b.permute(2, 0, 1) for b in base],            # HWC -> CHW view
+        [b.transpose(0, 1) for b in base],             # a compact run of 3 items, strided rows
+        [b[:, ::2, 1] for b in base],                  # 2-D, innermost stride 6 items
+        [b.permute(2, 0, 1)[:, :, 2] for b in base],   # 2-D of a permuted view
+    ]
+    for items in cases:
+        assert not items[0].is_contiguous()
+        buf = _C.stack(items)
+        got = torch.from_dlpack(buf)
+        if got.dtype != dtype:
+            got = got.view(dtype)
+        want = torch.stack(items)
+        assert got.shape == want.shape and torch.equal(got.reshape(want.shape), want)
+    if dtype is not torch.complex64:  # NumPy views may run backwards: a negative innermost stride
+        arrs = [b.numpy()[:, ::-1, :].transpose(2, 0, 1) for b in base]
+        got = np.from_dlpack(_C.stack(arrs))
+        assert np.array_equal(got.view(arrs[0].dtype).reshape(4, 3, 5, 7), np.stack(arrs))

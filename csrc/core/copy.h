@@ -19,7 +19,8 @@
  * itemsize * prod(shape) bytes and must have room for them.  Every
  * shape[i] must be >= 1: the caller skips empty arrays (a 0 would make the
  * loop run forever).  The innermost dimensions that are already compact are
- * copied with one memcpy per run.  The two ranges must not overlap.  Pure
+ * copied with one memcpy per run; a strided innermost dimension of 1, 2, 4
+ * or 8-byte items with a typed loop per row.  The two ranges must not overlap.  Pure
  * memory; no allocation. */
 void fl_copy_strided(char *dst, const char *src, int ndim, const int64_t *shape, const int64_t *strides,
                      size_t itemsize);
