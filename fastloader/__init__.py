@@ -26,6 +26,8 @@ _install_accelerate_hook()
 __version__ = "0.1.0"
 
 decode_jpeg = _C.decode_jpeg
+decode_image = _C.decode_image
+read_image_header = _C.read_image_header
 
 # public names that live in tools/: imported on first use, so the library
 # never imports tools/ (tools/__init__.py) and `import fastloader` stays lean
@@ -48,11 +50,13 @@ def __dir__():
 
 
 def build_info() -> dict:
-    """Versions and features of this build: fastloader, libjpeg-turbo, CUDA."""
+    """Versions and features of this build: fastloader, libjpeg-turbo, libspng, libwebp, CUDA."""
     return {
         "fastloader": __version__,
         "libjpeg_turbo": _C.libjpeg_turbo_version,
         "jpeg_lib_version": _C.jpeg_lib_version,
+        "libspng": _C.libspng_version,
+        "libwebp": _C.libwebp_version,
         "cuda": _C.cuda_info(),  # CUDA is loaded at run time (dlopen), never linked
     }
 
@@ -69,8 +73,10 @@ __all__ = [
     "PerformanceWarning",
     "WorkerInfo",
     "build_info",
+    "decode_image",
     "decode_jpeg",
     "get_worker_info",
+    "read_image_header",
     "sample_rng",
     "transforms",
     "tune",

@@ -343,7 +343,7 @@ class NativeImageDataset(_Dataset):
                     (self.skipped if kind == "skipped" else self.replaced).append(entry)
             tail = self._tail_measure(fin)
         if pillow is not None:
-            warnings.warn(f"fastloader: {pillow} is not a JPEG; decoding it (and any other non-JPEG files) "
+            warnings.warn(f"fastloader: {pillow} is not a JPEG, PNG or still WebP; decoding it (and any other such files) "
                           "through Pillow, which is slower than the native path", UserWarning,
                           stacklevel=user_stacklevel())
         if tail is not None:

@@ -146,8 +146,8 @@ def _image_chunks(pa, col, column):
 
 class HFImageDataset(NativeImageDataset):
     """A Hugging Face `datasets.Dataset`'s image column, decoded and
-    transformed natively (JPEG in C; PNG and other formats through Pillow,
-    as ImageFolder does for such files).
+    transformed natively (JPEG, PNG and WebP in C; other formats through
+    Pillow, as ImageFolder does for such files).
 
     Args:
         hf_dataset: a map-style `datasets.Dataset` (load_dataset(...,

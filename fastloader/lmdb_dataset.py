@@ -4,8 +4,8 @@ The layout (fastloader-lmdb, version 1), written by `fastloader.pack_lmdb`
 (`python -m fastloader pack lmdb SRC_DIR OUT`) or by anyone with the `lmdb`
 package:
 
-    key b"0000000042"    sample 42's encoded image, unchanged (JPEG natively;
-                         PNG and other formats Pillow reads through Pillow)
+    key b"0000000042"    sample 42's encoded image, unchanged (JPEG, PNG and WebP
+                         natively; other formats Pillow reads through Pillow)
     key b"__fastloader__"  JSON {"format": "fastloader-lmdb", "version": 1, "count": N}
     key b"__labels__"      N little-endian int64, sample i's class index
     key b"__classes__"     JSON list of class names, index = label (optional)

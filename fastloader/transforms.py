@@ -739,9 +739,9 @@ class NativeTransform:
 
     Calling it, ``load(src, index=None)``: src is a path (str or
     os.PathLike), encoded bytes (bytes, bytearray, memoryview) or a numpy
-    uint8 image (H x W or H x W x C, C 1 or 3).  JPEGs decode natively;
-    other formats (PNG, ...) through Pillow, as ImageFolder does (one
-    warning).  Returns a torch tensor (a numpy array without torch) equal to
+    uint8 image (H x W or H x W x C, C 1 or 3).  JPEG, PNG and WebP decode
+    natively; other formats (GIF, BMP, ...) through Pillow, as ImageFolder
+    does (one warning).  Returns a torch tensor (a numpy array without torch) equal to
     the sample ImageFolder gives.  A bad file raises fastloader.DecodeError
     (OSError for the read) naming the path.
 
@@ -850,7 +850,7 @@ class NativeTransform:
             raise _C.DecodeError(f"{name}: {e}") from e
         if not self._pil_warned:
             self._pil_warned = True
-            warnings.warn(f"fastloader: {name} is not a JPEG; decoding it (and any other non-JPEG images) "
+            warnings.warn(f"fastloader: {name} is not a JPEG, PNG or still WebP; decoding it (and any other such images) "
                           "through Pillow, which is slower than the native path", UserWarning, stacklevel=3)
         return self._call.call(np.ascontiguousarray(arr), index, epoch, seed)
 

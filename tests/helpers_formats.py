@@ -39,12 +39,19 @@ def make_class_folder(root):
     return str(root)
 
 
-def make_png_folder(root):
-    """root/a/x.png and root/a/y.jpg: a format the native decoder leaves to Pillow, beside a JPEG."""
+def make_png_folder(root, ext="png"):
+    """root/a/x.<ext> and root/a/y.jpg: another format beside a JPEG.  png and
+    webp (lossless) are decoded natively; bmp is a format the native decoder
+    leaves to Pillow."""
     os.makedirs(root / "a")
-    varied_image(1).save(root / "a" / "x.png")
+    kw = {"lossless": True} if ext == "webp" else {}
+    varied_image(1).save(root / "a" / f"x.{ext}", **kw)
     varied_image(2).save(root / "a" / "y.jpg", quality=90)
     return root
+
+
+# the other formats of the source tests: (extension, decoded natively?)
+OTHER_FORMATS = [("png", True), ("webp", True), ("bmp", False)]
 
 
 def check_batches_equal_imagefolder(folder, make, pipeline, num_workers):

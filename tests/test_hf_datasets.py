@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 import fastloader  # noqa: E402
 from helpers_compare import assert_same_epochs, seeded_epochs  # noqa: E402
 from helpers_formats import (CLASSES, PER_CLASS, check_batches_equal_imagefolder, check_on_error_raise,  # noqa: E402
-                             check_on_error_skip_and_replace, make_class_folder, make_png_folder)
+                             check_on_error_skip_and_replace, make_class_folder, make_png_folder,
+                             OTHER_FORMATS)
 from helpers_pipelines import train_tf, val_tf  # noqa: E402
 
 try:
@@ -187,11 +188,13 @@ def test_arrow_layouts(ref, layout):
 
 
 @needs_datasets
-def test_png_rows_go_through_pillow(tmp_path):
-    """PNG images (MNIST- and CIFAR-like datasets store them) take the
-    Pillow fix-up with their bytes, as ImageFolder's PNG files do."""
-    root = make_png_folder(tmp_path / "png")
-    files = [str(root / "a" / "x.png"), str(root / "a" / "y.jpg")]
+@pytest.mark.parametrize("ext,native", OTHER_FORMATS)
+def test_png_rows_decode_natively_and_others_through_pillow(tmp_path, ext, native):
+    """PNG images (MNIST- and CIFAR-like datasets store them) and WebP are
+    decoded in C; a format the native decoders do not read (BMP) takes the
+    Pillow fix-up with its bytes, as ImageFolder's files do."""
+    root = make_png_folder(tmp_path / "png", ext)
+    files = [str(root / "a" / f"x.{ext}"), str(root / "a" / "y.jpg")]
     hf = hfds.Dataset.from_dict({"image": [open(f, "rb").read() for f in files], "label": [0, 0]},
                                 features=hfds.Features({"image": hfds.Value("binary"), "label": hfds.Value("int64")}))
     with warnings.catch_warnings():
@@ -201,7 +204,8 @@ def test_png_rows_go_through_pillow(tmp_path):
         warnings.simplefilter("always")
         got = seeded_epochs(fastloader.HFImageDataset(hf, transform=train_tf(), name="pngs"), 2, True)
     assert_same_epochs(got, want)
-    assert any("pngs row 0 is not a JPEG" in str(x.message) for x in w), [str(x.message) for x in w]
+    pillow = [str(x.message) for x in w if "pngs row 0 is not a JPEG" in str(x.message)]
+    assert bool(pillow) == (not native), [str(x.message) for x in w]
 
 
 # ---- bad rows ------------------------------------------------------------------------

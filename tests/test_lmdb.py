@@ -17,7 +17,8 @@ from fastloader.lmdb_dataset import sample_key  # noqa: E402
 from fastloader.tools.pack_lmdb import pack_lmdb  # noqa: E402
 from helpers_compare import assert_same_epochs, seeded_epochs  # noqa: E402
 from helpers_formats import (CLASSES, PER_CLASS, check_batches_equal_imagefolder, check_on_error_raise,  # noqa: E402
-                             check_on_error_skip_and_replace, make_class_folder, make_png_folder)
+                             check_on_error_skip_and_replace, make_class_folder, make_png_folder,
+                             OTHER_FORMATS)
 from helpers_pipelines import train_tf, val_tf  # noqa: E402
 
 
@@ -276,8 +277,9 @@ def test_stats_report_read_and_decode(packed, folder):
     assert st["samples"] == len(ds)
 
 
-def test_png_value_goes_through_pillow(tmp_path):
-    root = make_png_folder(tmp_path / "png")
+@pytest.mark.parametrize("ext,native", OTHER_FORMATS)
+def test_png_webp_values_decode_natively_and_others_through_pillow(tmp_path, ext, native):
+    root = make_png_folder(tmp_path / "png", ext)
     pack_lmdb(root, tmp_path / "p.lmdb")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -286,7 +288,8 @@ def test_png_value_goes_through_pillow(tmp_path):
         warnings.simplefilter("always")
         got = seeded_epochs(fastloader.LMDBDataset(tmp_path / "p.lmdb", transform=train_tf()), 2, True)
     assert_same_epochs(got, ref)
-    assert any("p.lmdb[0] (a/x.png) is not a JPEG" in str(x.message) for x in w), [str(x.message) for x in w]
+    pillow = [str(x.message) for x in w if f"p.lmdb[0] (a/x.{ext}) is not a JPEG" in str(x.message)]
+    assert bool(pillow) == (not native), [str(x.message) for x in w]
 
 
 def test_device_delivery_on_the_fake_cuda_runtime(packed, tmp_path, tmp_path_factory):

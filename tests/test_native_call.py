@@ -11,6 +11,7 @@ import pickle
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -166,17 +167,21 @@ def test_outside_the_loader_draws_from_torchs_generator(folder):
     assert torch.equal(after, torch.rand(1))
 
 
-def test_png_decodes_through_pillow_with_one_warning(folder, tmp_path):
+@pytest.mark.parametrize("fmt,pillow", [("png", False), ("webp", False), ("bmp", True)])
+def test_png_webp_decode_natively_and_bmp_through_pillow_with_one_warning(folder, tmp_path, fmt, pillow):
     load = fastloader.NativeTransform(_val_tf())
     path = tv.datasets.ImageFolder(folder).samples[1][0]
     with Image.open(path) as im:
         rgb = im.convert("RGB")
-    png = tmp_path / "x.png"
-    rgb.save(png)
-    want = _val_tf()(rgb)
-    with pytest.warns(UserWarning, match="Pillow"):
-        assert torch.equal(load(str(png)), want)
-    assert torch.equal(load(png.read_bytes()), want)   # warned once already
+    f = tmp_path / f"x.{fmt}"
+    rgb.save(f, **({"lossless": True} if fmt == "webp" else {}))
+    with Image.open(f) as im:
+        want = _val_tf()(im.convert("RGB"))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert torch.equal(load(str(f)), want)
+        assert torch.equal(load(f.read_bytes()), want)
+    assert [("Pillow" in str(m.message)) for m in w] == ([True] if pillow else []), [str(m.message) for m in w]
 
 
 def test_errors_name_the_path(folder, tmp_path):

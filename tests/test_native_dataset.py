@@ -2,6 +2,7 @@
 against torchvision, determinism across num_workers and epochs, bad files."""
 import functools
 import io
+import warnings
 import os
 import shutil
 
@@ -150,9 +151,10 @@ def broken_folder(folder, tmp_path):
     (d / "zz_truncated.jpg").write_bytes(data[: len(data) // 3])
     (d / "zz_empty.jpg").write_bytes(b"")
     (d / "zz_random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
-    buf = io.BytesIO()
-    Image.open(d / good).convert("RGB").save(buf, format="PNG")
-    (d / "zz_really_png.jpg").write_bytes(buf.getvalue())
+    for fmt in ("PNG", "BMP"):   # PNG: decoded natively; BMP: left to Pillow (a warning)
+        buf = io.BytesIO()
+        Image.open(d / good).convert("RGB").save(buf, format=fmt)
+        (d / f"zz_really_{fmt.lower()}.jpg").write_bytes(buf.getvalue())
     return str(root)
 
 
@@ -198,13 +200,19 @@ def test_on_error_replace_keeps_batches_full_and_is_deterministic(broken_folder,
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def test_png_named_jpg_decodes_through_pillow(broken_folder):
+def test_png_named_jpg_decodes_natively_and_bmp_through_pillow(broken_folder):
+    """The format comes from the first bytes, never the name: a PNG named
+    .jpg is decoded in C, silently; a BMP named .jpg goes to Pillow with a
+    warning; both give torchvision's tensor."""
     ds = fastloader.ImageFolder(broken_folder, transform=_val_tf(), on_error="skip")
-    idx = [i for i, (p, _) in enumerate(ds.samples) if p.endswith("zz_really_png.jpg")][0]
-    ref = tv.datasets.ImageFolder(broken_folder, transform=_val_tf())[idx][0]
-    with pytest.warns(UserWarning, match="Pillow"):
-        x, _ = ds.load_batch([idx], epoch=0, seed=0)
-    assert torch.equal(x[0], ref)
+    ref_ds = tv.datasets.ImageFolder(broken_folder, transform=_val_tf())
+    for name, pillow in (("zz_really_png.jpg", False), ("zz_really_bmp.jpg", True)):
+        idx = [i for i, (p, _) in enumerate(ds.samples) if p.endswith(name)][0]
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            x, _ = ds.load_batch([idx], epoch=0, seed=0)
+        assert torch.equal(x[0], ref_ds[idx][0])
+        assert any("Pillow" in str(m.message) for m in w) == pillow, (name, [str(m.message) for m in w])
 
 
 def test_huge_header_is_refused_before_allocating(tmp_path, folder):
@@ -226,18 +234,21 @@ def test_huge_header_is_refused_before_allocating(tmp_path, folder):
         ds.load_batch([0], 0, 0)
 
 
-def test_replaced_undecodable_non_jpeg_gets_the_replacements_label(tmp_path, folder):
-    # a file with PNG magic bytes that Pillow cannot decode either, in class "a";
-    # its replacement comes from class "b" and must carry b's label
+@pytest.mark.parametrize("magic", [b"\x89PNG\r\n\x1a\n", b"BM"], ids=["png-native", "bmp-pillow"])
+def test_replaced_undecodable_non_jpeg_gets_the_replacements_label(tmp_path, folder, magic):
+    # a file with PNG magic bytes (the native decoder's) or BMP magic bytes
+    # (Pillow's fix-up) that neither can decode, in class "a"; its
+    # replacement comes from class "b" and must carry b's label
     root = tmp_path / "lab"
     (root / "a").mkdir(parents=True)
     (root / "b").mkdir()
-    (root / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 40)
+    (root / "a" / "bad.png").write_bytes(magic + b"garbage" * 40)
     src = tv.datasets.ImageFolder(folder).samples
     for i in range(3):
         shutil.copy(src[i][0], root / "b" / f"ok{i}.jpg")
     ds = fastloader.ImageFolder(str(root), transform=_val_tf(), on_error="replace")
-    with pytest.warns(UserWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the BMP goes through Pillow, which warns
         x, y = ds.load_batch([0], epoch=0, seed=0)
     (bad, repl, _), = ds.replaced
     assert bad.endswith("bad.png")

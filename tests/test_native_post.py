@@ -42,14 +42,15 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def png_folder(folder, tmp_path_factory):
-    """The sample plus, in the first class, a real PNG and a file with PNG
-    magic that Pillow cannot decode either."""
+    """The sample plus, in the first class, a real BMP and a file with BMP
+    magic that Pillow cannot decode either: a format the native decoders
+    leave to Pillow (PNG and WebP are decoded natively, tests/test_codecs.py)."""
     root = tmp_path_factory.mktemp("png") / "train"
     shutil.copytree(folder, root)
     d = root / sorted(e.name for e in os.scandir(root) if e.is_dir())[0]
     src = d / sorted(os.listdir(d))[0]
-    Image.open(src).convert("RGB").save(d / "zz_photo.png")
-    (d / "zz_bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 40)
+    Image.open(src).convert("RGB").save(d / "zz_photo.bmp")
+    (d / "zz_bad.bmp").write_bytes(b"BM" + b"garbage" * 40)
     return str(root)
 
 
@@ -167,34 +168,34 @@ def test_pillow_fixups_run_on_worker_threads(png_folder, on_error):
     with pytest.warns(UserWarning, match="not a JPEG"):
         out = list(fastloader.DataLoader(ds, batch_size=4, num_workers=2, seed=3))
     assert threads and threading.get_ident() not in threads
-    assert len(threads) == 1  # both PNGs are in one batch
+    assert len(threads) == 1  # both BMPs are in one batch
     ds0 = make()
     with pytest.warns(UserWarning, match="not a JPEG"):
         _equal(out, list(fastloader.DataLoader(ds0, batch_size=4, num_workers=0, seed=3)))
     names = [os.path.basename(p) for p, _ in ds.samples]
-    bad, photo = names.index("zz_bad.png"), names.index("zz_photo.png")
+    bad, photo = names.index("zz_bad.bmp"), names.index("zz_photo.bmp")
     images = torch.cat([x for x, _ in out])
     ref = tv.datasets.ImageFolder(png_folder, transform=T.Compose(_native()))[photo][0]
     if on_error == "skip":
         assert len(images) == len(ds) - 1
-        assert [os.path.basename(p) for p, _ in ds.skipped] == ["zz_bad.png"]
+        assert [os.path.basename(p) for p, _ in ds.skipped] == ["zz_bad.bmp"]
         assert torch.equal(images[photo - (bad < photo)], ref)
     else:
         assert len(images) == len(ds)
-        assert [os.path.basename(p) for p, _, _ in ds.replaced] == ["zz_bad.png"]
+        assert [os.path.basename(p) for p, _, _ in ds.replaced] == ["zz_bad.bmp"]
         assert torch.equal(images[photo], ref)
     assert ds.skipped == ds0.skipped and ds.replaced == ds0.replaced
 
 
 def test_pillow_fixup_failure_raises_at_its_batch(png_folder):
     ds = fastloader.ImageFolder(png_folder, transform=T.Compose(_native()))
-    bad = [os.path.basename(p) for p, _ in ds.samples].index("zz_bad.png")
+    bad = [os.path.basename(p) for p, _ in ds.samples].index("zz_bad.bmp")
     it = iter(fastloader.DataLoader(ds, batch_size=4, num_workers=2))
     for _ in range(bad // 4):
         next(it)
     with pytest.raises(fastloader.DecodeError) as ei:
         next(it)
-    assert "zz_bad.png" in str(ei.value) and f"batch {bad // 4}" in str(ei.value)
+    assert "zz_bad.bmp" in str(ei.value) and f"batch {bad // 4}" in str(ei.value)
     del it
 
 
@@ -207,7 +208,7 @@ def test_records_filed_from_many_threads_list_each_bad_file_once(png_folder):
         warnings.simplefilter("ignore")
         for _ in range(3):
             assert sum(len(b) for b in dl) == len(ds)
-    assert [os.path.basename(p) for p, _, _ in ds.replaced] == ["zz_bad.png"]
+    assert [os.path.basename(p) for p, _, _ in ds.replaced] == ["zz_bad.bmp"]
 
 
 # ---------------------------------------------------------------------------

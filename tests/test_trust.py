@@ -318,19 +318,21 @@ def test_replace_uses_one_rule_for_jpeg_and_pillow_files(good, tmp_path):
     substitute a bad JPEG at the same index gets."""
     bad_jpeg = tmp_path / "bad.jpg"
     bad_jpeg.write_bytes(b"\xff\xd8\xff\xe0\x00\x10garbage")
-    bad_png = tmp_path / "bad.png"
+    bad_png = tmp_path / "bad.png"   # the native PNG decoder's error
     bad_png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    bad_bmp = tmp_path / "bad.bmp"   # a format left to Pillow, which fails on it
+    bad_bmp.write_bytes(b"BM" + b"\x00" * 40)
     chosen = []
-    for bad in (bad_jpeg, bad_png):
+    for bad in (bad_jpeg, bad_png, bad_bmp):
         ds, idx = _one_bad(good, bad, on_error="replace")
-        with pytest.warns(UserWarning) if bad is bad_png else _nullcontext():
+        with pytest.warns(UserWarning) if bad is bad_bmp else _nullcontext():
             out = _run(ds, 0, seed=5)
         assert sum(len(b[1]) for b in out) == len(ds)
         assert len(ds.replaced) == 1
         chosen.append(ds.replaced[0][1])
         cands = ds._native.replacement_candidates(idx, 0, 5)
         assert ds.replaced[0][1] == ds.samples[cands[0]][0]
-    assert chosen[0] == chosen[1]
+    assert chosen[0] == chosen[1] == chosen[2]
 
 
 class _nullcontext:

@@ -8,6 +8,7 @@
 #include <numpy/arrayobject.h>
 #include <jpeglib.h>
 
+#include "image/codecs.h"
 #include "image/jpeg.h"
 
 #define FL_STR2(x) #x
@@ -42,6 +43,10 @@ fl_exec(PyObject *m)
     if (PyModule_AddObjectRef(m, "DecodeError", st->DecodeError) < 0)
         return -1;
     if (PyModule_AddStringConstant(m, "libjpeg_turbo_version", FL_STR(LIBJPEG_TURBO_VERSION)) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(m, "libspng_version", fl_codecs_spng_version()) < 0)
+        return -1;
+    if (PyModule_AddStringConstant(m, "libwebp_version", fl_codecs_webp_version()) < 0)
         return -1;
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)
         return -1;

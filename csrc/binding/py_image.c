@@ -1,8 +1,10 @@
-/* py_image.c: Python binding of the JPEG decoder (jpeg.h).
+/* py_image.c: Python binding of the decoders (jpeg.h, codecs.h).
  *
  * Module-level functions, registered by fl_register_image:
  *   decode_jpeg(src, *, mode="RGB", apply_exif_orientation=False) -> ndarray
+ *   decode_image(src, *, mode="RGB") -> ndarray   (JPEG, PNG, WebP by magic bytes)
  *   read_jpeg_header(src) -> dict
+ *   read_image_header(src) -> dict
  *   _decode_region(src, scale_num, x, y, w, h, channels) -> ndarray  (tests)
  * src is bytes or any contiguous buffer (held with PyObject_GetBuffer for the
  * whole call, so it stays valid while the GIL is released), or a path (str /
@@ -24,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "image/codecs.h"
 #include "image/jpeg.h"
 #include "sources/source.h"
 
@@ -304,7 +307,201 @@ fl_read_jpeg_header(PyObject *m, PyObject *args, PyObject *kwds)
     return res;
 }
 
+/* decode_image for a JPEG: mode RGB / L as decode_jpeg (no EXIF turn, as
+ * Image.open), RGBA as RGB with alpha 255 (Pillow's RGB -> RGBA), None as
+ * the file's own mode ("L" for one component, "RGB" otherwise, "L" as
+ * H x W).  CMYK files have no native mode here (ValueError). */
+static PyObject *
+fl_decode_image_jpeg(PyObject *m, const fl_src *s, int mode)
+{
+    fl_jpeg_info info;
+    fl_jpeg *j = fl_open(m, s, &info, 1);
+    PyObject *arr = NULL;
+    if (j == NULL)
+        return NULL;
+    if (mode == FL_IMG_NATIVE && info.components == 4) {
+        fl_jpeg_free(j);
+        return PyErr_Format(PyExc_ValueError, "a CMYK JPEG has no mode=None decode here: ask for mode='RGB'");
+    }
+    int native_gray = mode == FL_IMG_NATIVE && info.components == 1;
+    fl_jpeg_region reg = {mode == FL_IMG_L || native_gray ? 1 : 3, 8, 0, 0, info.width, info.height};
+    arr = fl_decode_array(m, j, s, &reg, 1);
+    fl_jpeg_free(j);
+    if (arr == NULL)
+        return NULL;
+    if (native_gray) {
+        PyObject *sq = PyArray_Squeeze((PyArrayObject *)arr);
+        Py_DECREF(arr);
+        return sq;
+    }
+    if (mode == FL_IMG_RGBA) {
+        npy_intp dims[3] = {info.height, info.width, 4};
+        PyObject *rgba = PyArray_SimpleNew(3, dims, NPY_UINT8);
+        if (rgba != NULL) {
+            const uint8_t *p = PyArray_DATA((PyArrayObject *)arr);
+            uint8_t *q = PyArray_DATA((PyArrayObject *)rgba);
+            size_t n = (size_t)info.width * (size_t)info.height;
+            Py_BEGIN_ALLOW_THREADS
+            for (size_t i = 0; i < n; i++, p += 3, q += 4)
+                q[0] = p[0], q[1] = p[1], q[2] = p[2], q[3] = 255;
+            Py_END_ALLOW_THREADS
+        }
+        Py_DECREF(arr);
+        return rgba;
+    }
+    return arr;
+}
+
+static int
+fl_parse_mode(PyObject *modeobj, int *mode)
+{
+    if (modeobj == Py_None) {
+        *mode = FL_IMG_NATIVE;
+        return 0;
+    }
+    const char *ms = PyUnicode_Check(modeobj) ? PyUnicode_AsUTF8(modeobj) : NULL;
+    if (ms != NULL && strcmp(ms, "RGB") == 0)
+        *mode = FL_IMG_RGB;
+    else if (ms != NULL && strcmp(ms, "L") == 0)
+        *mode = FL_IMG_L;
+    else if (ms != NULL && strcmp(ms, "RGBA") == 0)
+        *mode = FL_IMG_RGBA;
+    else {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "mode must be 'RGB', 'L', 'RGBA' or None, not %R", modeobj);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+fl_decode_image(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"src", "mode", NULL};
+    PyObject *srcobj, *modeobj = NULL, *arr = NULL;
+    int mode = FL_IMG_RGB;
+    fl_src s;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:decode_image", kwlist, &srcobj, &modeobj))
+        return NULL;
+    if (modeobj != NULL && fl_parse_mode(modeobj, &mode) < 0)
+        return NULL;
+    if (fl_src_load(m, srcobj, &s) < 0)
+        return NULL;
+    int fmt = fl_img_format(s.data, s.len);
+    if (fmt == FL_IMG_JPEG) {
+        arr = fl_decode_image_jpeg(m, &s, mode);
+        fl_src_release(&s);
+        return arr;
+    }
+    fl_err err = {0, "", 0};
+    fl_img_info info;
+    fl_imgdec *d = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    d = fl_imgdec_new();
+    rc = d == NULL ? -2 : fl_imgdec_info(d, s.data, s.len, &info, &err);
+    Py_END_ALLOW_THREADS
+    if (rc == -2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (rc < 0) {
+        fl_image_raise(m, &s, &err);
+        goto done;
+    }
+    /* the pixel limit before the array is allocated */
+    {
+        uint64_t px = (uint64_t)info.width * (uint64_t)info.height;
+        if (px > FL_JPEG_DEFAULT_MAX_PIXELS) {
+            err.code = FL_ERR_LIMIT;
+            snprintf(err.msg, sizeof err.msg, "image of %dx%d = %llu pixels exceeds the limit of %llu pixels",
+                     info.width, info.height, (unsigned long long)px,
+                     (unsigned long long)FL_JPEG_DEFAULT_MAX_PIXELS);
+            fl_image_raise(m, &s, &err);
+            goto done;
+        }
+    }
+    {
+        npy_intp dims[3] = {info.height, info.width, mode == FL_IMG_NATIVE ? info.channels : mode};
+        int nd = mode == FL_IMG_NATIVE && info.channels == 1 ? 2 : 3;
+        int type = NPY_UINT8;
+        if (mode == FL_IMG_NATIVE && info.bytes == 2)
+            type = NPY_UINT16;
+        else if (mode == FL_IMG_NATIVE && strcmp(info.mode, "1") == 0)
+            type = NPY_BOOL; /* 0/1 bytes, as np.array of a mode "1" image */
+        arr = PyArray_SimpleNew(nd, dims, type);
+        if (arr == NULL)
+            goto done;
+        uint8_t *out = PyArray_DATA((PyArrayObject *)arr);
+        size_t stride = fl_img_row_bytes(&info, mode);
+        Py_BEGIN_ALLOW_THREADS
+        rc = fl_imgdec_decode(d, s.data, s.len, mode, out, stride, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            Py_CLEAR(arr);
+            fl_image_raise(m, &s, &err);
+        }
+    }
+done:
+    fl_imgdec_free(d);
+    fl_src_release(&s);
+    return arr;
+}
+
+static PyObject *
+fl_read_image_header(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"src", NULL};
+    PyObject *srcobj, *res = NULL;
+    fl_src s;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:read_image_header", kwlist, &srcobj))
+        return NULL;
+    if (fl_src_load(m, srcobj, &s) < 0)
+        return NULL;
+    if (fl_img_format(s.data, s.len) == FL_IMG_JPEG) {
+        fl_jpeg_info ji;
+        fl_jpeg *j = fl_open(m, &s, &ji, 0);
+        if (j != NULL)
+            res = Py_BuildValue("{s:s,s:i,s:i,s:s,s:i}", "format", "JPEG", "width", ji.width, "height", ji.height,
+                                "mode", ji.components == 1 ? "L" : ji.components == 4 ? "CMYK" : "RGB",
+                                "components", ji.components);
+        fl_jpeg_free(j);
+        fl_src_release(&s);
+        return res;
+    }
+    fl_err err = {0, "", 0};
+    fl_img_info info;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_imgdec_info(NULL, s.data, s.len, &info, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        fl_image_raise(m, &s, &err);
+    else
+        res = Py_BuildValue("{s:s,s:i,s:i,s:s,s:i,s:i,s:O,s:O,s:O,s:O}", "format",
+                            info.format == FL_IMG_PNG ? "PNG" : "WEBP", "width", info.width, "height",
+                            info.height, "mode", info.mode, "bit_depth", info.bit_depth, "color_type",
+                            info.color_type, "interlaced", info.interlaced ? Py_True : Py_False,
+                            "has_alpha", info.has_alpha ? Py_True : Py_False,
+                            "animated", info.animated ? Py_True : Py_False,
+                            "lossless", info.lossless ? Py_True : Py_False);
+    fl_src_release(&s);
+    return res;
+}
+
 static PyMethodDef fl_image_methods[] = {
+    {"decode_image", (PyCFunction)(void (*)(void))fl_decode_image, METH_VARARGS | METH_KEYWORDS,
+     "decode_image(src, *, mode='RGB') -> numpy.ndarray\\n\\n"
+     "Decode a JPEG, PNG or WebP (bytes, a buffer, or a path; the format by its first bytes) to\\n"
+     "what Pillow gives: mode 'RGB', 'L' or 'RGBA' as np.array(Image.open(src).convert(mode))\\n"
+     "in H x W x C; mode None as np.array(Image.open(src)), the file's own mode: palette\\n"
+     "indices, 8-bit gray, 16-bit gray (uint16), 1-bit (bool), LA, RGB, RGBA (segmentation\\n"
+     "masks).  Raises fastloader.DecodeError for bad data or an image over the pixel limit."},
+    {"read_image_header", (PyCFunction)(void (*)(void))fl_read_image_header, METH_VARARGS | METH_KEYWORDS,
+     "read_image_header(src) -> dict(format, width, height, mode, ...): the header of a JPEG,\\n"
+     "PNG or WebP, with Pillow's mode of the file."},
     {"decode_jpeg", (PyCFunction)(void (*)(void))fl_decode_jpeg, METH_VARARGS | METH_KEYWORDS,
      "decode_jpeg(src, *, mode='RGB', apply_exif_orientation=False) -> numpy.ndarray\n\n"
      "Decode a JPEG (bytes, a buffer, or a path) to an H x W x C uint8 array (C=3 for 'RGB',\n"

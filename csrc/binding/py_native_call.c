@@ -14,8 +14,8 @@
  * checks before it and the Buffer made after it hold the GIL.
  *
  * Returns a Buffer (DLPack) over one sample of the spec's shape and dtype,
- * or None when src's bytes are not a JPEG but look like another image
- * format (PNG, GIF, ...): fastloader/transforms.py then decodes them with
+ * or None when src's bytes are not a JPEG, PNG or still WebP but look like
+ * another image format (GIF, BMP, ...): fastloader/transforms.py then decodes them with
  * Pillow, as ImageFolder does, and calls again with the pixels.  Errors go
  * through the one translator (py_errors.c) with the path (or "<bytes>")
  * in front of the reason: DecodeError for bytes that are not a valid
@@ -282,7 +282,7 @@ nc_get_idle(NativeCallObject *self, void *Py_UNUSED(c))
 static PyMethodDef nc_methods[] = {
     {"call", (PyCFunction)nc_call, METH_VARARGS,
      "call(src, index, epoch, seed) -> Buffer or None: read (a path), decode and transform one sample with "
-     "the GIL released; None when src is not a JPEG but may be another image format"},
+     "the GIL released; None when src is not a JPEG, PNG or still WebP but may be another image format"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -66,12 +66,17 @@ fl_native_worker_new(const fl_native_ds *ds)
     if (!w)
         return NULL;
     w->jpeg = fl_jpeg_new();
-    if (!w->jpeg) {
+    w->imgdec = fl_imgdec_new();
+    if (!w->jpeg || !w->imgdec) {
+        fl_jpeg_free(w->jpeg);
+        fl_imgdec_free(w->imgdec);
         free(w);
         return NULL;
     }
-    if (ds->max_pixels)
+    if (ds->max_pixels) {
         fl_jpeg_set_limits(w->jpeg, ds->max_pixels, FL_JPEG_DEFAULT_MAX_SCANS);
+        fl_imgdec_set_max_pixels(w->imgdec, ds->max_pixels);
+    }
     w->src = fl_source_ref(ds->src);
     return w;
 }
@@ -82,6 +87,7 @@ fl_native_worker_free(fl_native_worker *w)
     if (!w)
         return;
     fl_jpeg_free(w->jpeg);
+    fl_imgdec_free(w->imgdec);
     if (w->src_open && w->src->ops->thread_close)
         w->src->ops->thread_close(w->src, w->src_tls);
     fl_source_unref(w->src);
@@ -113,6 +119,7 @@ release_outsized(fl_native_worker *w)
 {
     fl_bytes_trim(&w->file, FL_KEEP_BYTES);
     fl_bytes_trim(&w->pix, FL_KEEP_BYTES);
+    fl_imgdec_trim(w->imgdec, FL_KEEP_BYTES);
 }
 
 /* Render already-decoded HWC uint8 pixels (a source that stores images
@@ -142,6 +149,56 @@ render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64
         w->render_ns += fl_now_ns() - t1;
     w->samples++;
     return 0;
+}
+
+/* A PNG or still WebP: decode the whole image (1 or 3 channels, as the
+ * spec's output) into the worker's pixel buffer, then plan and render as
+ * render_pixels does.  Returns 0, 1 for an animated WebP (Pillow's: the
+ * first frame), or -1 with err filled.  No GIL. */
+static int
+decode_other(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, size_t len, int64_t index,
+             uint64_t seed, uint64_t epoch, void *out, fl_err *err, uint64_t t1)
+{
+    /* an animated WebP is Pillow's (the rule the shard reader keeps copies by) */
+    if (fl_source_pillow_only(data, len))
+        return 1;
+    fl_img_info info;
+    if (fl_imgdec_info(w->imgdec, data, len, &info, err) < 0)
+        goto fail;
+    if (info.animated)
+        return 1;
+    int ch = ds->spec.out_channels == 1 ? 1 : 3;
+    /* the pixel limit before the buffer grows (fl_imgdec_decode checks it too) */
+    if (ds->max_pixels && (uint64_t)info.width * (uint64_t)info.height > ds->max_pixels) {
+        err->code = FL_ERR_LIMIT;
+        snprintf(err->msg, sizeof err->msg, "image of %dx%d = %llu pixels exceeds the limit of %llu pixels",
+                 info.width, info.height, (unsigned long long)info.width * (unsigned long long)info.height,
+                 (unsigned long long)ds->max_pixels);
+        goto fail;
+    }
+    size_t stride = (size_t)info.width * (size_t)ch;
+    if (fl_bytes_reserve(&w->pix, stride * (size_t)info.height) < 0) {
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory for a %dx%d image", info.width, info.height);
+        goto fail;
+    }
+    if (fl_imgdec_decode(w->imgdec, data, len, ch == 1 ? FL_IMG_L : FL_IMG_RGB, w->pix.data, stride, err) < 0)
+        goto fail;
+    uint64_t t2 = ds->timing ? fl_now_ns() : 0;
+    w->decode_ns += t2 - t1;
+    fl_sample_bytes sb;
+    memset(&sb, 0, sizeof sb);
+    sb.data = w->pix.data;
+    sb.len = stride * (size_t)info.height;
+    sb.pixels = 1;
+    sb.width = info.width;
+    sb.height = info.height;
+    sb.channels = ch;
+    return render_pixels(w, ds, index, seed, epoch, &sb, out, err, t2);
+fail:
+    if (ds->timing)
+        w->decode_ns += fl_now_ns() - t1;
+    return -1;
 }
 
 static int decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, long long len,
@@ -178,7 +235,8 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     return decode_render(w, ds, sb.data, (long long)sb.len, index, seed, epoch, out, err, t1);
 }
 
-/* The part of load_one after the read: check the bytes are a JPEG, plan,
+/* The part of load_one after the read: check the bytes are a JPEG (or
+ * hand a PNG or WebP to decode_other), plan,
  * decode the region, render.  Same returns as fl_native_load_one; t1 is
  * when the read ended (for the stage clocks).  No GIL. */
 static int
@@ -192,6 +250,9 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
         return -1;
     }
     if (len < 2 || data[0] != 0xFF || data[1] != 0xD8) {
+        int fmt = fl_img_format(data, (size_t)len);
+        if (fmt == FL_IMG_PNG || fmt == FL_IMG_WEBP)
+            return decode_other(w, ds, data, (size_t)len, index, seed, epoch, out, err, t1);
         if (fl_source_maybe_other_image(data, (size_t)len))
             return 1;
         err->code = FL_ERR_DECODE;

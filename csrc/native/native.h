@@ -5,9 +5,10 @@
  * into the worker's buffer, or a view of an LMDB value), decode the JPEG region
  * the sample needs (jpeg.c), render crop/resize/flip/normalize straight into
  * the sample's slot of the batch buffer (imgops.h: render.c), write its label.  Bad
- * files are handled by the dataset's on_error policy.  Files that are not
- * JPEG but may be another image format are left for the binding to decode
- * with Pillow (a "fix-up"), since that needs Python.
+ * files are handled by the dataset's on_error policy.  PNG and WebP files
+ * are decoded whole (codecs.h) and rendered as JPEG's are; other formats
+ * Pillow may read (GIF, BMP, TIFF, an animated WebP) are left for the
+ * binding to decode with Pillow (a "fix-up"), since that needs Python.
  */
 #ifndef FL_NATIVE_H
 #define FL_NATIVE_H
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "core/dlpack.h"
+#include "image/codecs.h"
 #include "image/imgops.h"
 #include "image/jpeg.h"
 #include "core/pool.h"
@@ -51,6 +53,7 @@ DLDataType fl_native_sample_dltype(const fl_tspec *t);
  * scratch.  Tied to one dataset (its source) and used by one thread at a time. */
 typedef struct {
     fl_jpeg *jpeg;
+    fl_imgdec *imgdec; /* PNG and WebP */
     fl_source *src;  /* a reference to the dataset's source */
     void *src_tls;   /* its per-thread state, opened at the first sample */
     int src_open;    /* 1 once thread_open succeeded */
@@ -105,7 +108,8 @@ fl_native_batch *fl_native_load_batch(fl_native_worker *w, const fl_native_ds *d
 void fl_native_batch_free(fl_native_batch *b);
 
 /* Load one sample into `out` (sample_bytes).  Returns 0, 1 when the file is
- * not a JPEG but might be another image format (nothing written), or -1 with
+ * not a JPEG, PNG or (still) WebP but might be another image format that
+ * Pillow reads (nothing written), or -1 with
  * err filled (the reason; the caller names the file).  No GIL. */
 int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t seed,
                        uint64_t epoch, void *out, fl_err *err);
@@ -114,8 +118,8 @@ int fl_native_load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t inde
  * these two never touch; it may be NULL): the native call of a custom
  * dataset (py_native_call.c).  Same plan, region decode and render as
  * fl_native_load_one gives sample `index`, written to `out` (sample_bytes).
- * render_encoded takes encoded bytes (a JPEG): 0, 1 when they are not a
- * JPEG but might be another image format (nothing written), or -1 with err
+ * render_encoded takes encoded bytes (a JPEG, PNG or WebP): 0, 1 when they
+ * are another image format Pillow may read (nothing written), or -1 with err
  * filled (the reason; the caller names the input).  render_decoded takes
  * HWC uint8 pixels, rows packed, 1 or 3 channels (converted as Pillow's
  * convert("L") / convert("RGB") would): 0, or -1 with err filled.  The

@@ -4,8 +4,8 @@
  * by anyone with the `lmdb` package who follows it):
  *   - the main (unnamed) database only;
  *   - sample i: key = i as ASCII decimal, zero-padded to 10 digits
- *     (b"0000000042"), value = the encoded image, unchanged (JPEG decodes
- *     natively; PNG and the other formats Pillow reads go through the
+ *     (b"0000000042"), value = the encoded image, unchanged (JPEG, PNG and
+ *     WebP decode natively; the other formats Pillow reads go through the
  *     Pillow fix-up, as files do);
  *   - reserved keys start with "__" (they sort after every sample key):
  *       __fastloader__  JSON {"format": "fastloader-lmdb", "version": 1, "count": N}   required

@@ -619,8 +619,9 @@ shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *bu
         pthread_cond_wait(&ss->more, &ss->mu);
     }
     if (r && !r->error && r->len >= 2 && !(r->image[0] == 0xFF && r->image[1] == 0xD8) &&
-        fl_source_maybe_other_image(r->image, r->len)) {
-        /* the pipeline hands this one to Pillow, which reads it back by index */
+        fl_source_pillow_only(r->image, r->len)) {
+        /* the pipeline hands this one to Pillow, which reads it back by index
+         * (PNG and still WebP are decoded natively: nothing to keep) */
         shard_rec *keep = malloc(sizeof *keep);
         if (keep) {
             *keep = *r;

@@ -220,3 +220,16 @@ fl_source_maybe_other_image(const uint8_t *d, size_t n)
         return 1;
     return 0;
 }
+
+int
+fl_source_pillow_only(const uint8_t *d, size_t n)
+{
+    if (!fl_source_maybe_other_image(d, n))
+        return 0;
+    if (n >= 8 && memcmp(d, "\x89PNG\r\n\x1a\n", 8) == 0)
+        return 0;
+    if (n >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WEBP", 4) == 0)
+        /* VP8X's flags byte, bit 1: animation (libwebp's has_animation) */
+        return n >= 21 && memcmp(d + 12, "VP8X", 4) == 0 && (d[20] & 0x02);
+    return 1;
+}

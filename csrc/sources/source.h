@@ -139,4 +139,10 @@ const char *fl_source_files_path(const fl_source *s, int64_t i);
  * shard reader asks it of a member before any decoder sees it. */
 int fl_source_maybe_other_image(const uint8_t *d, size_t n);
 
+/* Of those, one the native decoders leave to Pillow (not a PNG, not a still
+ * WebP: GIF, BMP, TIFF, PPM, a WebP whose VP8X header says "animated"),
+ * judged by its first bytes as image/codecs.c judges it?  Pure.  The shard
+ * reader keeps a copy only of these, for the Pillow fix-up to read back. */
+int fl_source_pillow_only(const uint8_t *d, size_t n);
+
 #endif

@@ -1,0 +1,35 @@
+/* codecs_internal.h: what codecs.c, png.c and webp.c share (not part of the
+ * image layer's interface; see codecs.h).  No GIL anywhere. */
+#ifndef FL_CODECS_INTERNAL_H
+#define FL_CODECS_INTERNAL_H
+
+#include "image/codecs.h"
+
+struct fl_imgdec {
+    uint64_t max_pixels; /* 0: no limit */
+    uint8_t *scratch;    /* conversion buffer, grown by fl_imgdec_scratch */
+    size_t scratch_cap;
+};
+
+/* The decoder's scratch with at least n bytes, or NULL with err filled
+ * (FL_ERR_NOMEM).  Owned by d; valid until the next call on d. */
+uint8_t *fl_imgdec_scratch(fl_imgdec *d, size_t n, fl_err *err);
+
+/* FL_ERR_LIMIT when info's pixels exceed d's limit: 0, or -1 with err filled. */
+int fl_imgdec_check_limit(const fl_imgdec *d, const fl_img_info *info, fl_err *err);
+
+/* Pillow's rgb2l (L24): (R*19595 + G*38470 + B*7471 + 0x8000) >> 16.  Pure. */
+static inline uint8_t
+fl_img_luma(uint8_t r, uint8_t g, uint8_t b)
+{
+    return (uint8_t)(((uint32_t)r * 19595u + (uint32_t)g * 38470u + (uint32_t)b * 7471u + 0x8000u) >> 16);
+}
+
+int fl_png_info(const uint8_t *data, size_t len, fl_img_info *info, fl_err *err);
+int fl_png_decode(fl_imgdec *d, const uint8_t *data, size_t len, int mode, uint8_t *out, size_t stride,
+                  fl_err *err);
+int fl_webp_info(const uint8_t *data, size_t len, fl_img_info *info, fl_err *err);
+int fl_webp_decode(fl_imgdec *d, const uint8_t *data, size_t len, int mode, uint8_t *out, size_t stride,
+                   fl_err *err);
+
+#endif
