@@ -1,7 +1,7 @@
 /* fuzz_common.h: helpers shared by the libFuzzer harnesses in fuzz/.
  *
  * Layout of the harnesses: one binary per target (fuzz_decode, fuzz_region,
- * fuzz_render, fuzz_augment, fuzz_tar), each built with -fsanitize=fuzzer,address,undefined against
+ * fuzz_render, fuzz_augment, fuzz_tar, fuzz_codecs), each built with -fsanitize=fuzzer,address,undefined against
  * the real csrc/ sources (scripts/fuzz.sh).  Separate binaries rather than
  * one with a mode byte, so that each target keeps its own corpus and its
  * coverage feedback is not diluted by the others, and a crash file names the
@@ -9,6 +9,7 @@
  *
  * Input format
  * - fuzz_decode: the whole input is the JPEG file.
+ * - fuzz_codecs: the whole input is the PNG or WebP file.
  * - fuzz_region, fuzz_render: the first FZ_REGION_PARAMS / FZ_RENDER_PARAMS
  *   bytes are parameters (region, scale, transform spec, ...), the rest is
  *   the JPEG file.  An input shorter than the parameter block reads zeros for

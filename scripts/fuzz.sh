@@ -5,15 +5,16 @@
 #
 #   SECONDS  total fuzzing time, split evenly over the targets (default 600:
 #            the 10-minute run recorded in docs/hardening.md; 60 is the CI smoke pass)
-#   TARGET   decode | region | render | render-noavx2 | augment | augment-noavx2 | tar
-#            (default: decode region render augment; tar is fuzz/fuzz_tar.c, the
-#            shard reader, run on request)
+#   TARGET   decode | region | render | render-noavx2 | augment | augment-noavx2 | tar | codecs
+#            (default: decode region render augment codecs; tar is fuzz/fuzz_tar.c,
+#            the shard reader, run on request; codecs is fuzz/fuzz_codecs.c, the
+#            PNG and WebP decoders)
 #            render-noavx2 / augment-noavx2 are the render / augment binaries with
 #            FASTLOADER_NO_AVX2=1 (the portable kernels); each shares its
 #            binary's corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/<layer>/*.c but
-# csrc/binding/; -ljpeg -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# csrc/binding/; -ljpeg -lspng -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -31,9 +32,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode region render augment)
+[ ${#targets[@]} -gt 0 ] || targets=(decode region render augment codecs)
 for t in "${targets[@]}"; do
-    case $t in decode|region|render|render-noavx2|augment|augment-noavx2|tar) ;;
+    case $t in decode|region|render|render-noavx2|augment|augment-noavx2|tar|codecs) ;;
         *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
 done
 
@@ -41,6 +42,8 @@ done
 need_apt=()
 command -v clang >/dev/null || need_apt+=(clang)
 [ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg62-turbo-dev)
+[ -f /usr/include/spng.h ] || need_apt+=(libspng-dev)
+[ -f /usr/include/webp/decode.h ] || need_apt+=(libwebp-dev)
 command -v cjpeg >/dev/null || need_apt+=(libjpeg-turbo-progs)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "fuzz: installing Debian packages: ${need_apt[*]}"
@@ -88,7 +91,7 @@ for t in "${targets[@]}"; do
     case " ${bins[*]:-} " in *" $b "*) continue ;; esac
     bins+=("$b")
     clang "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -Icsrc "fuzz/fuzz_$b.c" "${objs[@]}" \
-        -ljpeg -llmdb -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
+        -ljpeg -lspng -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
 done
 
 # --- seed corpus
@@ -127,7 +130,8 @@ for t in "${targets[@]}"; do
     # the JPEG targets' and the shard reader's dictionaries; augment's input is
     # parameters and raw pixels, which no dictionary describes
     dict=()
-    case $b in tar) dict=(-dict=fuzz/tar.dict) ;; augment) ;; *) dict=(-dict=fuzz/jpeg.dict) ;; esac
+    case $b in tar) dict=(-dict=fuzz/tar.dict) ;; codecs) dict=(-dict=fuzz/codecs.dict) ;; augment) ;;
+        *) dict=(-dict=fuzz/jpeg.dict) ;; esac
     mkdir -p "$B/corpus/$b"
     log="$B/fuzz-$t.log"
     start=$(date +%s)

@@ -299,6 +299,50 @@ def make_tars() -> dict[str, bytes]:
     }
 
 
+def make_codecs() -> dict[str, bytes]:
+    """PNG (every colour type and depth, interlaced, tRNS, several IDATs) and
+    WebP (lossy, lossless, alpha, animated) seeds for fuzz/fuzz_codecs.c,
+    small so that the mutator works on headers and chunk structure."""
+    import io
+    import numpy as np
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import pngmake as P
+
+    rng = np.random.default_rng(99)
+    out = {}
+    combos = [(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (2, 8), (2, 16), (3, 1), (3, 4), (3, 8), (4, 8), (4, 16),
+              (6, 8), (6, 16)]
+    for i, (ct, depth) in enumerate(combos):
+        n_pal = min(1 << depth, 16) if ct == 3 else 0
+        img = P.random_image(rng, 5 + i % 3, 6 + i % 4, ct, depth, n_palette=max(n_pal, 1))
+        pal = rng.integers(0, 256, (n_pal, 3)) if ct == 3 else None
+        trns = None
+        if ct == 3:
+            trns = bytes(range(0, 255, 40))
+        elif ct == 0 and i % 2:
+            trns = b"\x00\x01"
+        elif ct == 2:
+            trns = b"\x00\x01\x00\x02\x00\x03"
+        out[f"ct{ct}_{depth}.png"] = P.encode(img, ct, depth, palette=pal, trns=trns, filt=i % 3)
+        out[f"ct{ct}_{depth}_adam7.png"] = P.encode(img, ct, depth, interlace=True, palette=pal, trns=trns,
+                                                    idat_chunks=2)
+    text = P.chunk(b"zTXt", b"k\0\0" + __import__("zlib").compress(b"x" * 300))
+    out["ztxt.png"] = P.encode(P.random_image(rng, 4, 4, 2, 8), 2, 8, extra_before=text)
+    y, x = np.mgrid[0:12, 0:10]
+    rgb = np.stack([x * 20, y * 20, (x + y) * 10], -1).astype(np.uint8)
+    for name, arr, kw in [("lossy.webp", rgb, dict(quality=60)), ("lossless.webp", rgb, dict(lossless=True)),
+                          ("alpha.webp", np.concatenate([rgb, rgb[..., :1]], -1), dict(quality=60)),
+                          ("alpha_lossless.webp", np.concatenate([rgb, rgb[..., 1:2]], -1), dict(lossless=True))]:
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="WEBP", **kw)
+        out[name] = buf.getvalue()
+    buf = io.BytesIO()
+    frames = [Image.fromarray(rgb), Image.fromarray(rgb[::-1].copy())]
+    frames[0].save(buf, format="WEBP", save_all=True, append_images=frames[1:], duration=40)
+    out["animated.webp"] = buf.getvalue()
+    return out
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -374,6 +418,11 @@ def main() -> int:
         put("tar", name + ".bin", b"\x00" + data)
         put("tar", name + "_fixsum.bin", b"\x01" + data)
 
+    # codecs (fuzz/fuzz_codecs.c): a PNG or WebP file
+    os.makedirs(os.path.join(tmp, "codecs"))
+    for name, data in make_codecs().items():
+        put("codecs", name, data)
+
     # augment (fuzz/fuzz_augment.c): parameters, then raw pixels
     os.makedirs(os.path.join(tmp, "augment"))
     for name, data in make_augment().items():
@@ -382,7 +431,7 @@ def main() -> int:
     if os.path.isdir(outdir):
         shutil.rmtree(outdir)
     os.rename(tmp, outdir)
-    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "augment", "tar")}
+    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "augment", "tar", "codecs")}
     print(f"make_fuzz_corpus: wrote {outdir}: {counts}")
     return 0
 
