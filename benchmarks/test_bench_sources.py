@@ -17,6 +17,10 @@ test_arrays  (bench_arrays.py's child) memory-mapped .npy files, batch 256:
     tokens  int64 token rows: torch's TensorDataset vs fastloader.ArrayDataset
     images  uint8 64x64 images, RandomResizedCrop(56) + flip + normalize: torchvision v2 per sample vs
             ArrayDataset's native pipeline
+test_formats  (bench_formats.py's folders; the harness's pipeline_child) the sample's images as PNG
+    and as lossy WebP, train pipeline:
+    torch              torchvision ImageFolder (Pillow) + torch DataLoader
+    fastloader         fastloader.ImageFolder (libspng / libwebp in C)
 test_hf  (bench_hf.py's child) a `datasets` table with the JPEG bytes embedded, train pipeline:
     torch              load_from_disk(...).with_transform(torchvision on PIL images) + torch DataLoader
     fastloader         fastloader.HFImageDataset(load_from_disk(...)) + fastloader.DataLoader
@@ -43,6 +47,28 @@ def test_storage(bench, sample, lmdb_path, workers, loader):
         return S.Child(S.script("bench_sources.py"), "child",
                        dict(source=src, path=path, pipeline="train", workers=workers, batch_size=BATCH, seed=0,
                             max_batches=mb))
+
+    bench.run(config, expect=dict(shape=f"{BATCH}x3x224x224", dtype="float32",
+                                  batches=S.n_batches(sample.count, BATCH, mb)))
+
+
+@pytest.mark.parametrize("loader", S.loaders("torch", "fastloader"))
+@pytest.mark.parametrize("fmt", ["png", "webp"])
+def test_formats(bench, sample, workers, loader, fmt):
+    """PNG and WebP image folders: torchvision + Pillow vs fastloader's C decoders, img/s"""
+    import os
+
+    import bench_formats as BF
+
+    work = os.path.join(os.environ.get("FASTLOADER_CACHE") or os.path.expanduser("~/.cache/fastloader"), "formats")
+    os.makedirs(work, exist_ok=True)
+    root = BF.prepare(sample.root, work, sample.count)[fmt]
+    mb = bench.max_batches(None)
+
+    def config(ld):
+        return S.Child(S.HARNESS, "pipeline_child", dict(impl=ld, root=root, pipeline="train", workers=workers,
+                                                         batch_size=BATCH, epochs=1, max_batches=mb,
+                                                         torch_threads=1, hold_batch=True))
 
     bench.run(config, expect=dict(shape=f"{BATCH}x3x224x224", dtype="float32",
                                   batches=S.n_batches(sample.count, BATCH, mb)))
