@@ -40,8 +40,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-BATCH = 64
-SHUFFLE = 1000
+from bench_shards import BATCH, SHUFFLE  # noqa: E402  (the same loader settings as the shard benchmark)
+
 FORMATS = {  # name: (extension, Pillow save arguments)
     "png": ("png", {}),
     "webp": ("webp", {"quality": 80}),
@@ -146,16 +146,6 @@ def decode_child(cfg):
     return {"rate": sum(counts) / dt, "images": sum(counts), "seconds": dt, "mean_kib": mp / 1024}
 
 
-def _webdataset_loader(urls, workers):
-    import torch
-    import webdataset as wds
-
-    tf = C.H.torch_transform("train")
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(SHUFFLE).decode("pil")
-          .to_tuple("webp;png;jpg", "cls").map_tuple(tf, int))
-    return torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers)
-
-
 def child(cfg):
     import torch
 
@@ -170,8 +160,10 @@ def child(cfg):
         import torchvision  # noqa: F401
         import webdataset  # noqa: F401
 
+        from bench_shards import _webdataset_loader  # the shard benchmark's baseline, on WebP members
+
         def make():
-            return _webdataset_loader(cfg["urls"], w)
+            return _webdataset_loader(cfg["urls"], w, image_keys="webp;png;jpg")
     else:
         fl = C.import_fastloader("DataLoader", "WebDataset")
         tf = C.H.fastloader_transform("train")

@@ -28,13 +28,13 @@ BATCH = 64
 SHUFFLE = 1000
 
 
-def _webdataset_loader(urls, workers):
+def _webdataset_loader(urls, workers, image_keys="jpg;jpeg;png"):
     import torch
     import webdataset as wds
 
     tf = C.H.torch_transform("train")
     ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(SHUFFLE).decode("pil")
-          .to_tuple("jpg;jpeg;png", "cls").map_tuple(tf, int))
+          .to_tuple(image_keys, "cls").map_tuple(tf, int))
     return torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers)
 
 

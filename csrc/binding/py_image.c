@@ -411,16 +411,9 @@ fl_decode_image(PyObject *m, PyObject *args, PyObject *kwds)
         goto done;
     }
     /* the pixel limit before the array is allocated */
-    {
-        uint64_t px = (uint64_t)info.width * (uint64_t)info.height;
-        if (px > FL_JPEG_DEFAULT_MAX_PIXELS) {
-            err.code = FL_ERR_LIMIT;
-            snprintf(err.msg, sizeof err.msg, "image of %dx%d = %llu pixels exceeds the limit of %llu pixels",
-                     info.width, info.height, (unsigned long long)px,
-                     (unsigned long long)FL_JPEG_DEFAULT_MAX_PIXELS);
-            fl_image_raise(m, &s, &err);
-            goto done;
-        }
+    if (fl_imgdec_check_limit(d, &info, &err) < 0) {
+        fl_image_raise(m, &s, &err);
+        goto done;
     }
     {
         npy_intp dims[3] = {info.height, info.width, mode == FL_IMG_NATIVE ? info.channels : mode};

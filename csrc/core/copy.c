@@ -22,6 +22,28 @@ fl_aligned_alloc(size_t nbytes)
     return p;
 }
 
+/* n items of itemsize bytes (1, 2, 4 or 8), st bytes apart in src, packed
+ * into dst.  Pure. */
+static void
+copy_row(char *dst, const char *src, int64_t n, int64_t st, size_t itemsize)
+{
+#define FL_ROW(T)                                                      \
+    do {                                                               \
+        for (int64_t j = 0; j < n; j++) {                              \
+            T v;                                                       \
+            memcpy(&v, src + j * st, sizeof v);                        \
+            memcpy(dst + (size_t)j * sizeof v, &v, sizeof v);          \
+        }                                                              \
+    } while (0)
+    switch (itemsize) {
+    case 1: FL_ROW(uint8_t); break;
+    case 2: FL_ROW(uint16_t); break;
+    case 4: FL_ROW(uint32_t); break;
+    default: FL_ROW(uint64_t); break;
+    }
+#undef FL_ROW
+}
+
 void
 fl_copy_strided(char *dst, const char *src, int ndim, const int64_t *shape, const int64_t *strides,
                 size_t itemsize)
@@ -37,55 +59,26 @@ fl_copy_strided(char *dst, const char *src, int ndim, const int64_t *shape, cons
         memcpy(dst, src, (size_t)run);
         return;
     }
-    if (run == (int64_t)itemsize && (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8)) {
-        /* the innermost dimension itself is strided (a permuted view: PILToTensor's
-         * CHW of an HWC image, which ConvertImageDtype and Normalize keep): one
-         * element at a time would be a memcpy call and an index walk per
-         * element, so copy each row with a typed loop instead */
-        int last = d - 1;
-        int64_t n = shape[last], st = strides[last];
-        for (int i = 0; i < d; i++)
-            if (shape[i] == 0)
-                return;
-        int64_t row[FL_MAX_NDIM] = {0};
-        for (;;) {
-            const char *p = src;
-            for (int i = 0; i < last; i++)
-                p += row[i] * strides[i];
-#define FL_ROW(T)                                                      \
-    do {                                                               \
-        for (int64_t j = 0; j < n; j++) {                              \
-            T v;                                                       \
-            memcpy(&v, p + j * st, sizeof v);                          \
-            memcpy(dst + (size_t)j * sizeof v, &v, sizeof v);          \
-        }                                                              \
-    } while (0)
-            switch (itemsize) {
-            case 1: FL_ROW(uint8_t); break;
-            case 2: FL_ROW(uint16_t); break;
-            case 4: FL_ROW(uint32_t); break;
-            default: FL_ROW(uint64_t); break;
-            }
-#undef FL_ROW
-            dst += n * (int64_t)itemsize;
-            int i = last - 1;
-            while (i >= 0 && ++row[i] == shape[i]) {
-                row[i] = 0;
-                i--;
-            }
-            if (i < 0)
-                break;
-        }
-        return;
-    }
+    /* Each step of the walk writes one unit: the compact run with a memcpy,
+     * or, when the innermost dimension itself is strided (a permuted view:
+     * PILToTensor's CHW of an HWC image, which ConvertImageDtype and
+     * Normalize keep), a whole row of it with a typed loop, since a memcpy
+     * call and an index step per element cost more than the copy. */
+    int typed_row = run == (int64_t)itemsize && (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
+    int walk = typed_row ? d - 1 : d;
+    int64_t n = shape[d - 1], st = strides[d - 1];
+    int64_t unit = typed_row ? n * (int64_t)itemsize : run;
     int64_t idx[FL_MAX_NDIM] = {0};
     for (;;) {
         const char *p = src;
-        for (int i = 0; i < d; i++)
+        for (int i = 0; i < walk; i++)
             p += idx[i] * strides[i];
-        memcpy(dst, p, (size_t)run);
-        dst += run;
-        int i = d - 1;
+        if (typed_row)
+            copy_row(dst, p, n, st, itemsize);
+        else
+            memcpy(dst, p, (size_t)run);
+        dst += unit;
+        int i = walk - 1;
         while (i >= 0 && ++idx[i] == shape[i]) {
             idx[i] = 0;
             i--;

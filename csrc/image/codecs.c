@@ -124,8 +124,9 @@ fl_imgdec_decode(fl_imgdec *d, const uint8_t *data, size_t len, int mode, uint8_
     case FL_IMG_WEBP:
         return fl_webp_decode(d, data, len, mode, out, stride, err);
     default: {
-        fl_img_info info;
-        return fl_imgdec_info(d, data, len, &info, err) < 0 ? -1 : -1;
+        fl_img_info info; /* not a PNG or WebP: fl_imgdec_info says what it is */
+        fl_imgdec_info(d, data, len, &info, err);
+        return -1;
     }
     }
 }

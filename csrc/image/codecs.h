@@ -76,6 +76,11 @@ void fl_imgdec_trim(fl_imgdec *d, size_t keep);
  * The pixel limit is not checked here; fl_imgdec_decode checks it. */
 int fl_imgdec_info(fl_imgdec *d, const uint8_t *data, size_t len, fl_img_info *info, fl_err *err);
 
+/* Check a parsed header against d's pixel limit, so a caller can refuse an
+ * image before allocating its output (fl_imgdec_decode checks it too).
+ * 0, or -1 with err filled (FL_ERR_LIMIT).  Pure. */
+int fl_imgdec_check_limit(const fl_imgdec *d, const fl_img_info *info, fl_err *err);
+
 /* Bytes of one packed output row of `info`'s image in `mode`
  * (width * channels * bytes).  Pure. */
 size_t fl_img_row_bytes(const fl_img_info *info, int mode);

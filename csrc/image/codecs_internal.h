@@ -15,9 +15,6 @@ struct fl_imgdec {
  * (FL_ERR_NOMEM).  Owned by d; valid until the next call on d. */
 uint8_t *fl_imgdec_scratch(fl_imgdec *d, size_t n, fl_err *err);
 
-/* FL_ERR_LIMIT when info's pixels exceed d's limit: 0, or -1 with err filled. */
-int fl_imgdec_check_limit(const fl_imgdec *d, const fl_img_info *info, fl_err *err);
-
 /* Pillow's rgb2l (L24): (R*19595 + G*38470 + B*7471 + 0x8000) >> 16.  Pure. */
 static inline uint8_t
 fl_img_luma(uint8_t r, uint8_t g, uint8_t b)

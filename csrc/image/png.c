@@ -46,17 +46,19 @@ be32(const uint8_t *p)
 }
 
 /* Walk the chunks: verify the CRC of each one before the first IDAT (as
- * Pillow's open does), and say in *idat_crc_ok whether every IDAT's CRC is
- * right (libspng is then told to check them, and with them the zlib
- * stream's Adler-32).  Stops at the first chunk after the IDATs, or where
- * the file ends (a truncated IDAT is libspng's to report).  0, or -1 with
- * err filled. */
+ * Pillow's open does); with idat_crc_ok non-NULL, go on through the IDATs
+ * and say there whether every IDAT's CRC is right (libspng is then told to
+ * check them, and with them the zlib stream's Adler-32), else stop at the
+ * first IDAT (a header read needs no more).  Stops at the first chunk after
+ * the IDATs, or where the file ends (a truncated IDAT is libspng's to
+ * report).  0, or -1 with err filled. */
 static int
 prepass(const uint8_t *d, size_t n, int *idat_crc_ok, fl_err *err)
 {
     size_t pos = 8;
     int seen_idat = 0;
-    *idat_crc_ok = 1;
+    if (idat_crc_ok)
+        *idat_crc_ok = 1;
     for (;;) {
         if (pos + 8 > n) {
             if (seen_idat)
@@ -71,7 +73,7 @@ prepass(const uint8_t *d, size_t n, int *idat_crc_ok, fl_err *err)
             fl_err_set(err, FL_ERR_DECODE, 0, "PNG: chunk length %u at byte %zu is invalid", len, pos);
             return -1;
         }
-        if (seen_idat && !is_idat)
+        if ((seen_idat && !is_idat) || (is_idat && !idat_crc_ok))
             return 0;
         if (pos + 12 + (size_t)len > n) {
             if (seen_idat || is_idat)
@@ -182,9 +184,13 @@ fill_info(const struct spng_ihdr *h, int has_trns, fl_img_info *info)
 }
 
 /* A new libspng context on data (CRC actions per prepass), its header read
- * into *ihdr.  NULL with err filled. */
+ * into *ihdr and its tRNS into *t (*has_trns: whether there is one).
+ * Reading tRNS reads every chunk before the image data, so an ancillary
+ * chunk over the limits (a zTXt bomb) fails here, with its reason.  NULL
+ * with err filled. */
 static spng_ctx *
-open_ctx(const uint8_t *data, size_t len, int idat_crc_ok, struct spng_ihdr *ihdr, fl_err *err)
+open_ctx(const uint8_t *data, size_t len, int idat_crc_ok, struct spng_ihdr *ihdr, struct spng_trns *t,
+         int *has_trns, fl_err *err)
 {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) {
@@ -198,6 +204,13 @@ open_ctx(const uint8_t *data, size_t len, int idat_crc_ok, struct spng_ihdr *ihd
         rc = spng_set_png_buffer(ctx, data, len);
     if (rc == 0)
         rc = spng_get_ihdr(ctx, ihdr);
+    if (rc == 0) {
+        memset(t, 0, sizeof *t);
+        rc = spng_get_trns(ctx, t);
+        *has_trns = rc == 0;
+        if (rc == SPNG_ECHUNKAVAIL)
+            rc = 0;
+    }
     if (rc != 0) {
         spng_error(rc, err);
         spng_ctx_free(ctx);
@@ -209,21 +222,16 @@ open_ctx(const uint8_t *data, size_t len, int idat_crc_ok, struct spng_ihdr *ihd
 int
 fl_png_info(const uint8_t *data, size_t len, fl_img_info *info, fl_err *err)
 {
-    int ok;
-    if (prepass(data, len, &ok, err) < 0)
+    if (prepass(data, len, NULL, err) < 0)
         return -1;
     struct spng_ihdr h;
-    spng_ctx *ctx = open_ctx(data, len, ok, &h, err);
+    struct spng_trns t;
+    int has_trns;
+    spng_ctx *ctx = open_ctx(data, len, 1, &h, &t, &has_trns, err);
     if (!ctx)
         return -1;
-    struct spng_trns t;
-    int trc = spng_get_trns(ctx, &t);
     spng_ctx_free(ctx);
-    if (trc != 0 && trc != SPNG_ECHUNKAVAIL) {
-        spng_error(trc, err);
-        return -1;
-    }
-    fill_info(&h, trc == 0, info);
+    fill_info(&h, has_trns, info);
     return 0;
 }
 
@@ -361,19 +369,18 @@ convert_row(const conv *c, const uint8_t *src, uint8_t *dst)
  * conversion): 8-bit files in their own mode, or the converted mode that
  * equals it with nothing to apply.  Pure. */
 static int
-as_stored(const struct spng_ihdr *h, int mode, int has_trns)
+as_stored(const struct spng_ihdr *h, int mode)
 {
     if (h->bit_depth != 8)
         return 0;
     switch (h->color_type) {
     case 0: return mode == FL_IMG_NATIVE || mode == FL_IMG_L;
-    case 2: return mode == FL_IMG_NATIVE || (mode == FL_IMG_RGB);
+    case 2: return mode == FL_IMG_NATIVE || mode == FL_IMG_RGB;
     case 3: return mode == FL_IMG_NATIVE;
     case 4: return mode == FL_IMG_NATIVE;
     case 6: return mode == FL_IMG_NATIVE || mode == FL_IMG_RGBA;
     default: return 0;
     }
-    (void)has_trns;
 }
 
 int
@@ -384,20 +391,12 @@ fl_png_decode(fl_imgdec *dec, const uint8_t *data, size_t len, int mode, uint8_t
     if (prepass(data, len, &ok, err) < 0)
         return -1;
     struct spng_ihdr h;
-    spng_ctx *ctx = open_ctx(data, len, ok, &h, err);
+    struct spng_trns t;
+    int has_trns;
+    spng_ctx *ctx = open_ctx(data, len, ok, &h, &t, &has_trns, err);
     if (!ctx)
         return -1;
     int rc = -1;
-    struct spng_trns t;
-    memset(&t, 0, sizeof t);
-    /* reads the chunks before the image data: an ancillary chunk over the
-     * limits (a zTXt bomb) fails here, with its reason */
-    int trc = spng_get_trns(ctx, &t);
-    if (trc != 0 && trc != SPNG_ECHUNKAVAIL) {
-        spng_error(trc, err);
-        goto done;
-    }
-    int has_trns = trc == 0;
     fl_img_info info;
     fill_info(&h, has_trns, &info);
     if (fl_imgdec_check_limit(dec, &info, err) < 0)
@@ -410,7 +409,7 @@ fl_png_decode(fl_imgdec *dec, const uint8_t *data, size_t len, int mode, uint8_t
     }
     size_t rows = (size_t)h.height, src_row = need / rows;
     size_t out_row = fl_img_row_bytes(&info, mode);
-    int direct = as_stored(&h, mode, has_trns) && src_row == out_row;
+    int direct = as_stored(&h, mode) && src_row == out_row;
     uint8_t *buf = direct && stride == out_row ? out : fl_imgdec_scratch(dec, need, err);
     if (!buf)
         goto done;

@@ -154,7 +154,8 @@ render_pixels(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64
 /* A PNG or still WebP: decode the whole image (1 or 3 channels, as the
  * spec's output) into the worker's pixel buffer, then plan and render as
  * render_pixels does.  Returns 0, 1 for an animated WebP (Pillow's: the
- * first frame), or -1 with err filled.  No GIL. */
+ * first frame; fl_source_pillow_only reads the same VP8X flag as libwebp's
+ * has_animation), or -1 with err filled.  No GIL. */
 static int
 decode_other(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, size_t len, int64_t index,
              uint64_t seed, uint64_t epoch, void *out, fl_err *err, uint64_t t1)
@@ -165,17 +166,10 @@ decode_other(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, s
     fl_img_info info;
     if (fl_imgdec_info(w->imgdec, data, len, &info, err) < 0)
         goto fail;
-    if (info.animated)
-        return 1;
     int ch = ds->spec.out_channels == 1 ? 1 : 3;
-    /* the pixel limit before the buffer grows (fl_imgdec_decode checks it too) */
-    if (ds->max_pixels && (uint64_t)info.width * (uint64_t)info.height > ds->max_pixels) {
-        err->code = FL_ERR_LIMIT;
-        snprintf(err->msg, sizeof err->msg, "image of %dx%d = %llu pixels exceeds the limit of %llu pixels",
-                 info.width, info.height, (unsigned long long)info.width * (unsigned long long)info.height,
-                 (unsigned long long)ds->max_pixels);
+    /* the pixel limit (the worker's decoder has the dataset's) before the buffer grows */
+    if (fl_imgdec_check_limit(w->imgdec, &info, err) < 0)
         goto fail;
-    }
     size_t stride = (size_t)info.width * (size_t)ch;
     if (fl_bytes_reserve(&w->pix, stride * (size_t)info.height) < 0) {
         err->code = FL_ERR_NOMEM;
