@@ -29,7 +29,10 @@ Recipes (``--list`` prints them):
   timm-*   timm.data.create_transform(224, is_training=True,
            auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel",
            interpolation="bicubic"), the same with interpolation="random", and
-           create_transform(224, is_training=False).
+           create_transform(224, is_training=False).  On torch's side timm's
+           posterize keeps 0 bits as black, as before Pillow 13
+           (timm_posterize_zero_bits_as_before_pillow13: Pillow 13 refuses
+           0 bits, which stopped those runs at random).
   *+mixcut the ta_wide v2 preset plus train.py's batch stage:
            collate_fn(batch) = RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])(*default_collate(batch))
            -- torch gets it as collate_fn (train.py's spelling); fastloader
@@ -185,13 +188,44 @@ RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(
                                                      use_v2=True)), True)
 
 
-def make_transform(recipe, crop_size):
-    """The recipe's transform object, built by the libraries' own code."""
+def timm_posterize_zero_bits_as_before_pillow13():
+    """Make timm's posterize keep 0 bits as Pillow < 13 did (a black image)
+    instead of raising, by replacing it in timm's NAME_TO_OP before the
+    transform is built.  timm's PosterizeIncreasing asks for 0 bits at
+    magnitude 10, which m9 + mstd0.5 reaches; Pillow 13's ImageOps.posterize
+    refuses 0, so without this torch's side of the timm-train recipes stops
+    at random (HINTS).  Only the torch side gets it; fastloader gets timm's
+    unchanged objects, and its native Posterize gives black at 0 bits (the
+    same bytes).  The shim adds one comparison per Posterize call."""
+    import timm.data.auto_augment as aa
+    from PIL import Image
+
+    orig = aa.posterize
+    if getattr(orig, "_bench_shim", False):
+        return
+
+    def posterize(img, bits_to_keep, **kw):
+        if bits_to_keep <= 0:
+            return Image.new(img.mode, img.size, 0)
+        return orig(img, bits_to_keep, **kw)
+
+    posterize._bench_shim = True
+    for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+        if aa.NAME_TO_OP.get(name) is orig:
+            aa.NAME_TO_OP[name] = posterize
+
+
+def make_transform(recipe, crop_size, impl=None):
+    """The recipe's transform object, built by the libraries' own code (for
+    impl "torch", timm's posterize first made to accept 0 bits:
+    timm_posterize_zero_bits_as_before_pillow13)."""
     kind, kw = RECIPES[recipe][1]
     if kind == "tv":
         return PresetTrain(crop_size=crop_size, **kw)
     import timm.data
 
+    if impl == "torch":
+        timm_posterize_zero_bits_as_before_pillow13()
     return timm.data.create_transform(crop_size, **kw)
 
 
@@ -218,7 +252,7 @@ def child(cfg):
     caught = []
     try:
         # imports and the transform outside the timed region
-        transform = make_transform(cfg["recipe"], cfg["crop_size"])
+        transform = make_transform(cfg["recipe"], cfg["crop_size"], impl)
         if impl == "torch":
             import torch.utils.data
             import torchvision.datasets

@@ -9,8 +9,9 @@ to fastloader.ImageFolder + fastloader.DataLoader.  16 batches of 64 per run
 A recipe that fastloader refuses to run natively ("fastloader cannot run ...
 natively") is reported as xfail with fastloader's message, and so is timm's
 Posterize failing on Pillow >= 13 (a timm/Pillow incompatibility, random per
-sample, both loaders alike: bench_recipes.HINTS).  Anything else that fails
-fails the test.
+sample: bench_recipes.HINTS; torch's side now runs with timm's posterize
+keeping 0 bits as black, bench_recipes.timm_posterize_zero_bits_as_before_pillow13).
+Anything else that fails fails the test.
 """
 import os
 

@@ -57,6 +57,9 @@ def test_stream_resume(bench, sample, shards, workers, loader):
         return S.Child(S.CHILDREN, "stream_resume_child",
                        dict(variant=ld.split("-")[1], shards=shards.files, batch_size=64, workers=workers))
 
-    expect = dict(samples=sample.count) if loader == "fastloader-epoch" else dict(batches=1)
+    if loader == "fastloader-epoch":
+        expect = dict(samples=sample.count, shape="64x3x224x224")
+    else:   # the one batch after the resume is the epoch's last: short unless 64 divides the sample
+        expect = dict(batches=1, shape=f"{sample.count % 64 or 64}x3x224x224")
     bench.run(config, baseline="fastloader-epoch", unit="ms", measure=S.field_s("total_s"),
-              expect=dict(expect, shape="64x3x224x224", dtype="float32"))
+              expect=dict(expect, dtype="float32"))

@@ -350,6 +350,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
             return ("to_tensor", {})
         if name == "RandomErasing":      # timm.data.random_erasing, per sample (a 3-d tensor)
             return ("erase", dict(obj=t, v2=False, timm=True))
+        if name == "RandAugment":        # timm.data.auto_augment's, of AugmentOps on the PIL image
+            return ("policy", dict(obj=t, v2=False, timm=True))
         if name == "RandomResizedCropAndInterpolation":   # torchvision's get_params, then resized_crop
             interp = _timm_interp_code(t.interpolation)
             if interp is None:
@@ -521,6 +523,89 @@ def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None
     return dict(rounds=rounds, interp=interp, fill=fill, ops=ops, subs=subs)
 
 
+# timm.data.auto_augment's op names -> (csrc/image/augment.h FL_AUG_*, imgops.h FL_LEVEL_*): the
+# op its NAME_TO_OP function amounts to, and its LEVEL_TO_ARG function
+_TIMM_OPS = {
+    "AutoContrast": (12, 0), "Equalize": (13, 0), "Invert": (14, 0), "Rotate": (5, 1),
+    "Posterize": (10, 7), "PosterizeIncreasing": (10, 8), "PosterizeOriginal": (10, 9),
+    "Solarize": (11, 10), "SolarizeIncreasing": (11, 11), "SolarizeAdd": (15, 12),
+    "Brightness": (20, 2), "BrightnessIncreasing": (20, 3), "Color": (21, 2), "ColorIncreasing": (21, 3),
+    "Contrast": (22, 2), "ContrastIncreasing": (22, 3), "Sharpness": (23, 2), "SharpnessIncreasing": (23, 3),
+    "ShearX": (16, 4), "ShearY": (17, 4), "TranslateX": (18, 5), "TranslateY": (19, 5),
+    "TranslateXRel": (18, 6), "TranslateYRel": (19, 6),
+}
+_TIMM_GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
+_AUG_BICUBIC, _AUG_RANDOM = 2, 3   # augment.h FL_AUG_BICUBIC, FL_AUG_RANDOM
+
+
+def _timm_resample(resample: Any) -> int | None:
+    """augment.h's filter for an AugmentOp's resample kwarg: one PIL filter
+    (NEAREST, BILINEAR, BICUBIC), or a tuple drawn with random.choice
+    (BILINEAR and BICUBIC: FL_AUG_RANDOM); None otherwise."""
+    one = {0: 0, 2: 1, 3: _AUG_BICUBIC}
+
+    def code(r: Any) -> int | None:
+        v = getattr(r, "value", r)
+        return one.get(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    if isinstance(resample, (list, tuple)):
+        codes = [code(r) for r in resample]
+        if len(codes) == 1:
+            return codes[0]
+        return _AUG_RANDOM if len(codes) == 2 and set(codes) == {1, _AUG_BICUBIC} else None
+    return code(resample)
+
+
+def _timm_ra_spec(t: Any, channels: int) -> dict | None:
+    """The fl_policy dict (kind "timm_ra", csrc/image/imgops.h) for timm's
+    RandAugment acting on an RGB PIL image, read from its own AugmentOps:
+    each op's name, prob, magnitude, magnitude_std, magnitude_max and
+    hparams, the resample and fillcolor they pass Pillow, num_layers and
+    choice_weights.  None when it cannot run natively: an op it does not
+    know (Desaturate, GaussianBlur*), an op whose functions are not timm's
+    own for its name, geometric ops that disagree on filter or fill, a gray
+    image, more layers or ops than the C tables hold."""
+    import sys
+    mod = sys.modules.get(type(t).__module__)
+    name_to_op, level_to_arg = getattr(mod, "NAME_TO_OP", None), getattr(mod, "LEVEL_TO_ARG", None)
+    ops_in = list(getattr(t, "ops", None) or [])
+    n_layers = getattr(t, "num_layers", None)
+    if channels != 3 or name_to_op is None or level_to_arg is None or not isinstance(n_layers, int):
+        return None
+    if not 0 <= n_layers <= _POLICY_MAX_ROUNDS or not 1 <= len(ops_in) <= _POLICY_MAX_OPS:
+        return None
+    if n_layers == 0:
+        return {}
+    ops, resamples, fills = [], set(), set()
+    for op in ops_in:
+        nm = getattr(op, "name", None)
+        if nm not in _TIMM_OPS or op.aug_fn is not name_to_op.get(nm) or op.level_fn is not level_to_arg.get(nm):
+            return None
+        code, level = _TIMM_OPS[nm]
+        try:
+            hparam = 0.0
+            if level == 5:
+                hparam = float(op.hparams["translate_const"])
+            elif level == 6:
+                hparam = float(op.hparams.get("translate_pct", 0.45))
+            ops.append((code, level, float(op.prob), float(op.magnitude), float(op.magnitude_std),
+                        float(op.magnitude_max or 0.0), hparam))
+        except (TypeError, ValueError, KeyError):
+            return None
+        if nm in _TIMM_GEOMETRIC:
+            resamples.add(_timm_resample(op.kwargs.get("resample")))
+            fills.add(_pil_fill(op.kwargs.get("fillcolor"), channels))
+    if None in resamples or None in fills or len(resamples) > 1 or len(fills) > 1:
+        return None
+    weights = t.choice_weights
+    if weights is not None:
+        weights = [float(w) for w in weights]
+        if len(weights) != len(ops):
+            return None
+    return dict(kind="timm_ra", rounds=n_layers, interp=resamples.pop() if resamples else 1,
+                fill=fills.pop() if fills else (0, 0, 0), ops=ops, weights=weights)
+
+
 def _erase_spec(t: Any, v2: bool, channels: int, dtype: str, timm: bool = False) -> dict | None:
     """The fl_erase dict for a torchvision v1/v2 (or, timm=True, timm) RandomErasing on the
     finished sample, or None when it cannot run natively."""
@@ -647,7 +732,8 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
         pos += 1
     if kind(pos) == "policy" and spec["out_h"]:
         p = descs[pos][1]
-        pol = _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"])
+        pol = (_timm_ra_spec(p["obj"], spec["out_channels"]) if p.get("timm") else
+               _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"]))
         if pol is not None:
             if pol:
                 spec["policy"] = pol

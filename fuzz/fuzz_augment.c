@@ -18,14 +18,17 @@
  * - the geometric ops give exactly the bytes of an independent oracle: the
  *   matrix derived here again from torchvision's and Pillow's formulas, then
  *   Pillow's loops transcribed pixel by pixel (ImagingScaleAffine, affine_fixed,
- *   the double loop, the generic transform's bilinear filter), so the fast
- *   paths (the covered run solved per row, the AVX2 gathers, 4-byte moves, the
- *   chunked bilinear) are held to the plain ones;
+ *   the double loop, the generic transform's bilinear and bicubic filters,
+ *   the latter with Pillow's row replication as written), so the fast paths
+ *   (the covered run solved per row, the AVX2 gathers, 4-byte moves, the
+ *   chunked bilinear and bicubic) are held to the plain ones; timm's affine
+ *   ops (Pillow's coefficients given directly) the same way;
  * - Identity, Color on one channel, Rotate by a multiple of 360 and factor-1
  *   enhances leave the image as it is; Invert twice gives it back; the table
  *   ops (Brightness, Contrast, Posterize, Solarize, AutoContrast, Equalize,
  *   Invert) map equal bytes of a channel to equal bytes; Posterize keeps only
- *   its high bits; Sharpness leaves the border rows and columns alone;
+ *   its high bits; SolarizeAdd is its table; Sharpness leaves the border
+ *   rows and columns alone;
  * - the same call twice gives the same bytes.
  */
 #ifndef _GNU_SOURCE
@@ -198,13 +201,73 @@ oracle_bilinear(const fz_geo *g, const double a[6])
     }
 }
 
+/* Geometry.c's BICUBIC macro. */
+static double
+pil_cubic(double v1, double v2, double v3, double v4, double d)
+{
+    double p1 = v2;
+    double p2 = -v1 + v3;
+    double p3 = 2 * (v1 - v2) + v3 - v4;
+    double p4 = -v1 + v2 - v3 + v4;
+    return p1 + d * (p2 + d * (p3 + d * p4));
+}
+
+/* bicubic_filter8 / bicubic_filter32RGB as Pillow writes them: the first row
+ * clamped, each later row read only when inside, else the previous row's
+ * value (augment.c clamps every row instead). */
+static void
+oracle_bicubic(const fz_geo *g, const double a[6])
+{
+    int w = g->w, h = g->h, c = g->c;
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            double xin = x + 0.5, yin = y + 0.5;
+            double xs = a[0] * xin + a[1] * yin + a[2], ys = a[3] * xin + a[4] * yin + a[5];
+            uint8_t *o = g->out + ((size_t)y * w + x) * c;
+            if (xs < 0.0 || xs >= w || ys < 0.0 || ys >= h) {
+                memcpy(o, g->fill, (size_t)c);
+                continue;
+            }
+            xs -= 0.5;
+            ys -= 0.5;
+            int xi = pil_floor(xs), yi = pil_floor(ys);
+            double dx = xs - xi, dy = ys - yi;
+            xi--;
+            yi--;
+#define XC(v) ((v) < 0 ? 0 : (v) < w ? (v) : w - 1)
+#define YC(v) ((v) < 0 ? 0 : (v) < h ? (v) : h - 1)
+            for (int b = 0; b < c; b++) {
+                int x0 = XC(xi) * c, x1 = XC(xi + 1) * c, x2 = XC(xi + 2) * c, x3 = XC(xi + 3) * c;
+                double v[4];
+                for (int k = 0; k < 4; k++) {
+                    int row = k == 0 ? YC(yi) : yi + k;
+                    if (k > 0 && !(row >= 0 && row < h)) {
+                        v[k] = v[k - 1];
+                        continue;
+                    }
+                    const uint8_t *in = g->src + (size_t)row * w * c + b;
+                    v[k] = pil_cubic(in[x0], in[x1], in[x2], in[x3], dx);
+                }
+                double r = pil_cubic(v[0], v[1], v[2], v[3], dy);
+                o[b] = r <= 0.0 ? 0 : r >= 255.0 ? 255 : (uint8_t)r;
+            }
+#undef XC
+#undef YC
+        }
+    }
+}
+
 /* The oracle for one geometric op; 0 when it does not model the case. */
 static int
 oracle_geometric(int op, double mag, int interp, const fz_geo *g)
 {
     double m[6];
     int w = g->w, h = g->h, c = g->c;
-    if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
+    if (op >= FL_AUG_AFFINE_SHEAR_X && op <= FL_AUG_AFFINE_TRANSLATE_Y) {   /* timm's coefficients */
+        m[0] = 1.0, m[1] = 0.0, m[2] = 0.0, m[3] = 0.0, m[4] = 1.0, m[5] = 0.0;
+        m[op == FL_AUG_AFFINE_SHEAR_X ? 1 : op == FL_AUG_AFFINE_SHEAR_Y ? 3 : op == FL_AUG_AFFINE_TRANSLATE_X ? 2 : 5] =
+            mag;
+    } else if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
         double deg = atan(mag) * (180.0 / fz_pi);
         tv_matrix(0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0, op == FL_AUG_SHEAR_Y ? deg : 0.0, m);
     } else if (op == FL_AUG_TRANSLATE_X || op == FL_AUG_TRANSLATE_Y) {
@@ -234,7 +297,9 @@ oracle_geometric(int op, double mag, int interp, const fz_geo *g)
         m[2] = e + cx;
         m[5] = f + cy;
     }
-    if (interp == FL_AUG_BILINEAR)
+    if (interp == FL_AUG_BICUBIC)
+        oracle_bicubic(g, m);
+    else if (interp == FL_AUG_BILINEAR)
         oracle_bilinear(g, m);
     else
         oracle_nearest(g, m);
@@ -266,6 +331,11 @@ magnitude_for(int op, fz_bytes *p)
         case FL_AUG_ROTATE: return -720.0 + 1440.0 * u;
         case FL_AUG_POSTERIZE: return -1.0 + 10.0 * u;
         case FL_AUG_SOLARIZE: return -10.0 + 280.0 * u;
+        case FL_AUG_SOLARIZE_ADD: return -5.0 + 270.0 * u;
+        case FL_AUG_AFFINE_SHEAR_X: case FL_AUG_AFFINE_SHEAR_Y: return -1.5 + 3.0 * u;
+        case FL_AUG_AFFINE_TRANSLATE_X: case FL_AUG_AFFINE_TRANSLATE_Y: return -80.0 + 160.0 * u;
+        case FL_AUG_BRIGHTNESS_FACTOR: case FL_AUG_COLOR_FACTOR: case FL_AUG_CONTRAST_FACTOR:
+        case FL_AUG_SHARPNESS_FACTOR: return -0.2 + 2.4 * u;
         default: return -1.2 + 2.4 * u;
         }
     }
@@ -310,7 +380,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                      0, 1, 2, 3, 4, 5, 6, 7}[opb - 240];
     double mag = magnitude_for(op, &p);   /* 9 bytes */
     uint8_t ib = fz_u8(&p);
-    int interp = ib < 250 ? ib % 2 : (int[]){2, -1, 3, 100, INT_MIN, 1}[ib - 250];
+    int interp = ib < 250 ? ib % 3 : (int[]){2, -1, 3, 100, INT_MIN, 1}[ib - 250];
     uint8_t cb = fz_u8(&p);
     int channels = cb < 240 ? (cb % 2 ? 3 : 1) : (int[]){0, 2, 4, -1, 1, 3, 3, 1, 5, 255, 1, 3, 3, 1, 2, 3}[cb - 240];
     int w = dim_for(&p), h = dim_for(&p);
@@ -368,7 +438,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *fl = fillp ? fillp : zeros;
     switch (op) {
     case FL_AUG_SHEAR_X: case FL_AUG_SHEAR_Y: case FL_AUG_TRANSLATE_X: case FL_AUG_TRANSLATE_Y:
-    case FL_AUG_ROTATE: {
+    case FL_AUG_ROTATE: case FL_AUG_AFFINE_SHEAR_X: case FL_AUG_AFFINE_SHEAR_Y: case FL_AUG_AFFINE_TRANSLATE_X:
+    case FL_AUG_AFFINE_TRANSLATE_Y: {
         uint8_t *ref = malloc(n);
         if (!ref)
             abort();
@@ -412,12 +483,28 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 FZ_FAIL("Posterize %d bits: %d -> %d", bits, orig[i], img[i]);
         break;
     }
+    case FL_AUG_SOLARIZE_ADD: {
+        int add = (int)trunc(mag);
+        for (size_t i = 0; i < n; i++) {
+            int want = orig[i] < 128 ? (orig[i] + add > 255 ? 255 : orig[i] + add) : orig[i];
+            if (img[i] != want)
+                FZ_FAIL("SolarizeAdd %d: %d -> %d, not %d", add, orig[i], img[i], want);
+        }
+        break;
+    }
+    case FL_AUG_COLOR_FACTOR:
+        if (channels == 1 && memcmp(img, orig, n) != 0)
+            FZ_FAIL("Color (factor) changed a one-channel image");
+        break;
     case FL_AUG_BRIGHTNESS: case FL_AUG_CONTRAST: case FL_AUG_SOLARIZE: case FL_AUG_AUTOCONTRAST:
-    case FL_AUG_EQUALIZE:
+    case FL_AUG_EQUALIZE: case FL_AUG_BRIGHTNESS_FACTOR: case FL_AUG_CONTRAST_FACTOR:
         check_table_op(orig, img, npix, channels, "a table op");
         break;
     }
     if (op >= FL_AUG_BRIGHTNESS && op <= FL_AUG_SHARPNESS && (float)(1.0 + mag) == 1.0f && memcmp(img, orig, n) != 0)
+        FZ_FAIL("op %d with factor 1 changed the image", op);
+    if (op >= FL_AUG_BRIGHTNESS_FACTOR && op <= FL_AUG_SHARPNESS_FACTOR && (float)mag == 1.0f
+        && memcmp(img, orig, n) != 0)
         FZ_FAIL("op %d with factor 1 changed the image", op);
 
     {   /* the same call again gives the same bytes */

@@ -247,13 +247,16 @@ def augment_params(op: int, interp: int, channels: int, w: int, h: int, *, u: fl
 
 def make_augment() -> dict[str, bytes]:
     names = ["Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
-             "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert"]
+             "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
+             # timm's (augment.h FL_AUG_SOLARIZE_ADD ..)
+             "SolarizeAdd", "AffineShearX", "AffineShearY", "AffineTranslateX", "AffineTranslateY",
+             "BrightnessFactor", "ColorFactor", "ContrastFactor", "SharpnessFactor"]
     out = {}
     for op, name in enumerate(names):
-        geometric = 1 <= op <= 5
+        geometric = 1 <= op <= 5 or 16 <= op <= 19
         for j, (w, h, ch) in enumerate([(17, 11, 3), (8, 8, 1), (23, 5, 3), (3, 3, 1)]):
             px = picture(w, h, "RGB" if ch == 3 else "L", seed=op * 7 + j).tobytes()
-            interp = j % 2 if geometric else 0
+            interp = (j % 3 if op == 5 or op >= 16 else j % 2) if geometric else 0   # bicubic: timm's
             fill = (200, 30, 90) if j % 2 else (0xEE, 0, 0)
             out[f"{name}_{w}x{h}x{ch}_u{j}"] = augment_params(op, interp, ch, w, h, u=(0.13 + 0.29 * j) % 1.0,
                                                               fill=fill) + px

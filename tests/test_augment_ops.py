@@ -265,11 +265,12 @@ def test_portable_loops_match_avx2():
     """FASTLOADER_NO_AVX2=1 (read once per process, hence the subprocess)
     runs the portable loops: the same bytes."""
     jobs = []
-    for code in range(15):
+    for code in range(24):   # the torchvision ops, then timm's (augment.h FL_AUG_SOLARIZE_ADD on)
         for shape in [(224, 224, 3), (61, 97, 3), (200, 31), (3, 3, 3), (40, 41)]:
-            for interp in (0, 1):
+            for interp in (0, 1, 2):
                 mag = {1: 0.3, 2: -0.4, 3: 17.0, 4: -9.0, 5: 33.0, 6: 0.6, 7: -0.7, 8: 0.8, 9: 0.9, 10: 3.0,
-                       11: 100.0}.get(code, 0.0)
+                       11: 100.0, 15: 50.0, 16: 0.25, 17: -0.2, 18: 13.7, 19: -8.2, 20: 1.4, 21: 0.3, 22: 1.7,
+                       23: 0.2}.get(code, 0.0)
                 fill = [7, 8, 9][: shape[2] if len(shape) == 3 else 1]
                 jobs.append((code, mag, interp, fill, shape, code * 31 + len(jobs)))
     here = []
@@ -289,7 +290,7 @@ def _img(shape=(8, 9, 3)):
     return np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("code", [-1, 15, 1000])
+@pytest.mark.parametrize("code", [-1, 24, 1000])   # 24: FL_AUG_NOPS
 def test_unknown_op_is_a_value_error(code):
     with pytest.raises(ValueError, match="unknown op"):
         _C._augment_op(code, 0.0, _img())
@@ -329,7 +330,7 @@ def test_enhance_factor_beyond_float_is_refused(name):
 
 def test_bad_interp_is_refused():
     with pytest.raises(ValueError, match="interpolation"):
-        _C._augment_op(CODES["Rotate"], 10.0, _img(), interp=2)
+        _C._augment_op(CODES["Rotate"], 10.0, _img(), interp=3)   # FL_AUG_RANDOM: a policy setting only
 
 
 def test_binding_argument_errors():

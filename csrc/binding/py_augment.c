@@ -3,10 +3,11 @@
  * One module-level function for tests and benchmarks (fastloader/ itself does
  * not call it, hence the underscore), registered by fl_register_augment:
  *   _augment_op(op, magnitude, image, *, interp=0, fill=None) -> ndarray
- *       op: an FL_AUG_* code (0 Identity .. 14 Invert); magnitude: a float
- *       (what torchvision's _apply_op receives); image: a C-contiguous uint8
- *       [H, W], [H, W, 1] or [H, W, 3] array, left as it is; interp: 0
- *       nearest, 1 bilinear; fill: None (zeros) or a sequence of one int per
+ *       op: an FL_AUG_* code (0 Identity .. 14 Invert: torchvision's; 15
+ *       SolarizeAdd .. 23: timm's, augment.h); magnitude: a float (what
+ *       torchvision's _apply_op receives, or the argument timm's op takes);
+ *       image: a C-contiguous uint8 [H, W], [H, W, 1] or [H, W, 3] array,
+ *       left as it is; interp: 0 nearest, 1 bilinear, 2 bicubic; fill: None (zeros) or a sequence of one int per
  *       channel (0..255) for the pixels a geometric op uncovers.
  *       Returns a new uint8 array of the image's shape.
  * Core errors (unknown op, magnitude out of range, ...) come through the
@@ -134,8 +135,9 @@ static PyMethodDef fl_augment_methods[] = {
      "_augment_op(op, magnitude, image, *, interp=0, fill=None) -> ndarray\n\n"
      "For tests and benchmarks.\n"
      "One AutoAugment / RandAugment / TrivialAugmentWide op (an FL_AUG_* code, 0 Identity ..\n"
-     "14 Invert) on a C-contiguous uint8 [H, W] / [H, W, 1|3] image, as torchvision's\n"
-     "_apply_op does it to a PIL image with Pillow. interp: 0 nearest, 1 bilinear; fill: None\n"
+     "14 Invert; 15..23 timm's ops) on a C-contiguous uint8 [H, W] / [H, W, 1|3] image, as\n"
+     "torchvision's _apply_op (or timm's op) does it to a PIL image with Pillow. interp: 0\n"
+     "nearest, 1 bilinear, 2 bicubic; fill: None\n"
      "(zeros) or one int per channel. Returns a new array of the same shape."},
     {NULL, NULL, 0, NULL},
 };

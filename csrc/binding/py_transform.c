@@ -115,7 +115,71 @@ fl_get_floats3(PyObject *v, const char *key, float out[3])
     return (int)n;
 }
 
+/* The timm RandAugment half of fl_policy_from_pydict (kind "timm_ra"):
+ *   rounds: int, interp: int (augment.h, FL_AUG_RANDOM allowed), fill: 3 ints,
+ *   ops: [(op code, level, prob, m, mstd, mmax, hparam), ...],
+ *   weights: None or one float per op.
+ * P is zeroed but for kind.  Returns 0 or -1 with TypeError/ValueError. */
+static int
+fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, PyObject *ops, PyObject *weights,
+                           fl_policy *P)
+{
+    if (rounds == NULL || ops == NULL || interp == NULL || fill == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: a timm 'policy' needs 'rounds', 'interp', 'fill' and 'ops'");
+        return -1;
+    }
+    if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0 || fl_get_int(interp, "policy.interp", &P->interp) < 0)
+        return -1;
+    if (!PyArg_ParseTuple(fill, "iii", &P->fill[0], &P->fill[1], &P->fill[2])) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy.fill' must be a tuple of 3 ints");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(ops, "transform spec: 'policy.ops' must be a sequence");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > FL_POLICY_MAX_OPS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops' has %zd ops, not 1..%d", n, FL_POLICY_MAX_OPS);
+        return -1;
+    }
+    P->nops = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        fl_policy_op *o = &P->ops[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiddddd", &o->op, &o->level, &o->prob, &o->m,
+                              &o->mstd, &o->mmax, &o->hparam)) {
+            Py_DECREF(seq);
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "transform spec: 'policy.ops[%zd]' must be (op, level, prob, m, mstd, mmax, hparam)", i);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    if (weights == NULL || weights == Py_None)
+        return 0;
+    seq = PySequence_Fast(weights, "transform spec: 'policy.weights' must be None or a sequence");
+    if (seq == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.weights' needs one weight per op (%zd)", n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (fl_get_double(PySequence_Fast_GET_ITEM(seq, i), "policy.weights", &P->weight[i]) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    P->has_weights = 1;
+    return 0;
+}
+
 /* d["policy"] (a dict) -> t->policy:
+ *   kind: "torchvision" (the default) or "timm_ra" (fl_timm_policy_from_pydict),
  *   rounds: int, interp: int (augment.h), fill: 3 ints,
  *   ops: [(op code, signed, [magnitudes...]), ...],
  *   subs: [[(op index, bin or -1, p), ...], ...]
@@ -131,9 +195,24 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
         return -1;
     }
     PyObject *rounds = PyDict_GetItemString(v, "rounds"), *interp = PyDict_GetItemString(v, "interp");
+    PyObject *kind = PyDict_GetItemString(v, "kind"), *weights = PyDict_GetItemString(v, "weights");
     ops = PyDict_GetItemString(v, "ops");
     subs = PyDict_GetItemString(v, "subs");
     fill = PyDict_GetItemString(v, "fill");
+    if (kind != NULL) {
+        if (!PyUnicode_Check(kind)) {
+            PyErr_SetString(PyExc_TypeError, "transform spec: 'policy.kind' must be a str");
+            return -1;
+        }
+        if (PyUnicode_CompareWithASCIIString(kind, "timm_ra") == 0)
+            P->kind = FL_POLICY_TIMM_RA;
+        else if (PyUnicode_CompareWithASCIIString(kind, "torchvision") != 0) {
+            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.kind' %R is not 'torchvision' or 'timm_ra'", kind);
+            return -1;
+        }
+    }
+    if (P->kind == FL_POLICY_TIMM_RA)
+        return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, P);
     if (rounds == NULL || ops == NULL || subs == NULL) {
         PyErr_SetString(PyExc_ValueError, "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
         return -1;
@@ -370,13 +449,26 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 PyObject *
 fl_plan_to_dict(const fl_plan *p)
 {
-    PyObject *aug = PyList_New(p->naug), *erase;
-    if (aug == NULL)
+    PyObject *aug = PyList_New(p->naug), *aug_interp = PyList_New(p->naug), *erase;
+    if (aug == NULL || aug_interp == NULL) {
+        Py_XDECREF(aug);
+        Py_XDECREF(aug_interp);
         return NULL;
+    }
+    for (int i = 0; i < p->naug; i++) {
+        PyObject *v = PyLong_FromLong(p->aug_interp[i]);
+        if (v == NULL) {
+            Py_DECREF(aug);
+            Py_DECREF(aug_interp);
+            return NULL;
+        }
+        PyList_SET_ITEM(aug_interp, i, v);
+    }
     for (int i = 0; i < p->naug; i++) {
         PyObject *item = Py_BuildValue("(id)", p->aug_op[i], p->aug_mag[i]);
         if (item == NULL) {
             Py_DECREF(aug);
+            Py_DECREF(aug_interp);
             return NULL;
         }
         PyList_SET_ITEM(aug, i, item);
@@ -395,12 +487,13 @@ fl_plan_to_dict(const fl_plan *p)
         erase = Py_NewRef(Py_None);
     if (erase == NULL) {
         Py_DECREF(aug);
+        Py_DECREF(aug_interp);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii),s:i,s:N,s:N,s:K}", "box", p->box_x, p->box_y, p->box_w,
-                         p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:(ii),s:i,s:N,s:N,s:N,s:K}", "box", p->box_x, p->box_y,
+                         p->box_w, p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
                          p->flip ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
-                         "erase", erase, "erase_key", (unsigned long long)p->erase_key);
+                         "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -507,6 +600,11 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
         p->naug = (int)n;
         Py_DECREF(seq);
     }
+    for (int i = 0; i < p->naug; i++)   /* each op's filter: the policy's unless the plan says */
+        p->aug_interp[i] = t->policy.interp;
+    PyObject *aug_interp = PyDict_GetItemString(d, "aug_interp");
+    if (aug_interp != NULL && fl_plan_ints(d, "aug_interp", p->naug, p->aug_interp, 0) < 0)
+        return -1;
     if (erase != NULL && erase != Py_None) {
         PyObject *seq = PySequence_Fast(erase, "plan: 'erase' must be None or a list of (x, y, w, h)");
         if (seq == NULL)

@@ -1,14 +1,16 @@
 /* augment.c: the image ops of torchvision's AutoAugment / RandAugment /
- * TrivialAugmentWide (augment.h), computed as Pillow 13 computes them on the
- * PIL image torchvision's _apply_op hands it.
+ * TrivialAugmentWide and timm's RandAugment (augment.h), computed as Pillow
+ * 13 computes them on the PIL image torchvision's _apply_op (or timm's op
+ * function) hands it.
  *
  * Reference, op by op (Pillow's C in src/libImaging, Python in PIL/):
  *   geometric   Image.transform(AFFINE) -> ImagingTransformAffine
  *               (Geometry.c): NEAREST takes ImagingScaleAffine when the
  *               matrix has no cross terms, else the 16.16 fixed-point loop
  *               when the four corners map inside +-32768, else the double
- *               loop; BILINEAR takes the generic transform with the bilinear
- *               filter.  Shear/Translate get torchvision's inverse matrix
+ *               loop; BILINEAR and BICUBIC take the generic transform with
+ *               the bilinear or bicubic (a = -1) filter; timm's affine ops
+ *               give Image.transform their coefficients directly.  Shear/Translate get torchvision's inverse matrix
  *               (_get_inverse_affine_matrix); Rotate gets Image.rotate's own
  *               (angle % 360, the 0/90/180/270 transposes, round(..., 15)).
  *   enhance     ImageEnhance: Image.blend(degenerate, image, factor) with
@@ -738,13 +740,106 @@ fl_affine_bilinear1(const uint8_t *restrict src, uint8_t *restrict img, int w, i
     fl_bilinear_chunked(src, img, w, h, 1, a, fill);
 }
 
+/* ImagingGenericTransform with affine_transform and bicubic_filter8 /
+ * bicubic_filter32RGB (Geometry.c), in double: the pixel centre mapped by a,
+ * outside [0, w) x [0, h) -> fill; else shifted by -0.5 and floored, the
+ * 4 x 4 neighbours from one column and one row before to two after, each
+ * index clamped to the image (Pillow clamps the first row and copies the
+ * previous row's value past the last one, which clamping every row gives),
+ * Pillow's BICUBIC (the a = -1 cubic) along x on each row, then along y,
+ * clipped to 0..255 and truncated.  Chunked as fl_bilinear_chunked; each
+ * value goes through Pillow's double operations in Pillow's order.  C: the
+ * channel count, a constant in each caller. */
+static inline __attribute__((always_inline)) double
+fl_pil_cubic(double v1, double v2, double v3, double v4, double d)
+{
+    double p1 = v2;
+    double p2 = -v1 + v3;
+    double p3 = 2 * (v1 - v2) + v3 - v4;
+    double p4 = -v1 + v2 - v3 + v4;
+    return p1 + d * (p2 + d * (p3 + d * p4));
+}
+
+static inline __attribute__((always_inline)) void
+fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const int C,
+                   const double a[6], const uint8_t *fill)
+{
+    const size_t rs = (size_t)w * (size_t)C;
+    double dxs[FL_BL_CHUNK], dys[FL_BL_CHUNK];
+    int32_t rows[4][FL_BL_CHUNK], cols[4][FL_BL_CHUNK], ok[FL_BL_CHUNK];
+    uint8_t res[3][FL_BL_CHUNK];
+    const double W = (double)w, Hd = (double)h;
+    const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
+    for (int y = 0; y < h; y++) {
+        uint8_t *restrict row = img + (size_t)y * rs;
+        double yin = y + 0.5;
+        double py = a[1] * yin, qy = a[4] * yin;
+        for (int x0 = 0; x0 < w; x0 += FL_BL_CHUNK) {
+            int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
+            for (int k = 0; k < n; k++) {
+                double xin = (x0 + k) + 0.5;
+                double xs = a0 * xin + py + a2;
+                double ys = a3 * xin + qy + a5;
+                ok[k] = (xs >= 0.0) & (xs < W) & (ys >= 0.0) & (ys < Hd);
+                xs = xs < 0.0 ? 0.0 : xs;
+                xs = xs > W ? W : xs;
+                ys = ys < 0.0 ? 0.0 : ys;
+                ys = ys > Hd ? Hd : ys;
+                xs -= 0.5;
+                ys -= 0.5;
+                int32_t xi = (int32_t)xs - (xs < 0.0), yi = (int32_t)ys - (ys < 0.0);
+                dxs[k] = xs - xi;
+                dys[k] = ys - yi;
+                for (int j = 0; j < 4; j++) {
+                    int32_t cx = xi - 1 + j, ry = yi - 1 + j;
+                    cols[j][k] = (cx < 0 ? 0 : cx >= w ? w - 1 : cx) * C;
+                    rows[j][k] = ry < 0 ? 0 : ry >= h ? h - 1 : ry;
+                }
+            }
+            for (int c = 0; c < C; c++) {
+                for (int k = 0; k < n; k++) {
+                    double r[4];
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t *s = src + (size_t)rows[j][k] * rs + c;
+                        r[j] = fl_pil_cubic(s[cols[0][k]], s[cols[1][k]], s[cols[2][k]], s[cols[3][k]], dxs[k]);
+                    }
+                    double v = fl_pil_cubic(r[0], r[1], r[2], r[3], dys[k]);
+                    res[c][k] = v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)v;
+                }
+            }
+            uint8_t *restrict out = row + (size_t)x0 * C;
+            for (int k = 0; k < n; k++)
+                for (int c = 0; c < C; c++)
+                    out[k * C + c] = ok[k] ? res[c][k] : fill[c];
+        }
+    }
+}
+
+FL_HOT static void
+fl_affine_bicubic3(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
+                   const uint8_t *fill)
+{
+    fl_bicubic_chunked(src, img, w, h, 3, a, fill);
+}
+
+FL_HOT static void
+fl_affine_bicubic1(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const double a[6],
+                   const uint8_t *fill)
+{
+    fl_bicubic_chunked(src, img, w, h, 1, a, fill);
+}
+
 /* Image.transform((w, h), AFFINE, a, resample, fillcolor=fill) on the copy
  * src, into img: ImagingTransformAffine's choice of loop. */
 static void
 fl_affine(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[6], int interp,
           const uint8_t *fill, int *xintab)
 {
-    if (interp == FL_AUG_BILINEAR && c == 3)
+    if (interp == FL_AUG_BICUBIC && c == 3)
+        fl_affine_bicubic3(src, img, w, h, a, fill);
+    else if (interp == FL_AUG_BICUBIC)
+        fl_affine_bicubic1(src, img, w, h, a, fill);
+    else if (interp == FL_AUG_BILINEAR && c == 3)
         fl_affine_bilinear3(src, img, w, h, a, fill);
     else if (interp == FL_AUG_BILINEAR)
         fl_affine_bilinear1(src, img, w, h, a, fill);
@@ -908,6 +1003,8 @@ fl_aug_tmp_bytes(int w, int h, int channels)
 static const char *const fl_aug_names[FL_AUG_NOPS] = {
     "Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
     "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
+    "SolarizeAdd", "ShearX (affine)", "ShearY (affine)", "TranslateX (pixels)", "TranslateY (pixels)",
+    "Brightness (factor)", "Color (factor)", "Contrast (factor)", "Sharpness (factor)",
 };
 
 /* Contract: augment.h. */
@@ -921,9 +1018,9 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
         return -1;
     }
     const char *name = fl_aug_names[op];
-    if (interp != FL_AUG_NEAREST && interp != FL_AUG_BILINEAR) {
-        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: unknown interpolation %d (0 nearest, 1 bilinear)", name,
-                   interp);
+    if (interp != FL_AUG_NEAREST && interp != FL_AUG_BILINEAR && interp != FL_AUG_BICUBIC) {
+        fl_err_set(err, FL_ERR_INVALID, 0,
+                   "augment: %s: unknown interpolation %d (0 nearest, 1 bilinear, 2 bicubic)", name, interp);
         return -1;
     }
     if (channels != 1 && channels != 3) {
@@ -957,9 +1054,20 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_SHEAR_Y:
     case FL_AUG_TRANSLATE_X:
     case FL_AUG_TRANSLATE_Y:
-    case FL_AUG_ROTATE: {
+    case FL_AUG_ROTATE:
+    case FL_AUG_AFFINE_SHEAR_X:
+    case FL_AUG_AFFINE_SHEAR_Y:
+    case FL_AUG_AFFINE_TRANSLATE_X:
+    case FL_AUG_AFFINE_TRANSLATE_Y: {
         double m[6];
         memcpy(tmp, img, n);
+        if (op >= FL_AUG_AFFINE_SHEAR_X) {   /* the coefficients timm hands Image.transform */
+            m[0] = 1.0, m[1] = 0.0, m[2] = 0.0, m[3] = 0.0, m[4] = 1.0, m[5] = 0.0;
+            m[op == FL_AUG_AFFINE_SHEAR_X ? 1 : op == FL_AUG_AFFINE_SHEAR_Y ? 3
+              : op == FL_AUG_AFFINE_TRANSLATE_X ? 2 : 5] = magnitude;
+            fl_affine(tmp, img, w, h, channels, m, interp, fill, xintab);
+            return 0;
+        }
         if (op == FL_AUG_ROTATE) {
             fl_rotate(tmp, img, w, h, channels, magnitude, interp, fill, xintab);
             return 0;
@@ -980,10 +1088,19 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_BRIGHTNESS:
     case FL_AUG_COLOR:
     case FL_AUG_CONTRAST:
-    case FL_AUG_SHARPNESS: {
-        float alpha = (float)(1.0 + magnitude);   /* Image.blend's alpha is a C float */
+    case FL_AUG_SHARPNESS:
+    case FL_AUG_BRIGHTNESS_FACTOR:
+    case FL_AUG_COLOR_FACTOR:
+    case FL_AUG_CONTRAST_FACTOR:
+    case FL_AUG_SHARPNESS_FACTOR: {
+        /* Image.blend's alpha is a C float */
+        const int given = op >= FL_AUG_BRIGHTNESS_FACTOR;   /* the factor itself */
+        float alpha = given ? (float)magnitude : (float)(1.0 + magnitude);
+        if (given)
+            op = FL_AUG_BRIGHTNESS + (op - FL_AUG_BRIGHTNESS_FACTOR);
         if (isinf(alpha)) {
-            fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: factor 1 + %g is beyond float range", name, magnitude);
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s: factor %s%g is beyond float range", name,
+                       given ? "" : "1 + ", magnitude);
             return -1;
         }
         if (alpha == 1.0f)
@@ -1061,6 +1178,19 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_INVERT:
         fl_invert_bytes(img, n);
         return 0;
+
+    case FL_AUG_SOLARIZE_ADD: {   /* timm's table: i < 128 ? min(255, i + add) : i */
+        double add_d = trunc(magnitude);
+        if (!(add_d >= 0.0 && add_d <= 255.0)) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: SolarizeAdd: add int(%g) outside 0..255", magnitude);
+            return -1;
+        }
+        int add = (int)add_d;
+        for (int v = 0; v < 256; v++)
+            lut[v] = (uint8_t)(v < 128 ? (v + add > 255 ? 255 : v + add) : v);
+        fl_lut_apply1(img, n, lut);
+        return 0;
+    }
     }
     return 0;
 }

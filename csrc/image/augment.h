@@ -1,14 +1,15 @@
 /* augment.h: the augmentation policies' image ops, one function per op.
  *
  * The ops of torchvision's AutoAugment / RandAugment / TrivialAugmentWide
- * (torchvision.transforms.autoaugment._apply_op), run on the uint8 image a
+ * (torchvision.transforms.autoaugment._apply_op) and of timm's RandAugment
+ * (timm.data.auto_augment's op functions), run on the uint8 image a
  * worker has already cropped, resized and flipped, before the dtype
  * conversion.  Reference semantics: Pillow (what torchvision's transforms do
  * to the PIL images of the reference recipes): Image.transform(AFFINE) and
- * Image.rotate with NEAREST resampling, Image.blend for the ImageEnhance
- * factors, ImageFilter.SMOOTH for Sharpness, the ImageOps LUTs.  Each op's
- * fidelity against Pillow is stated in docs/recipes.md and tested in
- * tests/test_augment_ops.py.
+ * Image.rotate with NEAREST, BILINEAR or BICUBIC resampling, Image.blend for
+ * the ImageEnhance factors, ImageFilter.SMOOTH for Sharpness, the ImageOps
+ * LUTs.  Each op's fidelity against Pillow is stated in docs/recipes.md and
+ * tested in tests/test_augment_ops.py and tests/test_timm_augment.py.
  *
  * Images are h rows of w pixels of `channels` (1 or 3) interleaved uint8
  * channels, rows packed (stride w * channels).  Nothing here touches Python;
@@ -39,11 +40,25 @@ enum {
     FL_AUG_AUTOCONTRAST = 12, /* ImageOps.autocontrast(cutoff 0), per channel */
     FL_AUG_EQUALIZE = 13,     /* ImageOps.equalize, per channel */
     FL_AUG_INVERT = 14,       /* ImageOps.invert */
-    FL_AUG_NOPS = 15
+    /* timm's ops (timm.data.auto_augment), whose arguments are Pillow's own: */
+    FL_AUG_SOLARIZE_ADD = 15, /* solarize_add(add = int(magnitude), thresh 128): v < 128 ? min(255, v + add) : v */
+    FL_AUG_AFFINE_SHEAR_X = 16,     /* Image.transform(AFFINE, (1, magnitude, 0, 0, 1, 0)) */
+    FL_AUG_AFFINE_SHEAR_Y = 17,     /* Image.transform(AFFINE, (1, 0, 0, magnitude, 1, 0)) */
+    FL_AUG_AFFINE_TRANSLATE_X = 18, /* Image.transform(AFFINE, (1, 0, magnitude, 0, 1, 0)): magnitude pixels */
+    FL_AUG_AFFINE_TRANSLATE_Y = 19, /* Image.transform(AFFINE, (1, 0, 0, 0, 1, magnitude)) */
+    FL_AUG_BRIGHTNESS_FACTOR = 20,  /* ImageEnhance.Brightness(magnitude): the factor itself, not 1 + it */
+    FL_AUG_COLOR_FACTOR = 21,
+    FL_AUG_CONTRAST_FACTOR = 22,
+    FL_AUG_SHARPNESS_FACTOR = 23,
+    FL_AUG_NOPS = 24
 };
 
-/* Resampling of the geometric ops. */
-enum { FL_AUG_NEAREST = 0, FL_AUG_BILINEAR = 1 };
+/* Resampling of the geometric ops: Pillow's NEAREST, BILINEAR and BICUBIC
+ * transform filters (Geometry.c; its bicubic is the a = -1 cubic, with no
+ * antialiasing).  FL_AUG_RANDOM is a policy setting only (imgops.h): one of
+ * bilinear and bicubic with probability 1/2 per geometric op, as timm's
+ * random.choice((BILINEAR, BICUBIC)); fl_aug_apply never takes it. */
+enum { FL_AUG_NEAREST = 0, FL_AUG_BILINEAR = 1, FL_AUG_BICUBIC = 2, FL_AUG_RANDOM = 3 };
 
 /* Bytes of scratch fl_aug_apply needs for a w x h image of `channels`
  * channels: the image's w * h * channels bytes rounded up to 8, then w ints
@@ -55,8 +70,8 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
 /* Apply op (FL_AUG_*) with `magnitude` to img in place: the bytes
  * torchvision's _apply_op(pil_image, op_name, magnitude, interpolation, fill)
  * gives with Pillow 13 on an "L" (channels 1) or "RGB" (channels 3) image.
- * interp: FL_AUG_NEAREST or FL_AUG_BILINEAR (checked for every op, used by
- * the geometric ones).  fill: `channels` bytes written where a geometric op
+ * interp: FL_AUG_NEAREST, FL_AUG_BILINEAR or FL_AUG_BICUBIC (checked for
+ * every op, used by the geometric ones).  fill: `channels` bytes written where a geometric op
  * uncovers pixels (NULL: zeros, torchvision's fill=None); Pillow's fillcolor
  * after _parse_fill, i.e. the caller has already truncated and clipped the
  * user's values to 0..255.  img: h packed rows of w * channels bytes, owned
@@ -65,8 +80,9 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * unspecified.  Nothing is allocated.
  * Magnitudes: any finite value; Posterize needs int(magnitude) in 0..8 (0
  * gives zeros, as torchvision's tensor op; Pillow's ImageOps.posterize
- * refuses 0, so _apply_op on a PIL image raises there), the enhance ops a
- * factor 1 + magnitude within float range.
+ * refuses 0, so _apply_op on a PIL image raises there), SolarizeAdd
+ * int(magnitude) in 0..255, the enhance ops a factor (1 + magnitude, or
+ * magnitude for the *_FACTOR ops) within float range.
  * No GIL; re-entrant on distinct buffers.  Returns 0, or -1 with err filled
  * (FL_ERR_INVALID: unknown op or interp, w or h outside 1..FL_MAX_DIM (imgops.h),
  * channels not 1 or 3, img or tmp NULL, a magnitude that is NaN, infinite

@@ -71,11 +71,46 @@ enum {
 #define FL_POLICY_MAX_ROUNDS 8
 #define FL_PLAN_MAX_AUG (FL_POLICY_MAX_ROUNDS * FL_POLICY_MAX_STEPS)
 
+/* fl_policy.kind */
+enum {
+    FL_POLICY_TV = 0,     /* torchvision's: magnitude bins and sub-policies, as above */
+    FL_POLICY_TIMM_RA = 1 /* timm's RandAugment of AugmentOps (timm.data.auto_augment): per sample, `rounds`
+                             ops chosen uniformly with replacement (np.random.choice), or, when has_weights,
+                             by weight without replacement; each applies with probability prob; its
+                             magnitude is m, or N(m, mstd) (U(0, m) when mstd is infinite), clipped to
+                             [0, mmax (10 when 0)], then turned into the op's argument by its level
+                             function (FL_LEVEL_*); ops, not subs, are used */
+};
+
+/* fl_policy_op.level (FL_POLICY_TIMM_RA): timm's *_level_to_arg, from the
+ * clipped magnitude m (n: negated with probability 1/2, _randomly_negate). */
+enum {
+    FL_LEVEL_NONE = 0,          /* no argument (AutoContrast, Equalize, Invert) */
+    FL_LEVEL_ROTATE = 1,        /* n(m / 10 * 30) degrees */
+    FL_LEVEL_ENHANCE = 2,       /* m / 10 * 1.8 + 0.1, a factor */
+    FL_LEVEL_ENHANCE_INC = 3,   /* max(0.1, 1 + n(m / 10 * 0.9)), a factor */
+    FL_LEVEL_SHEAR = 4,         /* n(m / 10 * 0.3) */
+    FL_LEVEL_TRANSLATE_ABS = 5, /* n(m / 10 * hparam) pixels (hparam: translate_const) */
+    FL_LEVEL_TRANSLATE_REL = 6, /* n(m / 10 * hparam) * image width (X ops) or height (Y ops) pixels (translate_pct) */
+    FL_LEVEL_POSTERIZE = 7,     /* int(m / 10 * 4) bits */
+    FL_LEVEL_POSTERIZE_INC = 8, /* 4 - int(m / 10 * 4) bits */
+    FL_LEVEL_POSTERIZE_ORIG = 9,/* int(m / 10 * 4) + 4 bits */
+    FL_LEVEL_SOLARIZE = 10,     /* min(256, int(m / 10 * 256)), the threshold */
+    FL_LEVEL_SOLARIZE_INC = 11, /* 256 - min(256, int(m / 10 * 256)) */
+    FL_LEVEL_SOLARIZE_ADD = 12, /* min(128, int(m / 10 * 110)), the addend */
+    FL_LEVEL_COUNT = 13
+};
+
 typedef struct {
     int op;                          /* augment.h FL_AUG_* */
     int is_signed;                   /* negate the magnitude with probability 1/2 */
     int nbins;                       /* 0: no magnitude (0.0 is passed) */
     double mag[FL_POLICY_MAX_BINS];  /* the magnitudes _apply_op receives, in bin order */
+    /* FL_POLICY_TIMM_RA only: */
+    int level;                       /* FL_LEVEL_* */
+    double prob;                     /* probability the op applies, once chosen */
+    double m, mstd, mmax;            /* magnitude, its noise (0 none, INFINITY uniform), its bound (0: 10) */
+    double hparam;                   /* translate_const or translate_pct for the translate levels */
 } fl_policy_op;
 
 typedef struct {
@@ -85,8 +120,11 @@ typedef struct {
 } fl_policy_step;
 
 typedef struct {
-    int rounds;                      /* sub-policies per sample; 0 = no policy */
-    int interp;                      /* augment.h FL_AUG_NEAREST / FL_AUG_BILINEAR */
+    int kind;                        /* FL_POLICY_TV or FL_POLICY_TIMM_RA */
+    int rounds;                      /* sub-policies (TIMM_RA: ops) per sample; 0 = no policy */
+    int interp;                      /* augment.h FL_AUG_NEAREST / BILINEAR; TIMM_RA also BICUBIC or RANDOM */
+    int has_weights;                 /* TIMM_RA: choose by weight[] (without replacement) */
+    double weight[FL_POLICY_MAX_OPS];
     int fill[3];                     /* 0..255 per channel, for pixels a geometric op uncovers */
     int nops;
     fl_policy_op ops[FL_POLICY_MAX_OPS];
@@ -146,6 +184,7 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int naug;                         /* policy ops to apply, in order (identity ops are left out) */
     int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */
     double aug_mag[FL_PLAN_MAX_AUG];
+    int aug_interp[FL_PLAN_MAX_AUG];  /* FL_AUG_NEAREST / BILINEAR / BICUBIC: each op's resampling */
     int nerase;                       /* boxes to erase, in order */
     int erase_box[FL_ERASE_MAX_BOXES][4];  /* x, y, w, h in output pixels */
     uint64_t erase_key;               /* the erase noise's stream (FL_ERASE_NORMAL / FL_ERASE_CHANNEL) */

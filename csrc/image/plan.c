@@ -52,7 +52,10 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
         FAIL("policy.rounds: %d is not in 0..%d", P->rounds, FL_POLICY_MAX_ROUNDS);
     if (t->out_w <= 0 || t->out_h <= 0)
         FAIL("policy: needs a fixed output size (out_h/out_w)");
-    if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR)
+    if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA)
+        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment)", P->kind);
+    if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR
+        && !(P->kind == FL_POLICY_TIMM_RA && (P->interp == FL_AUG_BICUBIC || P->interp == FL_AUG_RANDOM)))
         FAIL("policy.interp: unknown resampling %d", P->interp);
     for (int c = 0; c < 3; c++)
         if (P->fill[c] < 0 || P->fill[c] > 255)
@@ -68,6 +71,31 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
         for (int b = 0; b < o->nbins; b++)
             if (!fl_finite(o->mag[b]))
                 FAIL("policy.ops[%d]: magnitude bin %d is not finite", i, b);
+        if (P->kind != FL_POLICY_TIMM_RA)
+            continue;
+        if (o->level < 0 || o->level >= FL_LEVEL_COUNT)
+            FAIL("policy.ops[%d]: unknown level function %d", i, o->level);
+        if (!fl_finite(o->prob) || o->prob < 0 || o->prob > 1)
+            FAIL("policy.ops[%d]: prob %g is not a probability", i, o->prob);
+        if (!fl_finite(o->m) || !(o->mstd >= 0) || !fl_finite(o->mmax) || o->mmax < 0 || !fl_finite(o->hparam))
+            FAIL("policy.ops[%d]: magnitude %g, std %g, max %g or hparam %g out of range", i, o->m, o->mstd,
+                 o->mmax, o->hparam);
+        if ((o->op == FL_AUG_POSTERIZE) != (o->level >= FL_LEVEL_POSTERIZE && o->level <= FL_LEVEL_POSTERIZE_ORIG)
+            || (o->op == FL_AUG_SOLARIZE_ADD) != (o->level == FL_LEVEL_SOLARIZE_ADD))
+            FAIL("policy.ops[%d]: level function %d does not fit op %d", i, o->level, o->op);
+        if (P->has_weights && (!fl_finite(P->weight[i]) || P->weight[i] < 0))
+            FAIL("policy.weights[%d]: %g is not a weight", i, P->weight[i]);
+    }
+    if (P->kind == FL_POLICY_TIMM_RA) {
+        if (P->has_weights) {
+            int positive = 0;
+            for (int i = 0; i < P->nops; i++)
+                positive += P->weight[i] > 0;
+            if (positive < P->rounds)   /* np.random.choice(replace=False) refuses it too */
+                FAIL("policy.weights: %d ops with a positive weight, fewer than the %d to choose", positive,
+                     P->rounds);
+        }
+        return 0;
     }
     if (P->nsub < 1 || P->nsub > FL_POLICY_MAX_SUB)
         FAIL("policy.subs: %d sub-policies, not 1..%d", P->nsub, FL_POLICY_MAX_SUB);
@@ -279,8 +307,117 @@ fl_policy_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
                 continue;
             p->aug_op[p->naug] = o->op;
             p->aug_mag[p->naug] = mag;
+            p->aug_interp[p->naug] = P->interp;
             p->naug++;
         }
+    }
+}
+
+/* timm's _randomly_negate: -v with probability 1/2. */
+static double
+fl_negate_half(fl_rng *rng, double v)
+{
+    return fl_rng_below(rng, 2) ? -v : v;
+}
+
+/* The argument timm's level function (imgops.h FL_LEVEL_*) gives for the
+ * clipped magnitude m, in Python's double arithmetic and order; w / h: the
+ * image size the translate_rel levels scale by (X ops: w). */
+static double
+fl_timm_level(const fl_policy_op *o, double m, fl_rng *rng, int w, int h)
+{
+    double q = m / 10.0;   /* level / _LEVEL_DENOM */
+    switch (o->level) {
+    case FL_LEVEL_ROTATE:
+        return fl_negate_half(rng, q * 30.0);
+    case FL_LEVEL_ENHANCE:
+        return q * 1.8 + 0.1;
+    case FL_LEVEL_ENHANCE_INC: {
+        double v = 1.0 + fl_negate_half(rng, q * 0.9);
+        return v > 0.1 ? v : 0.1;   /* max(0.1, v) */
+    }
+    case FL_LEVEL_SHEAR:
+        return fl_negate_half(rng, q * 0.3);
+    case FL_LEVEL_TRANSLATE_ABS:
+        return fl_negate_half(rng, q * o->hparam);
+    case FL_LEVEL_TRANSLATE_REL:   /* pct * img.size[0] (X) or img.size[1] (Y) */
+        return fl_negate_half(rng, q * o->hparam) * (o->op == FL_AUG_AFFINE_TRANSLATE_Y ? (double)h : (double)w);
+    case FL_LEVEL_POSTERIZE:
+        return trunc(q * 4);
+    case FL_LEVEL_POSTERIZE_INC:
+        return 4 - trunc(q * 4);
+    case FL_LEVEL_POSTERIZE_ORIG:
+        return trunc(q * 4) + 4;
+    case FL_LEVEL_SOLARIZE:
+    case FL_LEVEL_SOLARIZE_INC: {
+        double v = trunc(q * 256);
+        v = v < 256 ? v : 256;
+        return o->level == FL_LEVEL_SOLARIZE ? v : 256 - v;
+    }
+    case FL_LEVEL_SOLARIZE_ADD: {
+        double v = trunc(q * 110);
+        return v < 128 ? v : 128;
+    }
+    }
+    return 0.0;   /* FL_LEVEL_NONE */
+}
+
+/* One sample's ops of timm's RandAugment (imgops.h FL_POLICY_TIMM_RA: the
+ * distribution of RandAugment.__call__ and AugmentOp.__call__), appended to
+ * p->aug_*.  The draws per chosen op: whether it applies, its magnitude
+ * noise, its level function's sign, then (geometric ops, interp
+ * FL_AUG_RANDOM) its filter.  t checked. */
+static void
+fl_timm_ra_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
+{
+    int chosen[FL_POLICY_MAX_ROUNDS];
+    if (!P->has_weights) {
+        for (int r = 0; r < P->rounds; r++)
+            chosen[r] = (int)fl_rng_below(rng, (uint64_t)P->nops);
+    } else {   /* successive draws by weight among the ops not yet chosen */
+        double wt[FL_POLICY_MAX_OPS];
+        memcpy(wt, P->weight, sizeof wt);
+        for (int r = 0; r < P->rounds; r++) {
+            double total = 0.0;
+            int last = -1;
+            for (int i = 0; i < P->nops; i++) {
+                total += wt[i];
+                if (wt[i] > 0)
+                    last = i;
+            }
+            double u = fl_rng_uniform(rng, 0.0, total), acc = 0.0;
+            int pick = last;
+            for (int i = 0; i < P->nops; i++) {
+                acc += wt[i];
+                if (wt[i] > 0 && u < acc) {
+                    pick = i;
+                    break;
+                }
+            }
+            chosen[r] = pick;
+            wt[pick] = 0.0;
+        }
+    }
+    p->naug = 0;
+    for (int r = 0; r < P->rounds; r++) {
+        const fl_policy_op *o = &P->ops[chosen[r]];
+        if (o->prob < 1.0 && fl_rng_uniform(rng, 0.0, 1.0) > o->prob)   /* random.random() > prob: skipped */
+            continue;
+        double m = o->m;
+        if (o->mstd > 0)
+            m = isinf(o->mstd) ? fl_rng_uniform(rng, 0.0, m) : m + o->mstd * fl_rng_normal(rng);
+        double upper = o->mmax > 0 ? o->mmax : 10.0;   /* magnitude_max or _LEVEL_DENOM */
+        m = m < upper ? m : upper;
+        m = m > 0.0 ? m : 0.0;
+        double arg = fl_timm_level(o, m, rng, w, h);
+        int interp = P->interp;
+        int geometric = o->op == FL_AUG_ROTATE || (o->op >= FL_AUG_AFFINE_SHEAR_X && o->op <= FL_AUG_AFFINE_TRANSLATE_Y);
+        if (interp == FL_AUG_RANDOM)   /* random.choice((BILINEAR, BICUBIC)), in the geometric ops only */
+            interp = geometric && fl_rng_below(rng, 2) ? FL_AUG_BICUBIC : FL_AUG_BILINEAR;
+        p->aug_op[p->naug] = o->op;
+        p->aug_mag[p->naug] = arg;
+        p->aug_interp[p->naug] = interp;
+        p->naug++;
     }
 }
 
@@ -426,7 +563,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
                                              : t->interp;
     if (t->flip_p > 0)
         p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
-    if (t->policy.rounds > 0)
+    if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_RA)
+        fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
+    else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
     if (t->erase.p > 0)
         fl_erase_draw(&t->erase, &rng, &p);

@@ -561,7 +561,7 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
         return -1;
     uint8_t fill[3] = {(uint8_t)t->policy.fill[0], (uint8_t)t->policy.fill[1], (uint8_t)t->policy.fill[2]};
     for (int i = 0; i < plan->naug; i++)
-        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], t->policy.interp, fill, img, w, h, C, tmp, err) < 0)
+        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
             return -1;
     fl_emit_fn emit = fl_convert_table(t, lut);
     for (int oy = 0; oy < h; oy++) {
