@@ -767,6 +767,9 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
     const size_t rs = (size_t)w * (size_t)C;
     double dxs[FL_BL_CHUNK], dys[FL_BL_CHUNK];
     int32_t rows[4][FL_BL_CHUNK], cols[4][FL_BL_CHUNK], ok[FL_BL_CHUNK];
+    uint32_t nb[16][FL_BL_CHUNK];   /* the 4 x 4 neighbour pixels, row-major, pixel innermost: one 32-bit
+                                       load each, channel c in bits 8c.. (the bytes past the pixel unused;
+                                       past the image they are tmp's slack, as in fl_bilinear_chunked) */
     uint8_t res[3][FL_BL_CHUNK];
     const double W = (double)w, Hd = (double)h;
     const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
@@ -796,16 +799,28 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
                     rows[j][k] = ry < 0 ? 0 : ry >= h ? h - 1 : ry;
                 }
             }
-            for (int c = 0; c < C; c++) {
-                for (int k = 0; k < n; k++) {
-                    double r[4];
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t *s = src + (size_t)rows[j][k] * rs + c;
-                        r[j] = fl_pil_cubic(s[cols[0][k]], s[cols[1][k]], s[cols[2][k]], s[cols[3][k]], dxs[k]);
-                    }
-                    double v = fl_pil_cubic(r[0], r[1], r[2], r[3], dys[k]);
-                    res[c][k] = v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)v;
+            /* the neighbours: scalar loads into planes the arithmetic reads contiguously */
+            for (int k = 0; k < n; k++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *s = src + (size_t)rows[j][k] * rs;
+                    for (int i = 0; i < 4; i++)
+                        memcpy(&nb[j * 4 + i][k], s + cols[i][k], 4);
                 }
+            /* Pillow's arithmetic, a pixel per lane */
+            for (int c = 0; c < C; c++) {
+                const int sh = 8 * c;
+#define NB(q) ((int32_t)((nb[q][k] >> sh) & 255u))
+                for (int k = 0; k < n; k++) {
+                    double d = dxs[k];
+                    double r0 = fl_pil_cubic(NB(0), NB(1), NB(2), NB(3), d);
+                    double r1 = fl_pil_cubic(NB(4), NB(5), NB(6), NB(7), d);
+                    double r2 = fl_pil_cubic(NB(8), NB(9), NB(10), NB(11), d);
+                    double r3 = fl_pil_cubic(NB(12), NB(13), NB(14), NB(15), d);
+                    double v = fl_pil_cubic(r0, r1, r2, r3, dys[k]);
+                    v = v <= 0.0 ? 0.0 : v >= 255.0 ? 255.0 : v;
+                    res[c][k] = (uint8_t)(int32_t)v;
+                }
+#undef NB
             }
             uint8_t *restrict out = row + (size_t)x0 * C;
             for (int k = 0; k < n; k++)
