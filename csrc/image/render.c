@@ -583,8 +583,9 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
 /* RandomErasing: write each of the plan's boxes, in order, into the
  * finished out_w x out_h sample at out (t's dtype and layout): the spec's
  * constant, or N(0, 1) values (one per element, FL_ERASE_NORMAL, channel-
- * major as torch's normal_([C, h, w]); or one per channel and box,
- * FL_ERASE_CHANNEL) drawn from rng.h keyed by the plan's erase_key.
+ * major as torch's normal_([C, h, w]), both values of each Box-Muller pair
+ * used along a row; or one per channel and box, FL_ERASE_CHANNEL) drawn
+ * from rng.h keyed by the plan's erase_key.
  * Returns 0, or -1 with err filled (FL_ERR_INVALID) for a box outside the
  * sample. */
 static int
@@ -603,19 +604,40 @@ fl_render_erase(const fl_tspec *t, const fl_plan *plan, void *out, fl_err *err)
                        x0, y0, ew, eh, W, H);
             return -1;
         }
+        if (t->erase.mode == FL_ERASE_NORMAL) {   /* one value per element, channel-major, in pairs */
+            float noise[256];
+            for (int c = 0; c < C; c++)
+                for (int y = y0; y < y0 + eh; y++)
+                    for (int x1 = x0; x1 < x0 + ew; x1 += 256) {
+                        int n = x0 + ew - x1 < 256 ? x0 + ew - x1 : 256;
+                        for (int k = 0; k < n; k += 2) {
+                            double z0, z1;
+                            fl_rng_normal2(&rng, &z0, &z1);
+                            noise[k] = (float)z0;
+                            if (k + 1 < n)
+                                noise[k + 1] = (float)z1;
+                        }
+                        if (t->layout == FL_LAYOUT_CHW && t->dtype == FL_DT_F32) {
+                            memcpy(o + (((size_t)c * H + y) * W + x1) * es, noise, (size_t)n * sizeof(float));
+                            continue;
+                        }
+                        for (int k = 0; k < n; k++) {
+                            size_t idx = t->layout == FL_LAYOUT_CHW ? ((size_t)c * H + y) * W + x1 + k
+                                                                    : ((size_t)y * W + x1 + k) * C + c;
+                            fl_convert_store(t, noise[k], o + idx * es);
+                        }
+                    }
+            continue;
+        }
         for (int c = 0; c < C; c++) {
             uint8_t cval[4];
-            float v = t->erase.mode == FL_ERASE_CONST ? t->erase.value[c]
-                      : t->erase.mode == FL_ERASE_CHANNEL ? (float)fl_rng_normal(&rng) : 0.0f;
+            float v = t->erase.mode == FL_ERASE_CONST ? t->erase.value[c] : (float)fl_rng_normal(&rng);
             fl_convert_store(t, v, cval);
             for (int y = y0; y < y0 + eh; y++) {
                 for (int x = x0; x < x0 + ew; x++) {
                     size_t idx = t->layout == FL_LAYOUT_CHW ? ((size_t)c * H + y) * W + x
                                                             : ((size_t)y * W + x) * C + c;
-                    if (t->erase.mode == FL_ERASE_NORMAL)
-                        fl_convert_store(t, (float)fl_rng_normal(&rng), o + idx * es);
-                    else
-                        memcpy(o + idx * es, cval, es);
+                    memcpy(o + idx * es, cval, es);
                 }
             }
         }
