@@ -5,9 +5,11 @@ test_python_dataset -- bench_python.py's two map-style datasets, about 1 ms of
   work per sample, batch 32 (run by bench_procworkers.py's child):
     numpy   GIL-releasing numpy work on a 256x256x3 float32 array per sample
     python  pure-Python arithmetic (holds the GIL)
-  loaders: torch, fastloader (worker threads, the default), fastloader-process
-  (worker_mode="process"; not at num_workers=0, where it is fastloader), and
-  torchdata's StatefulDataLoader when installed.
+  loaders: torch, fastloader (its default, worker_mode="auto": it starts on
+  threads and moves to processes when the GIL holds them back),
+  fastloader-thread and fastloader-process (worker_mode forced; neither at
+  num_workers=0, where they are fastloader), and torchdata's
+  StatefulDataLoader when installed.
 
 test_custom_dataset -- bench_custom.py's user Dataset: Pillow +
   torchvision.transforms.v2 in __getitem__ (RandomResizedCrop 224, flip,
@@ -20,15 +22,16 @@ import pytest
 
 import _suite as S
 
-IMPL = {"torch": "torch", "fastloader": "thread", "fastloader-process": "process"}
+IMPL = {"torch": "torch", "fastloader": "auto", "fastloader-thread": "thread", "fastloader-process": "process"}
 
 
 def EXCLUDE(params):
-    """Deselected: process workers at num_workers=0 (the loader then runs in the main thread: fastloader's run)."""
-    return params.get("loader") == "fastloader-process" and params.get("workers") == 0
+    """Deselected: forced worker modes at num_workers=0 (the loader then runs in the main thread: fastloader's run)."""
+    return params.get("loader") in ("fastloader-thread", "fastloader-process") and params.get("workers") == 0
 
 
-@pytest.mark.parametrize("loader", S.loaders("torch", "fastloader", "fastloader-process", "torchdata"))
+@pytest.mark.parametrize("loader", S.loaders("torch", "fastloader", "fastloader-thread", "fastloader-process",
+                                             "torchdata"))
 @pytest.mark.parametrize("dataset", ["numpy", "python"])
 def test_python_dataset(bench, suite, dataset, workers, loader):
     """A Python Dataset (~1 ms a sample) under each DataLoader, samples/s"""
