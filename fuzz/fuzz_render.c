@@ -24,7 +24,10 @@
  * fl_render directly (its callers always check first; see docs/hardening.md).
  *
  * Input: FZ_RENDER_PARAMS (64) parameter bytes, then the JPEG file; the
- * parameter bytes are read in the order of build_spec() and the mode code.
+ * parameter bytes are read in the order of build_spec() and the mode code,
+ * and the last 12 of them may also add a timm RandAugment policy
+ * (build_policy), so the policy draws and the augmented render path meet
+ * the same contracts.
  *
  * Contracts checked (besides ASan/UBSan): errors carry a known code and a
  * message; an invalid spec is refused by fl_plan_sample and
@@ -48,6 +51,7 @@
 #include <unistd.h>
 
 #include "fuzz_common.h"
+#include "image/augment.h"
 #include "image/imgops.h"
 #include "image/jpeg.h"
 #include "native/native.h"
@@ -528,6 +532,60 @@ done:
     free(img);
 }
 
+/* A timm RandAugment policy (imgops.h FL_POLICY_TIMM_RA) from the last 12
+ * parameter bytes, read with their own cursor so the other fields keep
+ * their places: byte 0 bit 0 turns it on; rounds 0..3, interp 0..3
+ * (FL_AUG_RANDOM included), weights on bit 7; 1..15 ops, each an
+ * (op, level) pair from a table holding a few pairs fl_tspec_check must
+ * refuse, with its prob, magnitude, noise (none, 0.5, 1, infinite) and
+ * bound; the fill. */
+static void
+build_policy(const uint8_t *params, size_t n, fl_tspec *t)
+{
+    static const int pairs[][2] = {
+        {FL_AUG_AUTOCONTRAST, FL_LEVEL_NONE}, {FL_AUG_EQUALIZE, FL_LEVEL_NONE}, {FL_AUG_INVERT, FL_LEVEL_NONE},
+        {FL_AUG_ROTATE, FL_LEVEL_ROTATE}, {FL_AUG_POSTERIZE, FL_LEVEL_POSTERIZE},
+        {FL_AUG_POSTERIZE, FL_LEVEL_POSTERIZE_INC}, {FL_AUG_POSTERIZE, FL_LEVEL_POSTERIZE_ORIG},
+        {FL_AUG_SOLARIZE, FL_LEVEL_SOLARIZE}, {FL_AUG_SOLARIZE, FL_LEVEL_SOLARIZE_INC},
+        {FL_AUG_SOLARIZE_ADD, FL_LEVEL_SOLARIZE_ADD}, {FL_AUG_BRIGHTNESS_FACTOR, FL_LEVEL_ENHANCE},
+        {FL_AUG_COLOR_FACTOR, FL_LEVEL_ENHANCE_INC}, {FL_AUG_CONTRAST_FACTOR, FL_LEVEL_ENHANCE},
+        {FL_AUG_SHARPNESS_FACTOR, FL_LEVEL_ENHANCE_INC}, {FL_AUG_AFFINE_SHEAR_X, FL_LEVEL_SHEAR},
+        {FL_AUG_AFFINE_SHEAR_Y, FL_LEVEL_SHEAR}, {FL_AUG_AFFINE_TRANSLATE_X, FL_LEVEL_TRANSLATE_ABS},
+        {FL_AUG_AFFINE_TRANSLATE_Y, FL_LEVEL_TRANSLATE_REL}, {FL_AUG_AFFINE_TRANSLATE_X, FL_LEVEL_TRANSLATE_REL},
+        /* refused: */
+        {FL_AUG_POSTERIZE, FL_LEVEL_ROTATE}, {FL_AUG_SOLARIZE_ADD, FL_LEVEL_NONE}, {FL_AUG_NOPS, FL_LEVEL_NONE},
+        {FL_AUG_ROTATE, FL_LEVEL_COUNT},
+    };
+    const int npairs = (int)(sizeof pairs / sizeof pairs[0]);
+    static const double stds[4] = {0.0, 0.5, 1.0, INFINITY}, maxes[4] = {0.0, 10.0, 15.0, 5.0};
+    if (n < FZ_RENDER_PARAMS)
+        return;
+    const uint8_t *b = params + FZ_RENDER_PARAMS - 12;
+    if (!(b[0] & 1))
+        return;
+    fl_policy *P = &t->policy;
+    memset(P, 0, sizeof *P);
+    P->kind = FL_POLICY_TIMM_RA;
+    P->rounds = (b[0] >> 1) % 4;
+    P->interp = (b[0] >> 3) % 4;
+    P->has_weights = b[0] >> 7;
+    P->nops = 1 + b[1] % 15;
+    for (int c = 0; c < 3; c++)
+        P->fill[c] = b[2 + c];
+    for (int i = 0; i < P->nops; i++) {
+        fl_policy_op *o = &P->ops[i];
+        uint8_t x = b[2 + i % 10], y = b[2 + (i + 3) % 10], z = b[2 + (i + 7) % 10];
+        o->op = pairs[(x + i) % npairs][0];
+        o->level = pairs[(x + i) % npairs][1];
+        o->prob = (y % 5) / 4.0;
+        o->m = z == 255 ? 1e300 : (double)(z % 11) + (y >> 5) / 8.0;
+        o->mstd = stds[(z >> 4) % 4];
+        o->mmax = maxes[(y >> 3) % 4];
+        o->hparam = o->level == FL_LEVEL_TRANSLATE_ABS ? 100.0 : 0.45;
+        P->weight[i] = (double)((x >> 4) % 4);
+    }
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -539,6 +597,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int mode = fz_u8(&p) % 4;
     fl_tspec t;
     build_spec(&p, &t);
+    build_policy(p.p, p.n, &t);
     fl_err ferr = {0};
     const int spec_ok = fl_tspec_check(&t, &ferr) == 0;
     if (!spec_ok)

@@ -375,3 +375,25 @@ def test_timm_random_erasing_modes_and_counts():
                 mask[:, y:y + h, x:x + w] = False
             assert np.array_equal(out[mask], ref[mask])
         assert counts >= {1, 2, 3}
+
+
+def test_nearest_policy_on_odd_sizes_equals_torchvision():
+    """TrivialAugmentWide's default NEAREST on a 35 x 33 output: the policy
+    scratch's int table must sit 8-byte aligned after odd-sized image and
+    row buffers (UBSan flagged a misaligned store there, found by
+    fuzz_render's policies); the pixels stay torchvision's."""
+    pol = T.TrivialAugmentWide()
+    tf = T.Compose([T.RandomResizedCrop((33, 35), antialias=True), pol, T.PILToTensor(),
+                    T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+    spec, rest, _ = compile_transform(tf)
+    assert rest is None and spec["policy"]["interp"] == 0
+    im = photo_image("chelsea", (101, 77))
+    arr = np.asarray(im)
+    seen = set()
+    for i in range(120):
+        plan = _C._plan_sample(spec, im.width, im.height, seed=9, epoch=0, index=i)
+        seen.update(c for c, _ in plan["aug"])
+        ours = torch.from_numpy(_C._render(spec, arr, plan))
+        ref = _replay(im, spec, plan, pol)
+        assert torch.equal(ours, ref), (i, plan)
+    assert _AUG_OPS["TranslateX"] in seen or _AUG_OPS["TranslateY"] in seen

@@ -75,7 +75,7 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * uncovers pixels (NULL: zeros, torchvision's fill=None); Pillow's fillcolor
  * after _parse_fill, i.e. the caller has already truncated and clipped the
  * user's values to 0..255.  img: h packed rows of w * channels bytes, owned
- * by the caller, not aliasing tmp.  tmp: caller-owned scratch of
+ * by the caller, not aliasing tmp.  tmp: caller-owned, 8-byte aligned scratch of
  * fl_aug_tmp_bytes(w, h, channels) bytes; its contents on return are
  * unspecified.  Nothing is allocated.
  * Magnitudes: any finite value; Posterize needs int(magnitude) in 0..8 (0

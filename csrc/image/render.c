@@ -535,7 +535,9 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
         fl_err_set(err, FL_ERR_NOMEM, 0, "render: a %d x %d policy image overflows", w, h);
         return -1;
     }
-    size_t total = lutb + imgb + rowb + tmpb;
+    /* tmp must be 8-byte aligned (fl_aug_apply keeps an int table in it): the parts before it rounded up */
+    const size_t imgb8 = (imgb + 7) & ~(size_t)7, rowb8 = (rowb + 7) & ~(size_t)7;
+    size_t total = lutb + imgb8 + rowb8 + tmpb;
     if (total > scratch->aux_cap) {
         void *q = realloc(scratch->aux, total);
         if (q == NULL) {
@@ -545,7 +547,7 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
         scratch->aux = q;
         scratch->aux_cap = total;
     }
-    uint8_t *lut = (uint8_t *)scratch->aux, *img = lut + lutb, *row = img + imgb, *tmp = row + rowb;
+    uint8_t *lut = (uint8_t *)scratch->aux, *img = lut + lutb, *row = img + imgb8, *tmp = row + rowb8;
 
     fl_tspec u = *t;   /* the geometry alone, as uint8 HWC: valid, being t's with fields cleared */
     u.dtype = FL_DT_U8;
