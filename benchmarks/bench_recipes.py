@@ -28,7 +28,8 @@ Recipes (``--list`` prints them):
            (v1) and torchvision.transforms.v2 (use_v2=True).
   timm-*   timm.data.create_transform(224, is_training=True,
            auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel",
-           interpolation="bicubic"), the same with interpolation="random", and
+           interpolation="bicubic"), the same with interpolation="random", the
+           same with auto_augment="original" (timm's AutoAugment), and
            create_transform(224, is_training=False).  On torch's side timm's
            posterize keeps 0 bits as black, as before Pillow 13
            (timm_posterize_zero_bits_as_before_pillow13: Pillow 13 refuses
@@ -182,6 +183,9 @@ RECIPES["timm-train-bicubic"] = ("timm create_transform(is_training, rand-m9-mst
                                  ("timm", dict(_TIMM_TRAIN, interpolation="bicubic")), False)
 RECIPES["timm-train-random"] = ("timm create_transform(is_training, rand-m9-mstd0.5-inc1, re 0.25 pixel, "
                                 "interpolation random)", ("timm", dict(_TIMM_TRAIN, interpolation="random")), False)
+RECIPES["timm-train-aa-original"] = ("timm create_transform(is_training, AutoAugment 'original', re 0.25 pixel, "
+                                     "bicubic)", ("timm", dict(_TIMM_TRAIN, auto_augment="original",
+                                                               interpolation="bicubic")), False)
 RECIPES["timm-eval"] = ("timm create_transform(is_training=False)", ("timm", dict(is_training=False)), False)
 RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)",
                                          ("tv", dict(auto_augment_policy="ta_wide", random_erase_prob=0.1,

@@ -350,8 +350,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
             return ("to_tensor", {})
         if name == "RandomErasing":      # timm.data.random_erasing, per sample (a 3-d tensor)
             return ("erase", dict(obj=t, v2=False, timm=True))
-        if name == "RandAugment":        # timm.data.auto_augment's, of AugmentOps on the PIL image
-            return ("policy", dict(obj=t, v2=False, timm=True))
+        if name in ("RandAugment", "AutoAugment"):   # timm.data.auto_augment's, of AugmentOps on the PIL image
+            return ("policy", dict(obj=t, v2=False, timm=name))
         if name == "RandomResizedCropAndInterpolation":   # torchvision's get_params, then resized_crop
             interp = _timm_interp_code(t.interpolation)
             if interp is None:
@@ -427,6 +427,7 @@ _AUG_OPS = {"Identity": 0, "ShearX": 1, "ShearY": 2, "TranslateX": 3, "Translate
             "Brightness": 6, "Color": 7, "Contrast": 8, "Sharpness": 9, "Posterize": 10, "Solarize": 11,
             "AutoContrast": 12, "Equalize": 13, "Invert": 14}
 _POLICY_MAX_OPS, _POLICY_MAX_BINS, _POLICY_MAX_SUB, _POLICY_MAX_ROUNDS = 16, 32, 32, 8   # imgops.h
+_POLICY_MAX_TIMM = 64   # imgops.h FL_POLICY_MAX_TIMM
 
 
 def _aug_interp(interp: Any) -> int | None:
@@ -556,26 +557,13 @@ def _timm_resample(resample: Any) -> int | None:
     return code(resample)
 
 
-def _timm_ra_spec(t: Any, channels: int) -> dict | None:
-    """The fl_policy dict (kind "timm_ra", csrc/image/imgops.h) for timm's
-    RandAugment acting on an RGB PIL image, read from its own AugmentOps:
-    each op's name, prob, magnitude, magnitude_std, magnitude_max and
-    hparams, the resample and fillcolor they pass Pillow, num_layers and
-    choice_weights.  None when it cannot run natively: an op it does not
-    know (Desaturate, GaussianBlur*), an op whose functions are not timm's
-    own for its name, geometric ops that disagree on filter or fill, a gray
-    image, more layers or ops than the C tables hold."""
-    import sys
-    mod = sys.modules.get(type(t).__module__)
+def _timm_ops(ops_in: list, mod: Any, channels: int) -> tuple[list, int, tuple] | None:
+    """timm's AugmentOps as fl_timm_op tuples (op, level, prob, m, mstd,
+    mmax, hparam), with the one filter and fill their geometric ops hand
+    Pillow; None when one of them cannot run natively (see _timm_ra_spec)."""
     name_to_op, level_to_arg = getattr(mod, "NAME_TO_OP", None), getattr(mod, "LEVEL_TO_ARG", None)
-    ops_in = list(getattr(t, "ops", None) or [])
-    n_layers = getattr(t, "num_layers", None)
-    if channels != 3 or name_to_op is None or level_to_arg is None or not isinstance(n_layers, int):
+    if name_to_op is None or level_to_arg is None:
         return None
-    if not 0 <= n_layers <= _POLICY_MAX_ROUNDS or not 1 <= len(ops_in) <= _POLICY_MAX_OPS:
-        return None
-    if n_layers == 0:
-        return {}
     ops, resamples, fills = [], set(), set()
     for op in ops_in:
         nm = getattr(op, "name", None)
@@ -590,20 +578,71 @@ def _timm_ra_spec(t: Any, channels: int) -> dict | None:
                 hparam = float(op.hparams.get("translate_pct", 0.45))
             ops.append((code, level, float(op.prob), float(op.magnitude), float(op.magnitude_std),
                         float(op.magnitude_max or 0.0), hparam))
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, AttributeError):
             return None
         if nm in _TIMM_GEOMETRIC:
             resamples.add(_timm_resample(op.kwargs.get("resample")))
             fills.add(_pil_fill(op.kwargs.get("fillcolor"), channels))
     if None in resamples or None in fills or len(resamples) > 1 or len(fills) > 1:
         return None
+    return ops, (resamples.pop() if resamples else 1), (fills.pop() if fills else (0, 0, 0))
+
+
+def _timm_ra_spec(t: Any, channels: int) -> dict | None:
+    """The fl_policy dict (kind "timm_ra", csrc/image/imgops.h) for timm's
+    RandAugment acting on an RGB PIL image, read from its own AugmentOps:
+    each op's name, prob, magnitude, magnitude_std, magnitude_max and
+    hparams, the resample and fillcolor they pass Pillow, num_layers and
+    choice_weights.  None when it cannot run natively: an op it does not
+    know (Desaturate, GaussianBlur*), an op whose functions are not timm's
+    own for its name, geometric ops that disagree on filter or fill, a gray
+    image, more layers or ops than the C tables hold."""
+    import sys
+    ops_in = list(getattr(t, "ops", None) or [])
+    n_layers = getattr(t, "num_layers", None)
+    if channels != 3 or not isinstance(n_layers, int):
+        return None
+    if not 0 <= n_layers <= _POLICY_MAX_ROUNDS or not 1 <= len(ops_in) <= _POLICY_MAX_OPS:
+        return None
+    if n_layers == 0:
+        return {}
+    got = _timm_ops(ops_in, sys.modules.get(type(t).__module__), channels)
+    if got is None:
+        return None
+    ops, interp, fill = got
     weights = t.choice_weights
     if weights is not None:
         weights = [float(w) for w in weights]
         if len(weights) != len(ops):
             return None
-    return dict(kind="timm_ra", rounds=n_layers, interp=resamples.pop() if resamples else 1,
-                fill=fills.pop() if fills else (0, 0, 0), ops=ops, weights=weights)
+    return dict(kind="timm_ra", rounds=n_layers, interp=interp, fill=fill, ops=ops, weights=weights)
+
+
+def _timm_aa_spec(t: Any, channels: int) -> dict | None:
+    """The fl_policy dict (kind "timm_aa") for timm's AutoAugment (the
+    "original", "v0", "originalr" and "v0r" policies): its sub-policies of
+    AugmentOps, each op read as _timm_ra_spec reads them; None when one op
+    cannot run natively (the "3a" policy's Desaturate and GaussianBlurRand),
+    or the policy is larger than the C tables (32 sub-policies of 1..2 ops,
+    64 ops)."""
+    import sys
+    policy = list(getattr(t, "policy", None) or [])
+    if channels != 3 or not 1 <= len(policy) <= _POLICY_MAX_SUB:
+        return None
+    flat, subs = [], []
+    for sub in policy:
+        sub = list(sub)
+        if not 1 <= len(sub) <= 2:
+            return None
+        subs.append(list(range(len(flat), len(flat) + len(sub))))
+        flat.extend(sub)
+    if len(flat) > _POLICY_MAX_TIMM:
+        return None
+    got = _timm_ops(flat, sys.modules.get(type(t).__module__), channels)
+    if got is None:
+        return None
+    ops, interp, fill = got
+    return dict(kind="timm_aa", rounds=1, interp=interp, fill=fill, ops=ops, subs=subs)
 
 
 def _erase_spec(t: Any, v2: bool, channels: int, dtype: str, timm: bool = False) -> dict | None:
@@ -732,7 +771,9 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
         pos += 1
     if kind(pos) == "policy" and spec["out_h"]:
         p = descs[pos][1]
-        pol = (_timm_ra_spec(p["obj"], spec["out_channels"]) if p.get("timm") else
+        timm = p.get("timm")
+        pol = (_timm_ra_spec(p["obj"], spec["out_channels"]) if timm == "RandAugment" else
+               _timm_aa_spec(p["obj"], spec["out_channels"]) if timm == "AutoAugment" else
                _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"]))
         if pol is not None:
             if pol:

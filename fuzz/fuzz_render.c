@@ -535,7 +535,8 @@ done:
 /* A timm RandAugment policy (imgops.h FL_POLICY_TIMM_RA) from the last 12
  * parameter bytes, read with their own cursor so the other fields keep
  * their places: byte 0 bit 0 turns it on; rounds 0..3, interp 0..3
- * (FL_AUG_RANDOM included), weights on bit 7; 1..15 ops, each an
+ * (FL_AUG_RANDOM included), weights on bit 7, timm's AutoAugment (sub-policies
+ * of those ops) instead on bit 6; 1..15 ops, each an
  * (op, level) pair from a table holding a few pairs fl_tspec_check must
  * refuse, with its prob, magnitude, noise (none, 0.5, 1, infinite) and
  * bound; the fill. */
@@ -569,11 +570,11 @@ build_policy(const uint8_t *params, size_t n, fl_tspec *t)
     P->rounds = (b[0] >> 1) % 4;
     P->interp = (b[0] >> 3) % 4;
     P->has_weights = b[0] >> 7;
-    P->nops = 1 + b[1] % 15;
+    P->nops = P->ntimm = 1 + b[1] % 15;
     for (int c = 0; c < 3; c++)
         P->fill[c] = b[2 + c];
     for (int i = 0; i < P->nops; i++) {
-        fl_policy_op *o = &P->ops[i];
+        fl_timm_op *o = &P->timm[i];
         uint8_t x = b[2 + i % 10], y = b[2 + (i + 3) % 10], z = b[2 + (i + 7) % 10];
         o->op = pairs[(x + i) % npairs][0];
         o->level = pairs[(x + i) % npairs][1];
@@ -583,6 +584,19 @@ build_policy(const uint8_t *params, size_t n, fl_tspec *t)
         o->mmax = maxes[(y >> 3) % 4];
         o->hparam = o->level == FL_LEVEL_TRANSLATE_ABS ? 100.0 : 0.45;
         P->weight[i] = (double)((x >> 4) % 4);
+    }
+    if (b[0] & 0x40) {   /* timm's AutoAugment instead: sub-policies of 1..2 of these ops (index ntimm refused) */
+        P->kind = FL_POLICY_TIMM_AA;
+        P->has_weights = 0;
+        P->nsub = 1 + b[11] % 8;
+        for (int k = 0; k < P->nsub; k++) {
+            P->sub_len[k] = 1 + ((b[2 + k % 10] >> 6) & 1);
+            for (int j = 0; j < P->sub_len[k]; j++) {
+                P->sub[k][j].op = (b[2 + (k + j) % 10] + k) % (P->ntimm + (b[11] == 255));
+                P->sub[k][j].bin = -1;
+                P->sub[k][j].p = 1.0;
+            }
+        }
     }
 }
 

@@ -414,9 +414,12 @@ def main() -> int:
                 rest += bytes([0b10000000 | (si & 0x40), 3, 2, 20, 15]) + dim(11) + dim(7) + bytes([254, 1])
                 rest += dim(9) + dim(6)
             put("render", f"{sname}_mode{mode}.bin", render_params(mode, spec, rest) + jpegs[img])
-            if sname.startswith("rrc") and mode in (0, 2):   # with a timm RandAugment (build_policy)
+            if sname.startswith("rrc") and mode in (0, 2):   # with a timm policy (build_policy)
                 for interp in range(4):
-                    pol = bytes([1 | (2 << 1) | (interp << 3) | (0x80 if interp == 3 else 0), 14, 124, 116, 104,
+                    b0 = 1 | (2 << 1) | (interp << 3) | (0x80 if interp == 3 else 0)
+                    if interp == 2:   # timm's AutoAugment: one sub-policy per sample (rounds 1)
+                        b0 = 1 | (1 << 1) | (interp << 3) | 0x40
+                    pol = bytes([b0, 14, 124, 116, 104,
                                  17 * interp + 3, 200, 31, 77, 146, 9, 250])
                     params = render_params(mode, spec, rest)[:RENDER_PARAMS - len(pol)] + pol
                     put("render", f"{sname}_mode{mode}_timm{interp}.bin", params + jpegs[img])

@@ -174,12 +174,13 @@ def _plans(spec, n, seed=11, W=300, H=200):
 
 
 def _timm_draws(ra, n, img_size):
-    """timm's own ops, chosen and applied by its own __call__ code paths,
-    with each op function replaced by a recorder of (name, argument,
-    resample)."""
+    """timm's own ops, chosen and applied by its own __call__ code paths
+    (RandAugment's or AutoAugment's), with each op function replaced by a
+    recorder of (name, argument, resample)."""
     seen = []
     saved = dict(timm_aa.NAME_TO_OP)
-    for op in ra.ops:
+    all_ops = ra.ops if hasattr(ra, "ops") else [op for sub in ra.policy for op in sub]
+    for op in all_ops:
         def rec(img, *args, _name=op.name, **kw):
             resample = timm_aa._interpolation(dict(kw)) if _name in GEOMETRIC else None
             seen[-1].append((_name, args[0] if args else None, resample))
@@ -193,7 +194,7 @@ def _timm_draws(ra, n, img_size):
             seen.append([])
             ra(img)
     finally:
-        for op in ra.ops:
+        for op in all_ops:
             op.aug_fn = saved[op.name]
     return seen
 
@@ -249,6 +250,60 @@ def test_rand_m9_mstd_inc1_draws_match_timm():
     frac_b = sum(r == BICUBIC for r in geo_theirs) / len(geo_theirs)
     assert abs(frac_a - 0.5) < 5 * math.sqrt(0.25 / len(geo_ours)) and abs(frac_b - 0.5) < 0.05
     assert all(i == 1 for s in ours for (c, _), i in s if c not in (5, 16, 17, 18, 19))
+
+
+@pytest.mark.parametrize("policy", ["original", "v0r", "original-mstd0.5"])
+def test_autoaugment_draws_match_timm(policy):
+    tf = _train(policy, "random", size=64)
+    aa = [t for t in tf.transforms if type(t).__name__ == "AutoAugment"][0]
+    spec, rest, _ = compile_transform(tf)
+    assert rest is None and spec["policy"]["kind"] == "timm_aa"
+    n = 10000
+    ours = [p["aug"] for p in _plans(spec, n)]
+    theirs = _timm_draws(aa, n, (64, 64))
+    for k in range(3):   # ops applied per sample
+        a, b = sum(len(s) == k for s in ours), sum(len(s) == k for s in theirs)
+        assert abs(a - b) < 5 * math.sqrt(max(b, 1)) + 10, (k, a, b)
+    ca, cb = {}, {}
+    for s in ours:
+        for c, _ in s:
+            ca[c] = ca.get(c, 0) + 1
+    for s in theirs:
+        for nm, _, _ in s:
+            c = _TIMM_OPS[nm][0]
+            cb[c] = cb.get(c, 0) + 1
+    assert set(ca) == set(cb)
+    for c in cb:
+        assert abs(ca[c] - cb[c]) < 5 * math.sqrt(cb[c]) + 10, (c, ca[c], cb[c])
+    # the arguments: per op, the mean of |arg| (fixed magnitudes, or noised with mstd)
+    for c in cb:
+        a = np.abs([m for s in ours for cc, m in s if cc == c])
+        b = np.abs([m for s in theirs for nm, m, _ in s if _TIMM_OPS[nm][0] == c and m is not None], dtype=float)
+        if c == 19:   # TranslateYRel: ours in pixels
+            b = b * 64
+        if len(b) and b.std() > 0:
+            se = math.sqrt(a.var() / len(a) + b.var() / len(b))
+            assert abs(a.mean() - b.mean()) < 5 * se + 1e-9 * abs(b.mean()), (c, a.mean(), b.mean())
+        elif len(b):
+            assert np.allclose(a, b[0]), c
+
+
+@pytest.mark.parametrize("policy", ["original", "v0"])
+def test_autoaugment_pixels_equal_timm_for_the_plan(policy):
+    tf = _train(policy, "bicubic", size=80)
+    spec, rest, _ = compile_transform(tf)
+    assert rest is None
+    seen = set()
+    for name in PHOTOS[:2]:
+        im = photo_image(name, (203, 150))
+        arr = np.asarray(im)
+        for i in range(50):
+            plan = _C._plan_sample(spec, im.width, im.height, seed=5, epoch=0, index=i)
+            seen.update(c for c, _ in plan["aug"])
+            ours = torch.from_numpy(_C._render(spec, arr, plan))
+            ref = _replay(im, spec, plan, spec["policy"]["fill"])
+            assert torch.equal(ours, ref), (policy, name, i, plan)
+    assert len(seen) >= 7
 
 
 def test_weighted_choice_is_without_replacement_as_numpy():

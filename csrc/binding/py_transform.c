@@ -115,38 +115,23 @@ fl_get_floats3(PyObject *v, const char *key, float out[3])
     return (int)n;
 }
 
-/* The timm RandAugment half of fl_policy_from_pydict (kind "timm_ra"):
- *   rounds: int, interp: int (augment.h, FL_AUG_RANDOM allowed), fill: 3 ints,
- *   ops: [(op code, level, prob, m, mstd, mmax, hparam), ...],
- *   weights: None or one float per op.
- * P is zeroed but for kind.  Returns 0 or -1 with TypeError/ValueError. */
+/* timm's AugmentOps, ops = [(op code, level, prob, m, mstd, mmax, hparam), ...],
+ * into P->timm / P->ntimm (at most max).  Returns 0 or -1 with ValueError. */
 static int
-fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, PyObject *ops, PyObject *weights,
-                           fl_policy *P)
+fl_timm_ops_from_py(PyObject *ops, int max, fl_policy *P)
 {
-    if (rounds == NULL || ops == NULL || interp == NULL || fill == NULL) {
-        PyErr_SetString(PyExc_ValueError, "transform spec: a timm 'policy' needs 'rounds', 'interp', 'fill' and 'ops'");
-        return -1;
-    }
-    if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0 || fl_get_int(interp, "policy.interp", &P->interp) < 0)
-        return -1;
-    if (!PyArg_ParseTuple(fill, "iii", &P->fill[0], &P->fill[1], &P->fill[2])) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy.fill' must be a tuple of 3 ints");
-        return -1;
-    }
     PyObject *seq = PySequence_Fast(ops, "transform spec: 'policy.ops' must be a sequence");
     if (seq == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 1 || n > FL_POLICY_MAX_OPS) {
+    if (n < 1 || n > max) {
         Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops' has %zd ops, not 1..%d", n, FL_POLICY_MAX_OPS);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.ops' has %zd ops, not 1..%d", n, max);
         return -1;
     }
-    P->nops = (int)n;
+    P->ntimm = (int)n;
     for (Py_ssize_t i = 0; i < n; i++) {
-        fl_policy_op *o = &P->ops[i];
+        fl_timm_op *o = &P->timm[i];
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiddddd", &o->op, &o->level, &o->prob, &o->m,
                               &o->mstd, &o->mmax, &o->hparam)) {
             Py_DECREF(seq);
@@ -157,17 +142,84 @@ fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, P
         }
     }
     Py_DECREF(seq);
-    if (weights == NULL || weights == Py_None)
-        return 0;
-    seq = PySequence_Fast(weights, "transform spec: 'policy.weights' must be None or a sequence");
-    if (seq == NULL)
-        return -1;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.weights' needs one weight per op (%zd)", n);
+    return 0;
+}
+
+/* The timm half of fl_policy_from_pydict (kind "timm_ra" or "timm_aa"):
+ *   rounds: int, interp: int (augment.h, FL_AUG_RANDOM allowed), fill: 3 ints,
+ *   ops: the AugmentOps (fl_timm_ops_from_py);
+ *   timm_ra: weights: None or one float per op;
+ *   timm_aa: subs: [[op index, ...], ...], the sub-policies.
+ * P is zeroed but for kind.  Returns 0 or -1 with TypeError/ValueError. */
+static int
+fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, PyObject *ops, PyObject *weights,
+                           PyObject *subs, fl_policy *P)
+{
+    const int aa = P->kind == FL_POLICY_TIMM_AA;
+    if (rounds == NULL || ops == NULL || interp == NULL || fill == NULL || (aa && subs == NULL)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "transform spec: a timm 'policy' needs 'rounds', 'interp', 'fill', 'ops' (and 'subs')");
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0 || fl_get_int(interp, "policy.interp", &P->interp) < 0)
+        return -1;
+    if (!PyArg_ParseTuple(fill, "iii", &P->fill[0], &P->fill[1], &P->fill[2])) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy.fill' must be a tuple of 3 ints");
+        return -1;
+    }
+    if (fl_timm_ops_from_py(ops, aa ? FL_POLICY_MAX_TIMM : FL_POLICY_MAX_OPS, P) < 0)
+        return -1;
+    if (aa) {
+        PyObject *seq = PySequence_Fast(subs, "transform spec: 'policy.subs' must be a sequence");
+        if (seq == NULL)
+            return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n < 1 || n > FL_POLICY_MAX_SUB) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.subs' has %zd sub-policies, not 1..%d", n,
+                         FL_POLICY_MAX_SUB);
+            return -1;
+        }
+        P->nsub = (int)n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *steps = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "");
+            Py_ssize_t ns = steps ? PySequence_Fast_GET_SIZE(steps) : -1;
+            if (ns < 1 || ns > FL_POLICY_MAX_STEPS) {
+                Py_XDECREF(steps);
+                Py_DECREF(seq);
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "transform spec: 'policy.subs[%zd]' must hold 1..%d op indices", i,
+                             FL_POLICY_MAX_STEPS);
+                return -1;
+            }
+            P->sub_len[i] = (int)ns;
+            for (Py_ssize_t k = 0; k < ns; k++) {
+                if (fl_get_int(PySequence_Fast_GET_ITEM(steps, k), "policy.subs", &P->sub[i][k].op) < 0) {
+                    Py_DECREF(steps);
+                    Py_DECREF(seq);
+                    return -1;
+                }
+                P->sub[i][k].bin = -1;
+                P->sub[i][k].p = 1.0;
+            }
+            Py_DECREF(steps);
+        }
+        Py_DECREF(seq);
+        return 0;
+    }
+    P->nops = P->ntimm;
+    if (weights == NULL || weights == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(weights, "transform spec: 'policy.weights' must be None or a sequence");
+    if (seq == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != P->nops) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "transform spec: 'policy.weights' needs one weight per op (%d)", P->nops);
+        return -1;
+    }
+    for (int i = 0; i < P->nops; i++) {
         if (fl_get_double(PySequence_Fast_GET_ITEM(seq, i), "policy.weights", &P->weight[i]) < 0) {
             Py_DECREF(seq);
             return -1;
@@ -179,7 +231,7 @@ fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, P
 }
 
 /* d["policy"] (a dict) -> t->policy:
- *   kind: "torchvision" (the default) or "timm_ra" (fl_timm_policy_from_pydict),
+ *   kind: "torchvision" (the default), "timm_ra" or "timm_aa" (fl_timm_policy_from_pydict),
  *   rounds: int, interp: int (augment.h), fill: 3 ints,
  *   ops: [(op code, signed, [magnitudes...]), ...],
  *   subs: [[(op index, bin or -1, p), ...], ...]
@@ -206,13 +258,16 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
         }
         if (PyUnicode_CompareWithASCIIString(kind, "timm_ra") == 0)
             P->kind = FL_POLICY_TIMM_RA;
+        else if (PyUnicode_CompareWithASCIIString(kind, "timm_aa") == 0)
+            P->kind = FL_POLICY_TIMM_AA;
         else if (PyUnicode_CompareWithASCIIString(kind, "torchvision") != 0) {
-            PyErr_Format(PyExc_ValueError, "transform spec: 'policy.kind' %R is not 'torchvision' or 'timm_ra'", kind);
+            PyErr_Format(PyExc_ValueError,
+                         "transform spec: 'policy.kind' %R is not 'torchvision', 'timm_ra' or 'timm_aa'", kind);
             return -1;
         }
     }
-    if (P->kind == FL_POLICY_TIMM_RA)
-        return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, P);
+    if (P->kind != FL_POLICY_TV)
+        return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, subs, P);
     if (rounds == NULL || ops == NULL || subs == NULL) {
         PyErr_SetString(PyExc_ValueError, "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
         return -1;

@@ -74,13 +74,15 @@ enum {
 /* fl_policy.kind */
 enum {
     FL_POLICY_TV = 0,     /* torchvision's: magnitude bins and sub-policies, as above */
-    FL_POLICY_TIMM_RA = 1 /* timm's RandAugment of AugmentOps (timm.data.auto_augment): per sample, `rounds`
-                             ops chosen uniformly with replacement (np.random.choice), or, when has_weights,
-                             by weight without replacement; each applies with probability prob; its
-                             magnitude is m, or N(m, mstd) (U(0, m) when mstd is infinite), clipped to
-                             [0, mmax (10 when 0)], then turned into the op's argument by its level
-                             function (FL_LEVEL_*); ops, not subs, are used */
+    FL_POLICY_TIMM_RA = 1,/* timm's RandAugment of AugmentOps (timm.data.auto_augment): per sample, `rounds`
+                             of the nops ops timm[0..nops-1] chosen uniformly with replacement
+                             (np.random.choice), or, when has_weights, by weight without replacement;
+                             each then drawn as an AugmentOp (fl_timm_op); subs unused */
+    FL_POLICY_TIMM_AA = 2 /* timm's AutoAugment (original, v0 and their r forms): per sample one of the nsub
+                             sub-policies uniformly (random.choice), each of its steps the AugmentOp
+                             timm[step.op] drawn as an AugmentOp; rounds 1 */
 };
+#define FL_POLICY_MAX_TIMM 64
 
 /* fl_policy_op.level (FL_POLICY_TIMM_RA): timm's *_level_to_arg, from the
  * clipped magnitude m (n: negated with probability 1/2, _randomly_negate). */
@@ -106,12 +108,19 @@ typedef struct {
     int is_signed;                   /* negate the magnitude with probability 1/2 */
     int nbins;                       /* 0: no magnitude (0.0 is passed) */
     double mag[FL_POLICY_MAX_BINS];  /* the magnitudes _apply_op receives, in bin order */
-    /* FL_POLICY_TIMM_RA only: */
+} fl_policy_op;
+
+/* One of timm's AugmentOps: applied with probability prob (random() > prob
+ * skips it); its magnitude m, or N(m, mstd) (U(0, m) when mstd is
+ * infinite), clipped to [0, mmax (10 when 0)], turned into the op's
+ * argument by its level function. */
+typedef struct {
+    int op;                          /* augment.h FL_AUG_* */
     int level;                       /* FL_LEVEL_* */
-    double prob;                     /* probability the op applies, once chosen */
+    double prob;
     double m, mstd, mmax;            /* magnitude, its noise (0 none, INFINITY uniform), its bound (0: 10) */
     double hparam;                   /* translate_const or translate_pct for the translate levels */
-} fl_policy_op;
+} fl_timm_op;
 
 typedef struct {
     int op;                          /* index into fl_policy.ops */
@@ -120,11 +129,13 @@ typedef struct {
 } fl_policy_step;
 
 typedef struct {
-    int kind;                        /* FL_POLICY_TV or FL_POLICY_TIMM_RA */
+    int kind;                        /* FL_POLICY_TV, FL_POLICY_TIMM_RA or FL_POLICY_TIMM_AA */
     int rounds;                      /* sub-policies (TIMM_RA: ops) per sample; 0 = no policy */
-    int interp;                      /* augment.h FL_AUG_NEAREST / BILINEAR; TIMM_RA also BICUBIC or RANDOM */
+    int interp;                      /* augment.h FL_AUG_NEAREST / BILINEAR; timm's also BICUBIC or RANDOM */
     int has_weights;                 /* TIMM_RA: choose by weight[] (without replacement) */
     double weight[FL_POLICY_MAX_OPS];
+    int ntimm;                       /* TIMM_RA / TIMM_AA: the AugmentOps (TIMM_RA: ntimm == nops) */
+    fl_timm_op timm[FL_POLICY_MAX_TIMM];
     int fill[3];                     /* 0..255 per channel, for pixels a geometric op uncovers */
     int nops;
     fl_policy_op ops[FL_POLICY_MAX_OPS];

@@ -52,51 +52,67 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
         FAIL("policy.rounds: %d is not in 0..%d", P->rounds, FL_POLICY_MAX_ROUNDS);
     if (t->out_w <= 0 || t->out_h <= 0)
         FAIL("policy: needs a fixed output size (out_h/out_w)");
-    if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA)
-        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment)", P->kind);
+    if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA && P->kind != FL_POLICY_TIMM_AA)
+        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment, 2 timm AutoAugment)", P->kind);
+    const int timm = P->kind != FL_POLICY_TV;
     if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR
-        && !(P->kind == FL_POLICY_TIMM_RA && (P->interp == FL_AUG_BICUBIC || P->interp == FL_AUG_RANDOM)))
+        && !(timm && (P->interp == FL_AUG_BICUBIC || P->interp == FL_AUG_RANDOM)))
         FAIL("policy.interp: unknown resampling %d", P->interp);
     for (int c = 0; c < 3; c++)
         if (P->fill[c] < 0 || P->fill[c] > 255)
             FAIL("policy.fill: %d is not in 0..255", P->fill[c]);
-    if (P->nops < 1 || P->nops > FL_POLICY_MAX_OPS)
-        FAIL("policy.ops: %d ops, not 1..%d", P->nops, FL_POLICY_MAX_OPS);
-    for (int i = 0; i < P->nops; i++) {
-        const fl_policy_op *o = &P->ops[i];
-        if (o->op < 0 || o->op >= FL_AUG_NOPS)
-            FAIL("policy.ops[%d]: unknown op %d", i, o->op);
-        if (o->nbins < 0 || o->nbins > FL_POLICY_MAX_BINS)
-            FAIL("policy.ops[%d]: %d magnitude bins, not 0..%d", i, o->nbins, FL_POLICY_MAX_BINS);
-        for (int b = 0; b < o->nbins; b++)
-            if (!fl_finite(o->mag[b]))
-                FAIL("policy.ops[%d]: magnitude bin %d is not finite", i, b);
-        if (P->kind != FL_POLICY_TIMM_RA)
-            continue;
-        if (o->level < 0 || o->level >= FL_LEVEL_COUNT)
-            FAIL("policy.ops[%d]: unknown level function %d", i, o->level);
-        if (!fl_finite(o->prob) || o->prob < 0 || o->prob > 1)
-            FAIL("policy.ops[%d]: prob %g is not a probability", i, o->prob);
-        if (!fl_finite(o->m) || !(o->mstd >= 0) || !fl_finite(o->mmax) || o->mmax < 0 || !fl_finite(o->hparam))
-            FAIL("policy.ops[%d]: magnitude %g, std %g, max %g or hparam %g out of range", i, o->m, o->mstd,
-                 o->mmax, o->hparam);
-        if ((o->op == FL_AUG_POSTERIZE) != (o->level >= FL_LEVEL_POSTERIZE && o->level <= FL_LEVEL_POSTERIZE_ORIG)
-            || (o->op == FL_AUG_SOLARIZE_ADD) != (o->level == FL_LEVEL_SOLARIZE_ADD))
-            FAIL("policy.ops[%d]: level function %d does not fit op %d", i, o->level, o->op);
-        if (P->has_weights && (!fl_finite(P->weight[i]) || P->weight[i] < 0))
-            FAIL("policy.weights[%d]: %g is not a weight", i, P->weight[i]);
+    if (timm) {
+        if (P->ntimm < 1 || P->ntimm > FL_POLICY_MAX_TIMM)
+            FAIL("policy.ops: %d ops, not 1..%d", P->ntimm, FL_POLICY_MAX_TIMM);
+        for (int i = 0; i < P->ntimm; i++) {
+            const fl_timm_op *o = &P->timm[i];
+            if (o->op < 0 || o->op >= FL_AUG_NOPS)
+                FAIL("policy.ops[%d]: unknown op %d", i, o->op);
+            if (o->level < 0 || o->level >= FL_LEVEL_COUNT)
+                FAIL("policy.ops[%d]: unknown level function %d", i, o->level);
+            if ((o->op == FL_AUG_POSTERIZE) != (o->level >= FL_LEVEL_POSTERIZE && o->level <= FL_LEVEL_POSTERIZE_ORIG)
+                || (o->op == FL_AUG_SOLARIZE_ADD) != (o->level == FL_LEVEL_SOLARIZE_ADD))
+                FAIL("policy.ops[%d]: level function %d does not fit op %d", i, o->level, o->op);
+            if (!fl_finite(o->prob) || o->prob < 0 || o->prob > 1)
+                FAIL("policy.ops[%d]: prob %g is not a probability", i, o->prob);
+            if (!fl_finite(o->m) || !(o->mstd >= 0) || !fl_finite(o->mmax) || o->mmax < 0 || !fl_finite(o->hparam))
+                FAIL("policy.ops[%d]: magnitude %g, std %g, max %g or hparam %g out of range", i, o->m, o->mstd,
+                     o->mmax, o->hparam);
+        }
     }
     if (P->kind == FL_POLICY_TIMM_RA) {
+        if (P->nops != P->ntimm || P->nops > FL_POLICY_MAX_OPS)
+            FAIL("policy.ops: %d ops, not 1..%d", P->ntimm, FL_POLICY_MAX_OPS);
         if (P->has_weights) {
             int positive = 0;
-            for (int i = 0; i < P->nops; i++)
+            for (int i = 0; i < P->nops; i++) {
+                if (!fl_finite(P->weight[i]) || P->weight[i] < 0)
+                    FAIL("policy.weights[%d]: %g is not a weight", i, P->weight[i]);
                 positive += P->weight[i] > 0;
+            }
             if (positive < P->rounds)   /* np.random.choice(replace=False) refuses it too */
                 FAIL("policy.weights: %d ops with a positive weight, fewer than the %d to choose", positive,
                      P->rounds);
         }
         return 0;
     }
+    if (P->kind == FL_POLICY_TV) {
+        if (P->nops < 1 || P->nops > FL_POLICY_MAX_OPS)
+            FAIL("policy.ops: %d ops, not 1..%d", P->nops, FL_POLICY_MAX_OPS);
+        for (int i = 0; i < P->nops; i++) {
+            const fl_policy_op *o = &P->ops[i];
+            if (o->op < 0 || o->op >= FL_AUG_NOPS)
+                FAIL("policy.ops[%d]: unknown op %d", i, o->op);
+            if (o->nbins < 0 || o->nbins > FL_POLICY_MAX_BINS)
+                FAIL("policy.ops[%d]: %d magnitude bins, not 0..%d", i, o->nbins, FL_POLICY_MAX_BINS);
+            for (int b = 0; b < o->nbins; b++)
+                if (!fl_finite(o->mag[b]))
+                    FAIL("policy.ops[%d]: magnitude bin %d is not finite", i, b);
+        }
+    } else if (P->rounds != 1) {
+        FAIL("policy.rounds: timm's AutoAugment applies one sub-policy, not %d", P->rounds);
+    }
+    const int nref = P->kind == FL_POLICY_TV ? P->nops : P->ntimm;
     if (P->nsub < 1 || P->nsub > FL_POLICY_MAX_SUB)
         FAIL("policy.subs: %d sub-policies, not 1..%d", P->nsub, FL_POLICY_MAX_SUB);
     for (int s = 0; s < P->nsub; s++) {
@@ -104,8 +120,10 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
             FAIL("policy.subs[%d]: %d steps, not 1..%d", s, P->sub_len[s], FL_POLICY_MAX_STEPS);
         for (int k = 0; k < P->sub_len[s]; k++) {
             const fl_policy_step *st = &P->sub[s][k];
-            if (st->op < 0 || st->op >= P->nops)
-                FAIL("policy.subs[%d][%d]: op index %d is not in 0..%d", s, k, st->op, P->nops - 1);
+            if (st->op < 0 || st->op >= nref)
+                FAIL("policy.subs[%d][%d]: op index %d is not in 0..%d", s, k, st->op, nref - 1);
+            if (P->kind != FL_POLICY_TV)
+                continue;
             if (st->bin < -1 || (P->ops[st->op].nbins > 0 && st->bin >= P->ops[st->op].nbins))
                 FAIL("policy.subs[%d][%d]: magnitude bin %d out of range", s, k, st->bin);
             if (!fl_finite(st->p) || st->p < 0 || st->p > 1)
@@ -324,7 +342,7 @@ fl_negate_half(fl_rng *rng, double v)
  * clipped magnitude m, in Python's double arithmetic and order; w / h: the
  * image size the translate_rel levels scale by (X ops: w). */
 static double
-fl_timm_level(const fl_policy_op *o, double m, fl_rng *rng, int w, int h)
+fl_timm_level(const fl_timm_op *o, double m, fl_rng *rng, int w, int h)
 {
     double q = m / 10.0;   /* level / _LEVEL_DENOM */
     switch (o->level) {
@@ -362,11 +380,34 @@ fl_timm_level(const fl_policy_op *o, double m, fl_rng *rng, int w, int h)
     return 0.0;   /* FL_LEVEL_NONE */
 }
 
-/* One sample's ops of timm's RandAugment (imgops.h FL_POLICY_TIMM_RA: the
- * distribution of RandAugment.__call__ and AugmentOp.__call__), appended to
- * p->aug_*.  The draws per chosen op: whether it applies, its magnitude
- * noise, its level function's sign, then (geometric ops, interp
- * FL_AUG_RANDOM) its filter.  t checked. */
+/* One timm AugmentOp (imgops.h fl_timm_op: AugmentOp.__call__), appended
+ * to p->aug_* when it applies.  The draws: whether it applies, its
+ * magnitude noise, its level function's sign, then (geometric ops, interp
+ * FL_AUG_RANDOM) its filter. */
+static void
+fl_timm_op_draw(const fl_timm_op *o, int interp, fl_rng *rng, int w, int h, fl_plan *p)
+{
+    if (o->prob < 1.0 && fl_rng_uniform(rng, 0.0, 1.0) > o->prob)   /* random.random() > prob: skipped */
+        return;
+    double m = o->m;
+    if (o->mstd > 0)
+        m = isinf(o->mstd) ? fl_rng_uniform(rng, 0.0, m) : m + o->mstd * fl_rng_normal(rng);
+    double upper = o->mmax > 0 ? o->mmax : 10.0;   /* magnitude_max or _LEVEL_DENOM */
+    m = m < upper ? m : upper;
+    m = m > 0.0 ? m : 0.0;
+    double arg = fl_timm_level(o, m, rng, w, h);
+    int geometric = o->op == FL_AUG_ROTATE || (o->op >= FL_AUG_AFFINE_SHEAR_X && o->op <= FL_AUG_AFFINE_TRANSLATE_Y);
+    if (interp == FL_AUG_RANDOM)   /* random.choice((BILINEAR, BICUBIC)), in the geometric ops only */
+        interp = geometric && fl_rng_below(rng, 2) ? FL_AUG_BICUBIC : FL_AUG_BILINEAR;
+    p->aug_op[p->naug] = o->op;
+    p->aug_mag[p->naug] = arg;
+    p->aug_interp[p->naug] = interp;
+    p->naug++;
+}
+
+/* One sample's ops of timm's RandAugment (FL_POLICY_TIMM_RA: the
+ * distribution of RandAugment.__call__), appended to p->aug_*: the ops
+ * first, then each drawn by fl_timm_op_draw.  t checked. */
 static void
 fl_timm_ra_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
 {
@@ -399,26 +440,20 @@ fl_timm_ra_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
         }
     }
     p->naug = 0;
-    for (int r = 0; r < P->rounds; r++) {
-        const fl_policy_op *o = &P->ops[chosen[r]];
-        if (o->prob < 1.0 && fl_rng_uniform(rng, 0.0, 1.0) > o->prob)   /* random.random() > prob: skipped */
-            continue;
-        double m = o->m;
-        if (o->mstd > 0)
-            m = isinf(o->mstd) ? fl_rng_uniform(rng, 0.0, m) : m + o->mstd * fl_rng_normal(rng);
-        double upper = o->mmax > 0 ? o->mmax : 10.0;   /* magnitude_max or _LEVEL_DENOM */
-        m = m < upper ? m : upper;
-        m = m > 0.0 ? m : 0.0;
-        double arg = fl_timm_level(o, m, rng, w, h);
-        int interp = P->interp;
-        int geometric = o->op == FL_AUG_ROTATE || (o->op >= FL_AUG_AFFINE_SHEAR_X && o->op <= FL_AUG_AFFINE_TRANSLATE_Y);
-        if (interp == FL_AUG_RANDOM)   /* random.choice((BILINEAR, BICUBIC)), in the geometric ops only */
-            interp = geometric && fl_rng_below(rng, 2) ? FL_AUG_BICUBIC : FL_AUG_BILINEAR;
-        p->aug_op[p->naug] = o->op;
-        p->aug_mag[p->naug] = arg;
-        p->aug_interp[p->naug] = interp;
-        p->naug++;
-    }
+    for (int r = 0; r < P->rounds; r++)
+        fl_timm_op_draw(&P->timm[chosen[r]], P->interp, rng, w, h, p);
+}
+
+/* One sample's ops of timm's AutoAugment (FL_POLICY_TIMM_AA:
+ * AutoAugment.__call__): a sub-policy uniformly, then its AugmentOps in
+ * order.  t checked. */
+static void
+fl_timm_aa_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
+{
+    int s = (int)fl_rng_below(rng, (uint64_t)P->nsub);
+    p->naug = 0;
+    for (int k = 0; k < P->sub_len[s]; k++)
+        fl_timm_op_draw(&P->timm[P->sub[s][k].op], P->interp, rng, w, h, p);
 }
 
 /* RandomErasing on the sample's out_w x out_h (torchvision's v1 get_params /
@@ -565,6 +600,8 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
     if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_RA)
         fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
+    else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AA)
+        fl_timm_aa_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
     if (t->erase.p > 0)
