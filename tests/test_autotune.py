@@ -55,8 +55,10 @@ def test_starved_consumer_keeps_every_worker():
 
 @pytest.mark.skipif(auto_worker_limit() < 2, reason="needs 2 usable CPUs")
 def test_slow_consumer_keeps_one_worker():
-    # a 100 ms "model step" per batch; one worker needs ~10 ms per batch
-    dl = fastloader.DataLoader(Sleepy(60, 0.001), batch_size=4, num_workers="auto")
+    # a 100 ms "model step" per batch; one worker needs ~10 ms per batch.  30
+    # batches (3 s): a 15-batch epoch could end before the tuner's decision
+    # under a loaded CI machine (seen once in a full-suite run)
+    dl = fastloader.DataLoader(Sleepy(120, 0.001), batch_size=4, num_workers="auto")
     for _ in dl:
         time.sleep(0.1)
     st = dl.stats()
