@@ -151,6 +151,57 @@ def resume_child(cfg):
     return r
 
 
+def elastic_child(cfg):
+    """A resume on another number of ranks (fastloader's elastic resume) against one on the same
+    ranks, for an ImageNet-sized index space: cfg["world"] ranks of torch's DistributedSampler take
+    cfg["k"] batches each (rank cfg["rank"]'s state, the ranks in lockstep), then rank cfg["rank"] of
+    cfg["world_to"] builds its loader, loads the state and takes its first batch (``ttfb_s``, timed by
+    harness.time_loader, median of cfg["reps"]); ``state_bytes`` is the state as JSON. ``resume_ok``:
+    that batch is the one a brute-force deal of the samples no rank received gives (the epoch's
+    permutation as DistributedSampler draws it, the received prefix cut off, dealt to the new ranks)."""
+    import json
+
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    torch.set_num_threads(1)
+    impl, n, bs, k = cfg["impl"], cfg["n"], cfg["batch_size"], cfg["k"]
+    W0, W1, r = cfg["world"], cfg["world_to"] if impl.endswith("elastic") else cfg["world"], cfg["rank"]
+    DL = _loader_class(impl.split("-")[0])
+    ds = Indices(n)
+
+    def make(world, state=None):
+        s = DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True, seed=0)
+        dl = DL(ds, batch_size=bs, sampler=s, num_workers=cfg["workers"])
+        if state is not None:
+            dl.load_state_dict(copy.deepcopy(state))
+        return dl
+
+    dl = make(W0)
+    it = iter(dl)
+    for _ in range(k):
+        next(it)
+    state = copy.deepcopy(dl.state_dict())
+    del it, dl
+    runs = [C.H.time_loader(lambda: make(W1, state), max_batches=2) for _ in range(cfg["reps"])]
+    runs.sort(key=lambda q: q["ttfb_s"])
+    out = dict(runs[len(runs) // 2])
+    it = iter(make(W1, state))
+    got = torch.as_tensor(next(it)).tolist()
+    del it
+    perm = list(DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0))
+    if W1 == W0:
+        want = list(DistributedSampler(ds, num_replicas=W0, rank=r, shuffle=True, seed=0))[k * bs:(k + 1) * bs]
+    else:
+        rest = perm[k * bs * W0:]
+        rest += perm[:-len(rest) % W1]            # DistributedSampler's padding: the epoch's head
+        want = rest[r::W1][:bs]
+    out["resume_ok"] = got == want
+    out["state_bytes"] = len(json.dumps(state)) if impl.startswith("fastloader") else len(pickle.dumps(state))
+    out.update({q: cfg[q] for q in ("n", "batch_size", "k", "workers", "world", "world_to", "rank")})
+    return out
+
+
 def stream_resume_child(cfg):
     """A shard stream (fastloader.WebDataset, train transform) resumed at its last batch -- every position
     before it read again and dropped undecoded -- against reading and decoding the whole epoch

@@ -87,6 +87,7 @@ def harness_clock():
 # missing is skipped, and its group runs without it)
 REQUIRES = {
     "torchdata": "torchdata.stateful_dataloader",
+    "torchdata-same": "torchdata.stateful_dataloader",
     "webdataset": "webdataset",
 }
 
@@ -333,7 +334,8 @@ class Group:
         info = {"loader": loader, "baseline": self.baseline, "group": self.label, "mode": "quick" if self.quick
                 else "full", "isolation": self.isolation, "rounds": len(rs), "unit": self.unit,
                 "value": self.value(loader), "speedup_vs_baseline": self.speedup(loader)}
-        for f in ("rate", "ttfb_s", "batch_ms", "wait_pct", "peak_mib", "rss_peak_mib", "samples", "batches"):
+        for f in ("rate", "ttfb_s", "batch_ms", "wait_pct", "peak_mib", "rss_peak_mib", "samples", "batches",
+                  "state_bytes"):
             v = med(f)
             if v is not None:
                 info[f] = v

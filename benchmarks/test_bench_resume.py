@@ -10,6 +10,13 @@ test_resume      a resume late in an ImageNet-sized epoch (1,281,167 indices,
                  loader + load_state_dict() to the first batch; also checks that
                  the first batch after the resume is the one the original run
                  gave next
+test_elastic_resume  the same index space under torch's DistributedSampler: 32
+                 ranks take 100 batches of 256 each, then rank 5's state is
+                 loaded by rank 5 of a 24-rank job (fastloader-elastic: the
+                 samples no rank received dealt again) or of the same 32
+                 (fastloader-same, torchdata-same): building the loader +
+                 load_state_dict() to the first batch, checked against a
+                 brute-force deal; the state's size
 test_stream_resume  fastloader.WebDataset over the sample's shards (train
                  transform): resumed at the last batch (every position before it
                  read again and dropped undecoded) vs reading the whole epoch
@@ -47,6 +54,28 @@ def test_resume(bench, workers, loader):
         return None if r.get("resume_ok") else "the first batch after the resume is not the one the run gave next"
 
     bench.run(config, baseline="torchdata", unit="ms", measure=S.field_s("ttfb_s"),
+              expect=dict(shape=str(cfg["batch_size"]), dtype="int64", batches=2, check=check))
+
+
+@pytest.mark.parametrize("loader", S.loaders("torchdata-same", "fastloader-same", "fastloader-elastic"))
+def test_elastic_resume(bench, workers, loader):
+    """A DistributedSampler state resumed on 24 ranks (elastic) or on the 32 it came from, ms to the first batch"""
+    if bench.quick:
+        cfg = dict(n=20000, batch_size=64, k=5, reps=1, world=8, world_to=6, rank=5)
+    else:
+        cfg = dict(n=1281167, batch_size=256, k=100, reps=5, world=32, world_to=24, rank=5)
+
+    def config(ld):
+        return S.Child(S.CHILDREN, "elastic_child", dict(cfg, impl=ld, workers=workers))
+
+    def check(r):
+        if not r.get("resume_ok"):
+            return "the first batch after the resume is not the brute-force deal's"
+        if loader.startswith("fastloader") and not 0 < r.get("state_bytes", 0) < 10_000:
+            return f"the state is {r.get('state_bytes')} bytes as JSON (issue 22's bound: under 10 KB)"
+        return None
+
+    bench.run(config, baseline="torchdata-same", unit="ms", measure=S.field_s("ttfb_s"),
               expect=dict(shape=str(cfg["batch_size"]), dtype="int64", batches=2, check=check))
 
 

@@ -19,6 +19,7 @@ from .hf_datasets import HFImageDataset
 from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 from .accelerate_hook import install as _install_accelerate_hook
+from .elastic import resume_state
 
 # accelerator.prepare keeps fastloader loaders; imports nothing (accelerate_hook.py)
 _install_accelerate_hook()

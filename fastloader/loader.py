@@ -807,7 +807,16 @@ class DataLoader(_Base, Generic[_T_co]):
         """Resume from `state_dict` (from state_dict(), maybe of another
         process): the next iteration yields exactly the batches that would
         have come next, then the following epochs go on as an uninterrupted
-        run's.  An empty dict does nothing (as with torchdata)."""
+        run's.  An empty dict does nothing (as with torchdata).
+
+        A list of states (every rank's, as all_gather_object collects them)
+        is fastloader.resume_state(list): with torch's DistributedSampler the
+        state resumes on any number of ranks, num_workers, worker_mode and
+        batch_size (docs/resume.md)."""
+        if isinstance(state_dict, (list, tuple)):
+            from .elastic import merge
+
+            state_dict = merge(state_dict)
         _state.tracker(self).load(self, state_dict)
 
     def check_worker_number_rationality(self):

@@ -74,6 +74,8 @@ import warnings
 
 import numpy as np
 
+from . import elastic
+
 try:
     import torch
     from torch.utils.data import BatchSampler as _BatchSampler
@@ -336,6 +338,16 @@ class Tracker:
         self.warned = False
         self._restore = None      # the loaded state of the epoch being set up (begin -> attach)
         self.drew_seed = False    # this epoch's set-up drew a base seed
+        # elastic resume (elastic.py): this epoch's deal of a DistributedSampler
+        # (None: another sampler), the samples of the sampler's order taken
+        # before this numbering's batch 0 (a resume at another batch size),
+        # and what a loaded state's set-up decided (begin -> attach)
+        self.deal = None
+        self.dist = None
+        self.batch = None
+        self.skip = 0
+        self._redeal = None
+        self._rebatch = None
         # streams
         self.stream_order = None
         self._order = None        # a resumed stream's shard-order epoch
@@ -370,8 +382,11 @@ class Tracker:
             loader._fl_epochs = pending["epoch"]   # saved before its epoch began: nothing else to put back
             pending = None
         self.ds_resume = None
+        self._redeal = self._rebatch = None
         if pending is not None:
             per_worker = pending.get("dataset_workers")
+            if self.ds_stateful and not pending["finished"]:
+                _check_dataset_state(pending, loader)
             if self.ds_stateful and per_worker and _in_processes(loader):
                 # each worker process held its own copy of the dataset's
                 # state: each gets its own back (in the worker, before it
@@ -395,6 +410,8 @@ class Tracker:
                 self._order = (pending.get("stream") or {}).get("order")
                 if not iterable:
                     s = pending["sampler"] or {}
+                    if not stream:   # first: a sampler of another kind is the error to name
+                        self._plan_sampler(pending, loader, index_sampler)
                     self._set_rngs(loader, index_sampler, s)
                     dist = _dist_sampler(index_sampler)
                     if dist is not None and s.get("dist_epoch") is not None:
@@ -406,6 +423,8 @@ class Tracker:
                 seed = pending["base_seed"]
         self.drew_seed = draw if self._restore is None else bool(self._restore.get("drew_seed"))
         self.num_yielded = 0 if self._restore is None else self._restore["num_yielded"]
+        if self._redeal is not None or self._rebatch is not None:
+            self.num_yielded = 0   # batches are numbered anew from the resumed place
         self.finished = False
         self.snaps = {}
         self.snap_lo = self.num_yielded
@@ -422,6 +441,35 @@ class Tracker:
             else:
                 self.rngs = _capture(roles)
         return draw, seed
+
+    def _plan_sampler(self, pending, loader, index_sampler):
+        """A mid-epoch state of a map-style dataset: deal the epoch's
+        remaining samples again (a DistributedSampler state on another
+        topology or batch size, elastic.py), cut the sampler's order into
+        batches of another size from the saved sample on, or neither (the
+        state's batches are drawn again as they were)."""
+        self._redeal = elastic.plan(pending, loader, index_sampler)
+        if self._redeal is not None:
+            return
+        b = elastic.batching(index_sampler)
+        saved_b, skip = pending.get("batch"), int(pending.get("skip") or 0)
+        if b is not None and saved_b is None and pending.get("batch_size") is not None:
+            saved_b = pending["batch_size"]   # a state from before "batch" was saved
+        if b is not None and saved_b == b[1] and not skip:
+            return
+        if b is None or saved_b is None:
+            if pending.get("batch_size") != loader.batch_size:
+                raise ValueError(f"fastloader: the state was saved by a loader with "
+                                 f"batch_size={pending.get('batch_size')!r}, this one has "
+                                 f"{loader.batch_size!r}, and its batches are not cut by torch's "
+                                 "BatchSampler from a sampler's order, so they cannot be cut again at another size; "
+                                 "resume with the same batch_size")
+            return
+        if stateful(b[0]) or stateful(index_sampler):
+            raise ValueError(f"fastloader: the state was saved at batch_size={saved_b}, this loader has {b[1]}, and "
+                             f"its sampler {type(b[0]).__name__} keeps its own state, counted in its batches; "
+                             "resume with the same batch_size")
+        self._rebatch = skip + int(pending["num_yielded"]) * int(saved_b)
 
     def _set_rngs(self, loader, index_sampler, saved):
         for roles, enc in saved.get("rngs") or []:
@@ -500,12 +548,28 @@ class Tracker:
         dist = _dist_sampler(index_sampler)
         self.dist_epoch = int(dist.epoch) if dist is not None else None
         self.pulls = it._sampler_iter = _Pulls(it._sampler_iter, self, target_obj)
+        b = elastic.batching(index_sampler)
+        inner = b[0] if b is not None else index_sampler
+        self.batch = b[1] if b is not None else None
+        self.dist = elastic.dist_like(inner)
+        plain = elastic.plain_dist(inner)
+        self.deal = elastic.first_deal(plain) if plain is not None and b is not None else None
+        self.skip = 0
 
     def _restore_sampler(self, it, loader, index_sampler, restore):
         s = restore["sampler"] or {}
         k = restore["num_yielded"]
         pulls = self.pulls
         st = s.get("state")
+        if self._redeal is not None:
+            # this rank's share of the epoch's remaining samples (elastic.py)
+            indices, self.deal = self._redeal
+            self._redeal = None
+            _, B, drop = elastic.batching(index_sampler)
+            pulls._it = elastic.array_batches(indices, B, drop)
+            pulls.n = 0
+            return
+        rebatch, self._rebatch = self._rebatch, None
         if self.target is not None and st is not None and k > 0:
             if self.target == "iter":
                 pulls._it.load_state_dict(st)         # the epoch's fresh iterator
@@ -523,7 +587,22 @@ class Tracker:
             cur = torch.get_rng_state()
             _global_set(self.global_rng)
         try:
-            for i in range(k):
+            if rebatch is not None:
+                # the saved samples drawn again from the inner sampler, the
+                # rest cut into batches of this loader's size
+                inner, B, drop = elastic.batching(index_sampler)
+                src = iter(inner)
+                for i in range(rebatch):
+                    try:
+                        next(src)
+                    except StopIteration:
+                        raise ValueError(f"fastloader: the state is {rebatch} samples into the epoch, but this "
+                                         f"loader's sampler has only {i}: the dataset or sampler differs from the "
+                                         "saved one") from None
+                pulls._it = elastic.Batches(src, B, drop)
+                pulls.n = 0
+                self.skip = rebatch
+            for i in range(k if rebatch is None else 0):
                 try:
                     next(pulls)
                 except StopIteration:
@@ -620,7 +699,12 @@ class Tracker:
                         st = self.pulls._target.state_dict()   # nothing drawn ahead: its state now
                         self.snaps[k] = st
                 sampler = {"rngs": [[list(r), e] for r, e in self.rngs], "global": self.global_rng,
-                           "dist_epoch": self.dist_epoch, "target": self.target, "state": st}
+                           "dist_epoch": self.dist_epoch, "target": self.target, "state": st,
+                           "dist": None if self.dist is None else list(self.dist)}
+            deal = None
+            if self.deal is not None:
+                deal = dict(self.deal, source=[list(r) for r in self.deal["source"]])
+                deal["consumed"] = min(self.skip + k * (self.batch or 0), deal["share"])
             workers = None
             if self.iterable:
                 iters = []
@@ -646,7 +730,8 @@ class Tracker:
                     "batch_size": self.batch_size, "num_workers": self.num_workers,
                     "dataset_len": self.dataset_len, "drew_seed": self.drew_seed, "sampler": sampler,
                     "workers": workers, "dataset": ds_state, "dataset_workers": ds_workers,
-                    "stream": None if self.stream_order is None else {"order": self.stream_order}}
+                    "stream": None if self.stream_order is None else {"order": self.stream_order},
+                    "batch": self.batch, "skip": self.skip, "elastic": deal}
 
     def load(self, loader, state):
         if not state:
@@ -677,7 +762,8 @@ def _check(state, loader, iterable):
 
     if state.get("seed") != loader._fl_seed:
         bad("seed", state.get("seed"), loader._fl_seed)
-    if state.get("batch_size") != loader.batch_size:
+    if (iterable or getattr(loader.dataset, "_fl_stream", False)) and state.get("batch_size") != loader.batch_size \
+            and not state["finished"]:
         bad("batch_size", state.get("batch_size"), loader.batch_size)
     n = _dataset_len(loader)
     if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"]:
@@ -687,6 +773,25 @@ def _check(state, loader, iterable):
         raise ValueError(f"fastloader: an iterable dataset's state holds the place of each of its "
                          f"{state['num_workers']} workers; resume it with num_workers={state['num_workers']} "
                          f"(this loader has {loader.num_workers})")
+
+
+def _check_dataset_state(state, loader):
+    """Refuse a dataset's own mid-epoch state that cannot go where it was:
+    per-worker states (worker processes) need the same workers, and one
+    shared state (threads) cannot be split among processes."""
+    per_worker = state.get("dataset_workers")
+    procs = _in_processes(loader)
+    if per_worker and (not procs or state["num_workers"] != loader.num_workers):
+        now = f"{loader.num_workers} worker {'processes' if procs else 'threads'}"
+        raise ValueError(f"fastloader: the state holds the dataset's own state (state_dict) of each of its "
+                         f"{state['num_workers']} worker processes, which this loader ({now}) cannot give back: "
+                         f"a dataset's own state is not dealt again. Resume with num_workers={state['num_workers']} "
+                         "and worker_mode='process', or keep the dataset's place in the sampler instead")
+    if not per_worker and state.get("dataset") is not None and procs and loader.num_workers > 1:
+        raise ValueError(f"fastloader: the state holds one state of the dataset's own (state_dict), saved where "
+                         f"the workers shared one dataset object; this loader's {loader.num_workers} worker "
+                         "processes each read their own copy, so it cannot be given back: resume with "
+                         "worker_mode='thread' (or num_workers <= 1)")
 
 
 def _in_processes(loader):

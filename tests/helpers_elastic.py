@@ -1,0 +1,84 @@
+"""The loaders of the elastic-resume tests (test_elastic.py, in one process,
+and test_elastic_torchrun.py's ranks): one dataset of N images or N keyed
+Python samples, a DistributedSampler of (world, rank), and each batch as
+[(sample index, sample tensor)]."""
+import numpy as np
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+import fastloader
+from helpers_pipelines import train_tf
+
+N = 40
+TRAIN = train_tf(8, norm=None)
+SAMPLER_SEED = 11
+
+
+class Keyed(Dataset):
+    """A Python map-style dataset: (index, a draw from sample_rng(index))."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.tensor([i, int(fastloader.sample_rng(i).integers(1 << 30))])
+
+
+def write_images(d):
+    """N small JPEGs in folder `d`: their paths."""
+    from PIL import Image
+
+    out = []
+    for i in range(N):
+        rng = np.random.default_rng(i)
+        p = d / f"{i:03d}.jpg"
+        Image.fromarray(rng.integers(0, 255, (12 + i % 5, 16, 3)).astype(np.uint8)).save(p, quality=85)
+        out.append(str(p))
+    return out
+
+
+def make(kind, paths, W, r, B=3, nw=2, mode="thread", shuffle=True, drop_last=False):
+    """(sampler, loader) for rank r of W: kind "native" (ImageList, C
+    workers) or "python" (Keyed, worker_mode=mode)."""
+    if kind == "native":
+        ds = fastloader.ImageList(paths, labels=list(range(N)), transform=TRAIN)
+    else:
+        ds = Keyed()
+    s = DistributedSampler(ds, num_replicas=W, rank=r, shuffle=shuffle, seed=SAMPLER_SEED, drop_last=drop_last)
+    dl = fastloader.DataLoader(ds, batch_size=B, sampler=s, num_workers=nw, seed=7,
+                               generator=torch.Generator().manual_seed(4),
+                               worker_mode=mode if kind != "native" else "auto")
+    return s, dl
+
+
+def samples(batch, kind):
+    """[(index, sample tensor)] of a batch."""
+    if kind == "native":
+        x, y = batch
+        return [(int(i), t.clone()) for i, t in zip(y, x)]
+    return [(int(row[0]), row.clone()) for row in batch]
+
+
+def reference(kind, paths, epoch=0):
+    """index -> the uninterrupted run's sample at `epoch` (the same on any
+    topology: augmentation is keyed by (seed, epoch, index))."""
+    s, dl = make(kind, paths, 1, 0, nw=0)
+    out = {}
+    for e in range(epoch + 1):
+        s.set_epoch(e)
+        for b in dl:
+            if e == epoch:
+                out.update(samples(b, kind))
+    return out
+
+
+def uninterrupted(kind, paths, W, epoch, **kw):
+    """Per rank, epoch `epoch`'s batches of an uninterrupted run on W ranks."""
+    out = []
+    for r in range(W):
+        s, dl = make(kind, paths, W, r, **kw)
+        for e in range(epoch + 1):
+            s.set_epoch(e)
+            eps = [samples(b, kind) for b in dl]
+        out.append(eps)
+    return out
