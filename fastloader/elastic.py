@@ -285,6 +285,9 @@ def merge(states):
                              f"({type(s).__name__})")
     if len(states) == 1:
         return copy.deepcopy(states[0])
+    streams = [(s.get("stream") or {}) for s in states]
+    if all(st.get("world") is not None for st in streams):
+        return _merge_streams(states, streams)
     els = [s.get("elastic") for s in states]
     if any(e is None for e in els):
         i = next(i for i, e in enumerate(els) if e is None)
@@ -332,6 +335,32 @@ def array_batches(a, batch_size, drop_last):
         yield a[i:i + batch_size].tolist()
 
 
+def _merge_streams(states, streams):
+    """resume_state for WebDataset states: every rank's place in the deal."""
+    ref = streams[0]
+    if len({s["epoch"] for s in states}) > 1:
+        raise ValueError("fastloader.resume_state: the WebDataset states are of different epochs; save them at the "
+                         "same step")
+    for i, st in enumerate(streams):
+        for k in ("order", "world", "history", "seed", "shuffle", "epoch_length", "shards"):
+            if st.get(k) != ref.get(k):
+                raise ValueError(f"fastloader.resume_state: states[{i}] has stream {k}={st.get(k)!r} where "
+                                 f"states[0] has {ref.get(k)!r}: they are not the ranks of one job's epoch")
+    got = sorted(st["rank"] for st in streams)
+    if got != list(range(ref["world"])):
+        raise ValueError(f"fastloader.resume_state: the states are of ranks {got}, the job had {ref['world']} "
+                         f"ranks (0..{ref['world'] - 1}); pass every rank's state once, or one rank's alone")
+    if all(s["finished"] for s in states):
+        return copy.deepcopy(states[0])
+    places = [0] * ref["world"]
+    for st in streams:
+        places[st["rank"]] = int(st["consumed"])
+    out = copy.deepcopy(next(s for s in states if not s["finished"]))
+    out["stream"]["places"] = places
+    out["stream"]["skipped"] = sum(int(st.get("skipped") or 0) for st in streams)
+    return out
+
+
 def resume_state(states):
     """One loader state from the states of every rank of a job (a list, as
     torch.distributed.all_gather_object collects them), for a job on any
@@ -342,3 +371,149 @@ def resume_state(states):
     if isinstance(states, dict):
         return copy.deepcopy(states)
     return merge(states)
+
+
+# -- tar shards (fastloader.WebDataset) ---------------------------------------------------------
+#
+# A rank's stream (csrc/sources/shards.h) reads its shards in order through
+# a shuffle buffer keyed by (seed, epoch, position); which sample of which
+# shard each position gets is a function of the shards' sample counts, and
+# _C.shards_order computes it without reading a byte (the reader and it
+# share the schedule).  A stream deal is, per rank, a list of pieces -- a
+# shard and the samples of it the rank keeps (all, or a mask) -- and the
+# rank's nominal length.  An epoch's first deal is the dataset's own (the
+# shard list shuffled by (seed, order), dealt rank by rank, every rank
+# epoch_length // world_size positions).  After ranks received P_r
+# positions, the samples of the epoch no rank received are, in the epoch's
+# shard order (each shard's samples in tar order), cut into W' equal
+# chunks, one per new rank: the new deal.  A state holds the history of
+# (world size, places) of the epoch's deals, so every deal is computed
+# again from the dataset; its size does not grow with the dataset.
+
+class StreamDeal:
+    """Per rank of `world`: pieces [(shard index into ds.urls, bool mask
+    over its samples or None: all)] in reading order, and nominal lengths."""
+
+    __slots__ = ("world", "pieces", "nominal")
+
+    def __init__(self, world, pieces, nominal):
+        self.world, self.pieces, self.nominal = world, pieces, nominal
+
+
+def _keep_arg(mask):
+    if mask is None:
+        return None
+    return (np.packbits(mask.astype(np.uint8), bitorder="little").tobytes(), int(len(mask)))
+
+
+def stream_first_deal(ds, order, world):
+    perm = ds._shard_perm(order)
+    nominal = ds.epoch_length // world
+    return StreamDeal(world, [[(int(g), None) for g in perm[r::world]] for r in range(world)], [nominal] * world)
+
+
+def stream_delivered(ds, deal, places, epoch, counts):
+    """{shard index: bool array of its samples some rank received}: rank r
+    of `deal` received the first places[r] positions of its stream."""
+    got = {}
+    for r, P in enumerate(places):
+        P = min(int(P), deal.nominal[r])
+        if P <= 0:
+            continue
+        pcs = deal.pieces[r]
+        sh, k = _C_order([counts[g] for g, _ in pcs], [_keep_arg(m) for _, m in pcs], ds.shuffle, ds.seed, epoch,
+                         deal.nominal[r], P)
+        gs = np.asarray([g for g, _ in pcs], np.int64)[sh]
+        for g in np.unique(gs):
+            arr = got.get(int(g))
+            if arr is None:
+                arr = got[int(g)] = np.zeros(counts[int(g)], bool)
+            arr[k[gs == g]] = True
+    return got
+
+
+def _C_order(counts, keep, shuffle, seed, epoch, nominal, npos):
+    from . import _C
+
+    sh, k = _C.shards_order(list(counts), list(keep), int(shuffle), int(seed), int(epoch), int(nominal), int(npos))
+    return np.frombuffer(sh, np.int32), np.frombuffer(k, np.int64)
+
+
+def stream_next_deal(ds, deal, places, epoch, counts, order, world, budget):
+    """The deal of the samples of `deal` no rank received (at `places`) to
+    `world` ranks, and the positions left of the epoch's length after it
+    (`budget`: before; an epoch never has more than epoch_length positions
+    over all its deals, as the uninterrupted one)."""
+    got = stream_delivered(ds, deal, places, epoch, counts)
+    budget -= sum(min(int(P), n) for P, n in zip(places, deal.nominal))
+    avail = {}
+    for pcs in deal.pieces:
+        for g, m in pcs:
+            a = avail.get(g)
+            full = np.ones(counts[g], bool) if m is None else m
+            avail[g] = full if a is None else (a | full)
+    flat_g, flat_k = [], []
+    for g in ds._shard_perm(order):
+        g = int(g)
+        a = avail.get(g)
+        if a is None:
+            continue
+        if g in got:
+            a = a & ~got[g]
+        ks = np.flatnonzero(a)
+        flat_g.append(np.full(len(ks), g, np.int64))
+        flat_k.append(ks)
+    fg = np.concatenate(flat_g) if flat_g else np.zeros(0, np.int64)
+    fk = np.concatenate(flat_k) if flat_k else np.zeros(0, np.int64)
+    nominal = min(len(fg), max(budget, 0)) // world
+    pieces = []
+    for r in range(world):
+        cg, ck = fg[r * nominal:(r + 1) * nominal], fk[r * nominal:(r + 1) * nominal]
+        mine = []
+        if len(cg):
+            cut = np.flatnonzero(np.diff(cg)) + 1
+            for a, b in zip(np.r_[0, cut], np.r_[cut, len(cg)]):
+                g = int(cg[a])
+                m = np.zeros(counts[g], bool)
+                m[ck[a:b]] = True
+                mine.append((g, None if m.all() else m))
+        pieces.append(mine)
+    return StreamDeal(world, pieces, [nominal] * world), budget
+
+
+def stream_plan(ds, state, batch_size):
+    """A mid-epoch WebDataset state in a loader of this dataset: None (the
+    rank's stream goes on from its position, as saved) or (urls, keep,
+    nominal, history) of this rank's share of the samples no rank received,
+    with the history the new deal's states carry."""
+    st = state.get("stream") or {}
+    W, rank = st.get("world"), st.get("rank")
+    if W is None:
+        return None   # a state from before streams recorded their deal: positions only
+    hist = [list(h) for h in st.get("history") or []]
+    places = st.get("places")
+    same = (not hist and places is None and W == ds.world_size and rank == ds.rank
+            and state.get("batch_size") == batch_size)
+    if same:
+        return None
+    if st.get("skipped"):
+        _refuse(f"the state's epoch skipped {st['skipped']} unreadable shard(s) (on_shard_error='skip'), so which "
+                "samples its ranks received cannot be worked out from the shards' counts; resume it on the "
+                f"topology it was saved on ({W} ranks, batch_size={state.get('batch_size')})")
+    if ds.seed != st.get("seed", ds.seed) or ds.shuffle != st.get("shuffle", ds.shuffle) \
+            or ds.epoch_length != st.get("epoch_length", ds.epoch_length) or len(ds.urls) != st.get("shards"):
+        _refuse("the state's WebDataset had another seed, shuffle, epoch_length or number of shards; build the "
+                "dataset as the saved one was")
+    counts = ds._shard_counts()
+    epoch, order = int(state["epoch"]), int(st["order"])
+    consumed = int(st["consumed"])
+    if places is None:
+        places = [consumed] * W   # lockstep (DDP)
+    deal, budget = stream_first_deal(ds, order, hist[0][0] if hist else W), ds.epoch_length
+    for w_next, (w, pl) in zip([h[0] for h in hist[1:]] + [W], hist):
+        deal, budget = stream_next_deal(ds, deal, pl, epoch, counts, order, w_next, budget)
+    new, _ = stream_next_deal(ds, deal, places, epoch, counts, order, ds.world_size, budget)
+    pcs = new.pieces[ds.rank]
+    urls = [ds.urls[g] for g, _ in pcs]
+    keep = [_keep_arg(m) for _, m in pcs]
+    return urls, keep, new.nominal[ds.rank], hist + [[W, [int(p) for p in places]]]

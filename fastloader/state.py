@@ -349,6 +349,9 @@ class Tracker:
         self._redeal = None
         self._rebatch = None
         # streams
+        self.stream_hist = []     # the epoch's earlier deals: [[world, places]] (elastic.py)
+        self.stream_len = None    # this epoch's positions on this rank
+        self._stream_redeal = None
         self.stream_order = None
         self._order = None        # a resumed stream's shard-order epoch
 
@@ -382,7 +385,7 @@ class Tracker:
             loader._fl_epochs = pending["epoch"]   # saved before its epoch began: nothing else to put back
             pending = None
         self.ds_resume = None
-        self._redeal = self._rebatch = None
+        self._redeal = self._rebatch = self._stream_redeal = None
         if pending is not None:
             per_worker = pending.get("dataset_workers")
             if self.ds_stateful and not pending["finished"]:
@@ -408,6 +411,8 @@ class Tracker:
                 loader._fl_epochs = pending["epoch"]
                 self._restore = pending
                 self._order = (pending.get("stream") or {}).get("order")
+                if stream:   # another topology or batch size: this rank's share of what no rank received
+                    self._stream_redeal = elastic.stream_plan(ds, pending, loader.batch_size)
                 if not iterable:
                     s = pending["sampler"] or {}
                     if not stream:   # first: a sampler of another kind is the error to name
@@ -423,7 +428,7 @@ class Tracker:
                 seed = pending["base_seed"]
         self.drew_seed = draw if self._restore is None else bool(self._restore.get("drew_seed"))
         self.num_yielded = 0 if self._restore is None else self._restore["num_yielded"]
-        if self._redeal is not None or self._rebatch is not None:
+        if self._redeal is not None or self._rebatch is not None or self._stream_redeal is not None:
             self.num_yielded = 0   # batches are numbered anew from the resumed place
         self.finished = False
         self.snaps = {}
@@ -514,7 +519,7 @@ class Tracker:
                 self._restore_python(restore, ep)
         else:
             self._setup_sampler(it, loader, it._index_sampler)
-            if restore is not None:
+            if restore is not None and self._stream_redeal is None:
                 self._restore_sampler(it, loader, it._index_sampler, restore)
         ds = loader.dataset
         if getattr(ds, "_fl_stream", False):
@@ -522,7 +527,16 @@ class Tracker:
             if order is None:
                 order = ds._set_epoch if ds._set_epoch is not None else ep.epoch
             self.stream_order = order
-            ep.stream_start = (self.num_yielded * loader.batch_size, order)
+            redeal, self._stream_redeal = self._stream_redeal, None
+            if redeal is not None:
+                urls, keep, nominal, self.stream_hist = redeal
+                ep.stream_start = (0, order, (urls, keep, nominal))
+                self.stream_len = nominal
+                self.pulls._it = iter(_BatchSampler(range(nominal), loader.batch_size, loader.drop_last))
+                self.pulls.n = 0
+            else:
+                self.stream_hist, self.stream_len = [], len(ds)
+                ep.stream_start = (self.num_yielded * loader.batch_size, order)
         else:
             self.stream_order = None
         self._restore = None
@@ -730,8 +744,19 @@ class Tracker:
                     "batch_size": self.batch_size, "num_workers": self.num_workers,
                     "dataset_len": self.dataset_len, "drew_seed": self.drew_seed, "sampler": sampler,
                     "workers": workers, "dataset": ds_state, "dataset_workers": ds_workers,
-                    "stream": None if self.stream_order is None else {"order": self.stream_order},
+                    "stream": None if self.stream_order is None else self._stream_state(loader, k),
                     "batch": self.batch, "skip": self.skip, "elastic": deal}
+
+    def _stream_state(self, loader, k):
+        """A WebDataset epoch's place: the shard order's epoch, the deal
+        (this rank of `world`, the epoch's earlier deals) and the positions
+        received, with what elastic.stream_plan checks a resume against."""
+        ds = loader.dataset
+        consumed = self.stream_len if self.finished else min(k * loader.batch_size, self.stream_len)
+        return {"order": self.stream_order, "world": ds.world_size, "rank": ds.rank,
+                "history": [[w, list(p)] for w, p in self.stream_hist], "consumed": int(consumed),
+                "seed": ds.seed, "shuffle": ds.shuffle, "epoch_length": ds.epoch_length, "shards": len(ds.urls),
+                "skipped": len(ds.skipped_shards) - ds._skipped_at_begin}
 
     def load(self, loader, state):
         if not state:
@@ -762,11 +787,12 @@ def _check(state, loader, iterable):
 
     if state.get("seed") != loader._fl_seed:
         bad("seed", state.get("seed"), loader._fl_seed)
-    if (iterable or getattr(loader.dataset, "_fl_stream", False)) and state.get("batch_size") != loader.batch_size \
-            and not state["finished"]:
+    old_stream = getattr(loader.dataset, "_fl_stream", False) and (state.get("stream") or {}).get("world") is None
+    if (iterable or old_stream) and state.get("batch_size") != loader.batch_size and not state["finished"]:
         bad("batch_size", state.get("batch_size"), loader.batch_size)
     n = _dataset_len(loader)
-    if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"]:
+    new_stream = getattr(loader.dataset, "_fl_stream", False) and (state.get("stream") or {}).get("world") is not None
+    if state.get("dataset_len") is not None and n is not None and n != state["dataset_len"] and not new_stream:
         bad("len(dataset)", state["dataset_len"], n)
     if iterable and state.get("workers") and state["num_workers"] != loader.num_workers \
             and not state["finished"]:

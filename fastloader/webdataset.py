@@ -223,6 +223,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         if len(self.urls) < self.world_size:
             raise ValueError(f"WebDataset: {len(self.urls)} shard(s) for {self.world_size} ranks: every rank needs "
                              "at least one shard")
+        self._counts = None
         if epoch_length is None:
             counts = _counts_from_index(self.urls)
             if counts is None:
@@ -231,6 +232,7 @@ class WebDataset(NativeImageDataset, _Iterable):
                                      "no index.json next to the shards to count them")
                 counts = [_count_local(u) for u in self.urls]
             epoch_length = sum(counts)
+            self._counts = counts
         self.epoch_length = int(epoch_length)
         nominal = self.epoch_length // self.world_size
         if nominal < 1:
@@ -252,13 +254,18 @@ class WebDataset(NativeImageDataset, _Iterable):
         self._set_epoch = None
         self._stream_epoch = None
         self._stream_order = None   # the epoch the current stream's shard order and shuffle follow
+        self._epoch_len = nominal   # this epoch's positions (a re-dealt epoch's own, fastloader/elastic.py)
+        self._skipped_at_begin = 0
         source = _C.shard_source(
             nominal, shuffle=self.shuffle, ring=int(ring), seed=self.seed,
             skip_bad_shards=on_shard_error == "skip", image_exts=tuple(image_exts), label_ext=label_ext,
             label_field=label_field, retries=int(retries), backoff_ms=int(backoff * 1000),
             stall_timeout_ms=int(stall_timeout * 1000), ca_file=None if ca_file is None else os.fspath(ca_file),
-            extra_exts=self.fields)
-        super().__init__(_StreamNames(nominal), transform, target_transform, layout=layout, on_error=on_error,
+            extra_exts=self.fields, capacity=max(self.epoch_length, nominal))
+        self._nominal = nominal
+        # position names up to the source's capacity: a re-dealt epoch
+        # (elastic.py) may be longer than the nominal length
+        super().__init__(_StreamNames(max(self.epoch_length, nominal)), transform, target_transform, layout=layout, on_error=on_error,
                          dct_scaling=dct_scaling, max_pixels=max_pixels, source=source)
         self.targets = None
 
@@ -271,26 +278,57 @@ class WebDataset(NativeImageDataset, _Iterable):
 
     def shards_for(self, epoch):
         """The shards this rank reads in `epoch`, in order."""
-        urls = list(self.urls)
-        if self.shardshuffle:
-            rng = np.random.default_rng([self.seed, int(epoch), 0x5AD])
-            urls = [urls[i] for i in rng.permutation(len(urls))]
-        return urls[self.rank::self.world_size]
+        return [self.urls[i] for i in self._shard_perm(epoch)[self.rank::self.world_size]]
 
-    def _begin_epoch(self, epoch, batch_size=None, skip=0, order=None):
+    def _shard_perm(self, epoch):
+        """The epoch's shard order (indices into urls), the same on every rank."""
+        if not self.shardshuffle:
+            return np.arange(len(self.urls))
+        return np.random.default_rng([self.seed, int(epoch), 0x5AD]).permutation(len(self.urls))
+
+    def _shard_counts(self):
+        """Samples per shard (in urls' order): index.json's, or counted from
+        local tar headers; for an elastic resume (fastloader/elastic.py)."""
+        if self._counts is None:
+            counts = _counts_from_index(self.urls)
+            if counts is None:
+                if any(_is_remote(u) or u.startswith("pipe:") for u in self.urls):
+                    raise ValueError("WebDataset: resuming on another topology needs each shard's sample count, "
+                                     "and there is no index.json next to the shards (`python -m fastloader pack "
+                                     "shards` writes one); resume on the topology the state was saved on")
+                counts = [_count_local(u) for u in self.urls]
+            self._counts = counts
+        return self._counts
+
+    def _begin_epoch(self, epoch, batch_size=None, skip=0, order=None, deal=None):
         """Start the rank's stream for the loader's epoch `epoch` (the epoch
         its batch jobs carry; the loader calls this before the epoch's
         first batch; batch k holds positions [k*batch_size, (k+1)*batch_size)).
         The shard order and shuffle follow `order`, else set_epoch's value
         when it was called, else `epoch`.  skip > 0 (a resume,
         fastloader/state.py): positions below it are read but dropped,
-        never decoded (csrc/sources/shards.h)."""
+        never decoded (csrc/sources/shards.h).  deal = (urls, keep, nominal)
+        (an elastic resume, fastloader/elastic.py stream_plan): read only
+        `urls`, deliver only the samples whose bit is set in each shard's
+        keep mask, and stop after `nominal` positions; nominal 0 ends the
+        rank's epoch before it starts."""
         self._stream_epoch = int(epoch)
         self._fl_batch_size = batch_size
         if order is None:
             order = self._set_epoch if self._set_epoch is not None else self._stream_epoch
         self._stream_order = int(order)
-        _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order), int(skip))
+        self._skipped_at_begin = len(self.skipped_shards)
+        if deal is None:
+            self._epoch_len = len(self)
+            _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order), int(skip))
+            return
+        # an elastic resume: this rank's share of the samples no rank received
+        urls, keep, nominal = deal
+        self._epoch_len = nominal
+        if nominal == 0 or not urls:
+            _C.shards_cancel(self._source)   # nothing left for this rank this epoch: no position is asked for
+            return
+        _C.shards_begin(self._source, self._stream_epoch, urls, 0, keep=keep, nominal=nominal)
 
     def _end_stream(self):
         """Stop the reader (the loader's iterator ended or was dropped)."""
@@ -316,7 +354,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         if seq is None or not self._fl_batch_size:  # pragma: no cover - the loader and __iter__ always say
             raise RuntimeError("fastloader: WebDataset fields need the batch's place in the stream (this is a bug)")
         b = self._fl_batch_size
-        positions = range(seq * b, min(len(self), (seq + 1) * b))
+        positions = range(seq * b, min(self._epoch_len, (seq + 1) * b))
         kept = _C.shards_take_fields(self._source, list(positions))
         dropped = {index for kind, index, _ in fin.notes if kind == "skipped"}
         out = {ext: [] for ext in self.fields}
@@ -335,7 +373,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         return _C._error(code, errnum, msg, None, f" [shard stream position {index}{where}]")
 
     def __len__(self):
-        return len(self.samples)
+        return self._nominal
 
     def __getitem__(self, index):
         raise TypeError("WebDataset is a stream: iterate over it (or over a DataLoader), it has no random access")

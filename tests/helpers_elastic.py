@@ -82,3 +82,20 @@ def uninterrupted(kind, paths, W, epoch, **kw):
             eps = [samples(b, kind) for b in dl]
         out.append(eps)
     return out
+
+
+def write_wds(d):
+    """N samples in tar shards of 7 (the last short), key i -> label i: their paths."""
+    from test_webdataset import write_shards
+
+    return write_shards(str(d), n=N, per=7)
+
+
+def make_wds(shards, W, r, B=3, nw=2, fields=()):
+    """(None, loader) over rank r of W's stream of those shards."""
+    ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=10, seed=3, rank=r, world_size=W, fields=fields)
+    return None, fastloader.DataLoader(ds, batch_size=B, num_workers=nw)
+
+
+def wds_labels(batch):
+    return batch[1].tolist()

@@ -19,7 +19,8 @@ from torch.utils.data import Dataset, DistributedSampler  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import elastic as E  # noqa: E402
-from helpers_elastic import N, TRAIN, Keyed, make, reference, samples, uninterrupted, write_images  # noqa: E402
+from helpers_elastic import (N, TRAIN, Keyed, make, make_wds, reference, samples, uninterrupted,  # noqa: E402
+                             wds_labels, write_images, write_wds)
 
 pytestmark = pytest.mark.fastloader_only
 
@@ -407,3 +408,148 @@ def test_state_size_and_list_loading():
         dl.load_state_dict(sts if how == "list" else fastloader.resume_state(sts))
         out.append([b[:, 0].tolist() for b in dl])
     assert out[0] == out[1] and sum(len(b) for b in out[0]) == 6
+
+
+# -- tar shards --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_wds(tmp_path_factory.mktemp("elastic_wds"))
+
+
+def _shard_first(url):
+    return int(url.rsplit("-", 1)[1][:4]) * 7   # write_shards: shard s holds samples 7s..
+
+
+@pytest.mark.parametrize("shuffle", [0, 5, 30, 200])
+def test_stream_order_is_the_readers(shards, shuffle):
+    """_C.shards_order, which reads nothing, gives the sample of each
+    position that the reader publishes, for every rank of 1, 2, 3 and 6
+    (6: one shard a rank, and the rank of the short one goes round it again)."""
+    from fastloader import _C
+
+    for W in (1, 2, 3, 6):
+        for r in range(W):
+            ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=shuffle, seed=3, rank=r, world_size=W)
+            got = torch.cat([y for _, y in fastloader.DataLoader(ds, batch_size=4, num_workers=2)]).tolist()
+            urls = ds.shards_for(0)
+            counts = [ds._shard_counts()[ds.urls.index(u)] for u in urls]
+            sh, k = _C.shards_order(counts, [None] * len(urls), shuffle, 3, 0, len(ds), len(ds))
+            first = [_shard_first(u) for u in urls]
+            want = [first[a] + b for a, b in zip(np.frombuffer(sh, np.int32), np.frombuffer(k, np.int64))]
+            assert got == want, (W, r)
+
+
+def _wds_run(shards, W, ks, B=3):
+    got, states = [], []
+    for r in range(W):
+        _, dl = make_wds(shards, W, r, B=B)
+        it = iter(dl)
+        mine = []
+        for _ in range(ks[r]):
+            mine += wds_labels(next(it))
+        states.append(dl.state_dict())
+        del it
+        got.append(mine)
+    return got, states
+
+
+def _wds_resume(shards, W, state, B=3, epochs=1, fields=()):
+    out = []
+    for r in range(W):
+        _, dl = make_wds(shards, W, r, B=B, fields=fields)
+        dl.load_state_dict(state)
+        eps = []
+        for _ in range(epochs):
+            eps.append([b for b in dl])
+        out.append(eps)
+    return out
+
+
+def _once(labels):
+    c = collections.Counter(labels)
+    assert sorted(c) == list(range(N)) and max(c.values()) == 1, c
+
+
+def test_stream_resumes_on_other_world_sizes(shards):
+    """4 ranks (5 shards of 7 and one of 5 for 40 samples; nominal 10 a rank,
+    so ranks with 2 shards stop early and ranks with 1 go round it again),
+    stopped after 2 batches of 3: resumed on 2 ranks from rank 0's state,
+    on 3 from every rank's, on 1, at another batch size: the samples no
+    rank received, each once, dealt in equal shares; the next epoch is the
+    new topology's own."""
+    before, states = _wds_run(shards, 4, [2] * 4)
+    seen = sum(before, [])
+    assert len(seen) == 24 and len(set(seen)) == 24
+    for W2, state, B in ((2, states[0], 3), (3, fastloader.resume_state(states), 3), (1, states[1], 5),
+                         (4, states[2], 2)):
+        after = _wds_resume(shards, W2, state, B=B, epochs=2)
+        rest = [lab for r in after for b in r[0] for lab in wds_labels(b)]
+        # the epoch's 40 samples less the 24 received, cut into W2 equal shares (the remainder left out)
+        assert len(rest) == (N - 24) // W2 * W2, (W2, len(rest))
+        assert not set(rest) & set(seen) and len(set(rest)) == len(rest)
+        if (N - 24) % W2 == 0:
+            _once(seen + rest)
+        shares = [sum(len(b[1]) for b in r[0]) for r in after]
+        assert len(set(shares)) == 1   # DDP: every rank the same number of samples
+        for r in range(W2):   # the next epoch: as an uninterrupted run on W2 ranks
+            _, dl = make_wds(shards, W2, r, B=B)
+            list(dl)
+            assert [wds_labels(b) for b in after[r][1]] == [wds_labels(b) for b in dl]
+
+
+def test_stream_resume_chain_fields_and_the_readers_masks(shards):
+    """4 -> 3 -> (checkpoint again) -> 2: the second state carries the first
+    deal in its history; fields stay with their samples; and the resumed
+    ranks read exactly what _C.shards_order says the kept samples give."""
+    from fastloader import elastic as El
+
+    before, states = _wds_run(shards, 4, [1, 1, 1, 1])      # 12 received
+    merged = fastloader.resume_state(states)
+    mid, states3 = [], []
+    for r in range(3):
+        _, dl = make_wds(shards, 3, r)
+        dl.load_state_dict(merged)
+        it = iter(dl)
+        mid += wds_labels(next(it))
+        states3.append(dl.state_dict())
+        del it
+    assert states3[0]["stream"]["history"] == [[4, [3, 3, 3, 3]]] and states3[0]["stream"]["world"] == 3
+    last = fastloader.resume_state(states3)
+    for r in range(2):   # the reader with keep masks == the order computed from them
+        _, dl = make_wds(shards, 2, r, fields=("cls",))
+        ds = dl.dataset
+        urls, keep, nominal, _ = El.stream_plan(ds, last, 3)
+        counts = [ds._shard_counts()[ds.urls.index(u)] for u in urls]
+        sh, k = El._C_order(counts, keep, ds.shuffle, ds.seed, 0, nominal, nominal)
+        want = [_shard_first(urls[a]) + b for a, b in zip(sh, k)]
+        dl.load_state_dict(last)
+        batches = list(dl)
+        assert sum((wds_labels(b) for b in batches), []) == want
+        assert all([int(v) for v in b[2]["cls"]] == wds_labels(b) for b in batches)   # fields with their samples
+    after = _wds_resume(shards, 2, last)
+    rest = [lab for r in after for b in r[0] for lab in wds_labels(b)]
+    total = sum(before, []) + mid + rest
+    assert len(set(total)) == len(total) and len(total) == 12 + 9 + (N - 21) // 2 * 2
+
+
+def test_stream_refusals(shards, tmp_path):
+    _, states = _wds_run(shards, 2, [1, 1])
+    bad = dict(states[0], stream=dict(states[0]["stream"], skipped=1))
+    _, dl = make_wds(shards, 3, 0)
+    dl.load_state_dict(bad)
+    with pytest.raises(ValueError, match="skipped 1 unreadable shard"):
+        iter(dl)
+    ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=10, seed=4, rank=0, world_size=3)
+    dl = fastloader.DataLoader(ds, batch_size=3)
+    dl.load_state_dict(states[0])
+    with pytest.raises(ValueError, match="another seed"):
+        iter(dl)
+    piped = [f"pipe:cat {u}" for u in shards]   # no index.json to count a piped shard's samples
+    ds = fastloader.WebDataset(piped, transform=TRAIN, shuffle=10, seed=3, rank=0, world_size=3, epoch_length=N)
+    dl = fastloader.DataLoader(ds, batch_size=3)
+    dl.load_state_dict(states[0])
+    with pytest.raises(ValueError, match="index.json"):
+        iter(dl)
+    with pytest.raises(ValueError, match="ranks \\[1, 1\\]"):
+        fastloader.resume_state([states[1], states[1]])

@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 
 from fastloader import elastic as E  # noqa: E402
 from helpers_distributed import child_env, free_port  # noqa: E402
-from helpers_elastic import N, SAMPLER_SEED, reference, uninterrupted, write_images  # noqa: E402
+from helpers_elastic import N, SAMPLER_SEED, make_wds, reference, uninterrupted, wds_labels, write_images, write_wds  # noqa: E402,E501
 
 pytestmark = [pytest.mark.fastloader_only,
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -31,17 +31,27 @@ KINDS = {"native": ("native", "thread"), "thread": ("python", "thread"), "proces
 
 JOB = textwrap.dedent("""
     import os, signal, sys, torch, torch.distributed as dist
-    from helpers_elastic import make, samples
+    from helpers_elastic import make, make_wds, samples, wds_labels
     dist.init_process_group("gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
     what, out, paths, arg = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
+    shards = sys.argv[5].split(",") if len(sys.argv) > 5 else []
     KINDS = {"native": ("native", "thread"), "thread": ("python", "thread"), "process": ("python", "process")}
+    if shards:
+        KINDS["wds"] = ("wds", "thread")
+    def build(kind, mode):
+        if kind == "wds":   # rank and world size from the process group
+            return make_wds(shards, W, rank)
+        return make(kind, paths, W, rank, mode=mode)
+    def take(batch, kind):
+        return wds_labels(batch) if kind == "wds" else samples(batch, kind)
     if what == "save":        # every kind: K batches a rank, then each rank's state and all of them
         for name, (kind, mode) in KINDS.items():
-            s, dl = make(kind, paths, W, rank, mode=mode)
-            s.set_epoch(0)
+            s, dl = build(kind, mode)
+            if s is not None:
+                s.set_epoch(0)
             it = iter(dl)
-            got = [samples(next(it), kind) for _ in range(int(arg))]
+            got = [take(next(it), kind) for _ in range(int(arg))]
             state = dl.state_dict()
             every = [None] * W
             dist.all_gather_object(every, state)
@@ -53,12 +63,13 @@ JOB = textwrap.dedent("""
             if not os.path.exists(f"{src}/{name}_0.pt"):
                 continue
             ck = torch.load(f"{src}/{name}_0.pt")
-            s, dl = make(kind, paths, W, rank, mode=mode)
+            s, dl = build(kind, mode)
             dl.load_state_dict(ck["loader"] if "loader" in ck else ck["state"] if which == "one" else ck["all"])
             eps = []
             for e in range(2):
-                s.set_epoch(e)
-                eps.append([samples(b, kind) for b in dl])
+                if s is not None:
+                    s.set_epoch(e)
+                eps.append([take(b, kind) for b in dl])
             torch.save(eps, f"{out}/{name}_{rank}.pt")
     elif what == "train":     # a checkpoint after every step, rank 1 SIGKILLed after step K's
         s, dl = make("native", paths, W, rank)
@@ -122,15 +133,28 @@ def _next_epoch(after, kind, paths, W):
 
 def test_four_ranks_resume_on_two_and_on_three(tmp_path, paths, refs):
     """4 ranks take 2 batches of 3 each (24 of 40); rank 0's state alone
-    resumes on 2 ranks (8 each), every rank's state on 3 (6 each, 2 copies)."""
+    resumes on 2 ranks (8 each), every rank's state on 3 (6 each, 2 copies).
+    WebDataset shards too: the 16 samples no rank received, dealt again
+    (on 3 ranks: 5 each, one left out, as an epoch's remainder is)."""
     save = tmp_path / "save"
     save.mkdir()
-    _torchrun(tmp_path, 4, "save", save, ",".join(paths), 2)
+    shards = ",".join(write_wds(tmp_path / "wds"))
+    _torchrun(tmp_path, 4, "save", save, ",".join(paths), 2, shards)
+    wds_before = sum((torch.load(save / f"wds_{r}.pt")["got"] for r in range(4)), [])
+    wds_before = [lab for b in wds_before for lab in b]
+    assert len(set(wds_before)) == 24
     before = {name: [torch.load(save / f"{name}_{r}.pt")["got"] for r in range(4)] for name in KINDS}
     for W2, which, pads in ((2, "one", 0), (3, "all", 2)):
         out = tmp_path / f"on{W2}"
         out.mkdir()
-        _torchrun(tmp_path, W2, "resume", out, ",".join(paths), f"{save}:{which}")
+        _torchrun(tmp_path, W2, "resume", out, ",".join(paths), f"{save}:{which}", shards)
+        wds = [torch.load(out / f"wds_{r}.pt") for r in range(W2)]
+        rest = [lab for r in wds for b in r[0] for lab in b]
+        assert len(rest) == 16 // W2 * W2 and len(set(rest + wds_before)) == len(rest) + 24
+        for r in range(W2):   # the next epoch: the new topology's own
+            _, dl = make_wds(shards.split(","), W2, r)
+            list(dl)
+            assert wds[r][1] == [wds_labels(b) for b in dl]
         for name, (kind, _) in KINDS.items():
             after = [torch.load(out / f"{name}_{r}.pt") for r in range(W2)]
             _check(before[name], after, refs[name], pads)

@@ -5,8 +5,12 @@
  *                retries=5, backoff_ms=200, stall_timeout_ms=30000, connect_timeout_ms=30000,
  *                ca_file=None, extra_exts=()) -> Source
  *   shards_take_fields(source, positions) -> [[bytes | None] | None]
- *   shards_begin(source, epoch, urls, skip=0)  start an epoch over the rank's shards, in order
- *                                         (positions below skip dropped unread by workers: a resume)
+ *   shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0)  start an epoch over the rank's
+ *                                         shards, in order (positions below skip dropped unread by
+ *                                         workers: a resume; keep: per url None | (mask bytes, nbits);
+ *                                         nominal > 0: this epoch's length)
+ *   shards_order(counts, keep, shuffle, seed, epoch, nominal, npos) -> (bytes int32, bytes int64)
+ *                                         the stream's (shard, sample) per position, reading nothing
  *   shards_cancel(source)                 stop the reader, wake waiting workers
  *   shards_stats(source) -> dict
  *   shards_take_skipped(source) -> [(url, reason)]
@@ -36,23 +40,24 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"nominal", "shuffle", "ring", "seed", "skip_bad_shards", "image_exts", "label_ext",
                              "label_field", "retries", "backoff_ms", "stall_timeout_ms", "connect_timeout_ms",
-                             "ca_file", "extra_exts", NULL};
+                             "ca_file", "extra_exts", "capacity", NULL};
     fl_shards_opts o;
     memset(&o, 0, sizeof o);
     fl_stream_opts_init(&o.stream);
-    long long nominal;
+    long long nominal, capacity = 0;
     unsigned long long seed = 0;
     int skip = 0;
     PyObject *exts = NULL, *extras = NULL;
     const char *label_ext = "cls", *label_field = "", *ca_file = NULL;
     o.ring = 1024;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L|$iiKpOssiiiizO:shard_source", kwlist, &nominal, &o.shuffle,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L|$iiKpOssiiiizOL:shard_source", kwlist, &nominal, &o.shuffle,
                                      &o.ring, &seed, &skip, &exts, &label_ext, &label_field, &o.stream.retries,
                                      &o.stream.backoff_ms, &o.stream.stall_timeout_ms,
-                                     &o.stream.connect_timeout_ms, &ca_file, &extras))
+                                     &o.stream.connect_timeout_ms, &ca_file, &extras, &capacity))
         return NULL;
     o.stream.ca_file = ca_file;   /* copied by fl_shards_new */
     o.nominal = nominal;
+    o.capacity = capacity;
     o.seed = seed;
     o.on_shard_error = skip ? FL_SHARDS_SKIP : FL_SHARDS_RAISE;
     if (exts == NULL) {
@@ -116,13 +121,58 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
     return fl_py_source_wrap(module, s);
 }
 
-static PyObject *
-shards_begin(PyObject *module, PyObject *args)
+/* keep: None, or a list (one per url) of None | (bytes mask, nbits) -> a
+ * PyMem array of fl_shards_keep pointing into the bytes (borrowed from
+ * `keep`, which the caller holds), or NULL with *bad set and an exception. */
+static fl_shards_keep *
+keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
 {
-    PyObject *src_obj, *urls;
+    *bad = 0;
+    if (keep == NULL || keep == Py_None)
+        return NULL;
+    if (!PyList_Check(keep) || PyList_GET_SIZE(keep) != n) {
+        PyErr_SetString(PyExc_TypeError, "keep must be a list with one entry per url");
+        *bad = 1;
+        return NULL;
+    }
+    fl_shards_keep *k = PyMem_Calloc((size_t)(n ? n : 1), sizeof *k);
+    if (!k) {
+        PyErr_NoMemory();
+        *bad = 1;
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(keep, i);
+        if (e == Py_None)
+            continue;
+        const char *bits;
+        Py_ssize_t len;
+        long long nbits;
+        if (!PyArg_ParseTuple(e, "y#L:keep entry", &bits, &len, &nbits))
+            goto fail;
+        if (nbits < 0 || (nbits + 7) / 8 > len) {
+            PyErr_Format(PyExc_ValueError, "keep[%zd]: %lld bits in a mask of %zd bytes", i, nbits, len);
+            goto fail;
+        }
+        k[i].bits = (const uint8_t *)bits;
+        k[i].nbits = nbits;
+    }
+    return k;
+fail:
+    PyMem_Free(k);
+    *bad = 1;
+    return NULL;
+}
+
+static PyObject *
+shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"source", "epoch", "urls", "skip", "keep", "nominal", NULL};
+    PyObject *src_obj, *urls, *keep = NULL;
     unsigned long long epoch;
-    long long skip = 0;
-    if (!PyArg_ParseTuple(args, "OKO|L:shards_begin", &src_obj, &epoch, &urls, &skip))
+    long long skip = 0, nominal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKO|L$OL:shards_begin", kwlist, &src_obj, &epoch, &urls, &skip,
+                                     &keep, &nominal))
         return NULL;
     fl_source *s = shard_arg(module, src_obj);
     if (!s)
@@ -144,16 +194,86 @@ shards_begin(PyObject *module, PyObject *args)
             return NULL;
         }
     }
+    int bad;
+    fl_shards_keep *k = keep_arg(keep, n, &bad);
+    if (bad) {
+        PyMem_Free(u);
+        Py_DECREF(seq);
+        return NULL;
+    }
     fl_err err = {0, "", 0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_shards_begin(s, epoch, (int64_t)skip, u, (int)n, &err);
+    rc = fl_shards_begin_keep(s, epoch, (int64_t)skip, u, k, (int)n, (int64_t)nominal, &err);
     Py_END_ALLOW_THREADS
+    PyMem_Free(k);
     PyMem_Free(u);
     Py_DECREF(seq);
     if (rc < 0)
         return fl_py_raise(module, &err, NULL, NULL);
     Py_RETURN_NONE;
+}
+
+/* shards_order(counts, keep, shuffle, seed, epoch, nominal, npos) -> (bytes int32 shard, bytes int64 sample) */
+static PyObject *
+shards_order(PyObject *module, PyObject *args)
+{
+    PyObject *counts, *keep;
+    int shuffle;
+    unsigned long long seed, epoch;
+    long long nominal, npos;
+    if (!PyArg_ParseTuple(args, "OOiKKLL:shards_order", &counts, &keep, &shuffle, &seed, &epoch, &nominal, &npos))
+        return NULL;
+    if (shuffle < 0 || nominal < 0 || npos < 0) {
+        PyErr_SetString(PyExc_ValueError, "shards_order: negative shuffle, nominal or npos");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(counts, "counts must be a sequence of int");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *c = PyMem_Calloc((size_t)(n ? n : 1), sizeof *c);
+    if (!c) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        c[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (c[i] < 0 && !PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "shards_order: counts[%zd] is negative", i);
+        if (c[i] < 0) {
+            PyMem_Free(c);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    int bad;
+    fl_shards_keep *k = keep_arg(keep, n, &bad);
+    int64_t m = npos < nominal ? npos : nominal;
+    PyObject *so = bad ? NULL : PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * (int64_t)sizeof(int32_t)));
+    PyObject *ko = so ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * (int64_t)sizeof(int64_t))) : NULL;
+    if (!ko) {
+        Py_XDECREF(so);
+        PyMem_Free(k);
+        PyMem_Free(c);
+        return NULL;
+    }
+    fl_err err = {0, "", 0};
+    int64_t got;
+    int32_t *sp = (int32_t *)PyBytes_AS_STRING(so);
+    int64_t *kp = (int64_t *)PyBytes_AS_STRING(ko);
+    Py_BEGIN_ALLOW_THREADS
+    got = fl_shards_order(c, k, (int)n, shuffle, seed, epoch, nominal, npos, sp, kp, &err);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(k);
+    PyMem_Free(c);
+    if (got < 0) {
+        Py_DECREF(so);
+        Py_DECREF(ko);
+        return fl_py_raise(module, &err, NULL, NULL);
+    }
+    return Py_BuildValue("(NN)", so, ko);
 }
 
 static PyObject *
@@ -263,9 +383,13 @@ shards_take_fields(PyObject *module, PyObject *args)
 static PyMethodDef methods[] = {
     {"shard_source", (PyCFunction)(void (*)(void))shard_source, METH_VARARGS | METH_KEYWORDS,
      "shard_source(nominal, *, shuffle, ring, seed, skip_bad_shards, image_exts, label_ext, label_field, retries, "
-     "backoff_ms, stall_timeout_ms, connect_timeout_ms) -> Source over tar shards (csrc/sources/shards.h)"},
-    {"shards_begin", shards_begin, METH_VARARGS,
-     "shards_begin(source, epoch, urls, skip=0): start an epoch (positions below skip are dropped when made)"},
+     "backoff_ms, stall_timeout_ms, connect_timeout_ms, ca_file, extra_exts, capacity) -> Source over tar shards (csrc/sources/shards.h)"},
+    {"shards_begin", (PyCFunction)(void (*)(void))shards_begin, METH_VARARGS | METH_KEYWORDS,
+     "shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0): start an epoch (positions below skip "
+     "are dropped when made; keep: per url None | (mask bytes, nbits); nominal > 0: this epoch's length)"},
+    {"shards_order", shards_order, METH_VARARGS,
+     "shards_order(counts, keep, shuffle, seed, epoch, nominal, npos) -> (int32 bytes, int64 bytes): the shard "
+     "and sample of each position, reading nothing"},
     {"shards_take_fields", shards_take_fields, METH_VARARGS,
      "shards_take_fields(source, positions) -> [[bytes | None] | None]: the extra members workers kept"},
     {"shards_cancel", shards_cancel, METH_O, "shards_cancel(source): stop the reader, wake waiting workers"},

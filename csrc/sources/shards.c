@@ -57,6 +57,8 @@ typedef struct {
     pthread_t reader;
     char **urls;
     int nurls;
+    fl_shards_keep *keep; /* per url (owned bits), or NULL: every sample of every shard */
+    int64_t nominal;      /* this epoch's length (o.nominal unless begin said otherwise) */
     shard_rec **ring;     /* o.ring slots, position p in slot p % ring */
     int64_t produced;     /* positions [0, produced) exist */
     int64_t skip;         /* positions below this are dropped when made (a resume) */
@@ -223,11 +225,11 @@ emit(shards_source *ss, shard_rec *r, uint64_t epoch)
         ss->produced = p + 1;
         pthread_mutex_unlock(&ss->mu);
         rec_free(r);
-        return p + 1 >= ss->o.nominal ? 1 : 0;
+        return p + 1 >= ss->nominal ? 1 : 0;
     }
-    while (!ss->stopping && p < ss->o.nominal && ss->ring[p % ss->o.ring] != NULL)
+    while (!ss->stopping && p < ss->nominal && ss->ring[p % ss->o.ring] != NULL)
         pthread_cond_wait(&ss->room, &ss->mu);
-    if (ss->stopping || ss->epoch != epoch || p >= ss->o.nominal) {
+    if (ss->stopping || ss->epoch != epoch || p >= ss->nominal) {
         pthread_mutex_unlock(&ss->mu);
         rec_free(r);
         return -1;
@@ -237,7 +239,7 @@ emit(shards_source *ss, shard_rec *r, uint64_t epoch)
     atomic_fetch_add(&ss->samples, 1);   /* counted before any worker can take it */
     pthread_cond_broadcast(&ss->more);
     pthread_mutex_unlock(&ss->mu);
-    return p + 1 >= ss->o.nominal ? 1 : 0;
+    return p + 1 >= ss->nominal ? 1 : 0;
 }
 
 /* Mark every position from the next one failed with err (the reader stops). */
@@ -283,14 +285,47 @@ typedef struct {
     uint64_t epoch;
 } reader_arg;
 
-/* Draw the record for the next position from the shuffle buffer (uniform,
- * keyed by (seed, epoch, position)) and publish it; emit's return value. */
+/* The shuffle's schedule, one pair of functions for the reader and for
+ * fl_shards_order (which must give the reader's order without reading).
+ *
+ * shuffle_draws: after a sample entered the buffer (now nbuf of S; the
+ * reads-th sample of the epoch), is a position drawn?  As webdataset's
+ * shuffle: the first draw once INITIAL samples are in (not a whole buffer:
+ * the epoch's first batch does not wait for `shuffle` samples to be read),
+ * then one draw for every two samples read while the buffer grows to S,
+ * and one per sample once it is full.
+ * shuffle_pick: the buffer slot the draw of position `drawn` takes
+ * (uniform, keyed by (seed, epoch, position)). */
+static int
+shuffle_draws(int nbuf, int S, int64_t reads)
+{
+    const int initial = S < SHUFFLE_INITIAL ? S : SHUFFLE_INITIAL;
+    return !(nbuf < S && (nbuf < initial || reads % 2 != 0));
+}
+
+static int
+shuffle_pick(uint64_t seed, uint64_t epoch, int64_t drawn, int nbuf)
+{
+    fl_rng g;
+    fl_rng_init(&g, seed ^ 0x5ad5ad5ad5ad5adull, epoch, (uint64_t)drawn);
+    return (int)fl_rng_below(&g, (uint64_t)nbuf);
+}
+
+/* Is sample k (tar order) of shard u kept this epoch? */
+static int
+keep_sample(const fl_shards_keep *keep, int u, int64_t k)
+{
+    if (!keep || !keep[u].bits)
+        return 1;
+    return k < keep[u].nbits && ((keep[u].bits[k >> 3] >> (k & 7)) & 1);
+}
+
+/* Draw the record for the next position from the shuffle buffer and
+ * publish it; emit's return value. */
 static int
 draw_and_emit(shards_source *ss, shard_rec **buf, int *nbuf, int64_t *drawn, uint64_t epoch)
 {
-    fl_rng g;
-    fl_rng_init(&g, ss->o.seed ^ 0x5ad5ad5ad5ad5adull, epoch, (uint64_t)*drawn);
-    int j = (int)fl_rng_below(&g, (uint64_t)*nbuf);
+    int j = shuffle_pick(ss->o.seed, epoch, *drawn, *nbuf);
     shard_rec *out = buf[j];
     buf[j] = buf[--*nbuf];
     ++*drawn;
@@ -307,8 +342,7 @@ reader_main(void *argp)
     shard_rec **buf = calloc((size_t)S, sizeof *buf);
     int nbuf = 0;
     int64_t drawn = 0;   /* positions drawn from the shuffle buffer */
-    int64_t reads = 0;   /* samples read this epoch */
-    const int initial = S < SHUFFLE_INITIAL ? S : SHUFFLE_INITIAL;
+    int64_t reads = 0;   /* samples read (and kept) this epoch */
     fl_err err = {0, "", 0};
     if (!buf) {
         err.code = FL_ERR_NOMEM;
@@ -328,7 +362,12 @@ reader_main(void *argp)
             fl_tar *t = fl_tar_open(url, &so, NULL, &err);
             int rc = t ? 1 : -1;
             fl_wds_sample *smp = NULL;
+            int64_t k = 0;   /* the sample's place in its shard, in tar order */
             while (t && !stop && (rc = fl_tar_next_sample(t, &smp, &err)) == 1) {
+                if (!keep_sample(ss->keep, u, k++)) {   /* delivered before a re-deal, or another rank's */
+                    fl_wds_sample_free(smp);
+                    continue;
+                }
                 shard_rec *r = make_rec(ss, url, smp);
                 if (!r) {
                     err.code = FL_ERR_NOMEM;
@@ -339,12 +378,7 @@ reader_main(void *argp)
                 got_this_pass++;
                 reads++;
                 buf[nbuf++] = r;   /* there is room: a draw follows whenever it fills */
-                /* As webdataset's shuffle: the first draw once INITIAL samples
-                 * are in (not a whole buffer: the epoch's first batch does not
-                 * wait for `shuffle` samples to be read), then one draw for
-                 * every two samples read while the buffer grows to S, and one
-                 * per sample once it is full. */
-                if (nbuf < S && (nbuf < initial || reads % 2 != 0))
+                if (!shuffle_draws(nbuf, S, reads))
                     continue;
                 if (draw_and_emit(ss, buf, &nbuf, &drawn, a.epoch) != 0)
                     stop = 1;   /* the epoch is complete, or cancelled */
@@ -396,6 +430,74 @@ reader_main(void *argp)
     return NULL;
 }
 
+/* fl_shards_order's draw_and_emit: the buffer slot for position *p into
+ * the outputs, the slot refilled from the buffer's end. */
+static void
+order_draw(uint64_t seed, uint64_t epoch, int32_t *bs, int64_t *bk, int *nbuf, int64_t *drawn, int32_t *shard_out,
+           int64_t *sample_out, int64_t *p)
+{
+    int j = shuffle_pick(seed, epoch, *drawn, *nbuf);
+    shard_out[*p] = bs[j];
+    sample_out[*p] = bk[j];
+    bs[j] = bs[*nbuf - 1];
+    bk[j] = bk[*nbuf - 1];
+    --*nbuf;
+    ++*drawn;
+    ++*p;
+}
+
+int64_t
+fl_shards_order(const int64_t *counts, const fl_shards_keep *keep, int n, int shuffle, uint64_t seed,
+                uint64_t epoch, int64_t nominal, int64_t npos, int32_t *shard_out, int64_t *sample_out, fl_err *err)
+{
+    /* reader_main's loop with sample numbers for records: keep the two in step */
+    const int S = shuffle > 1 ? shuffle : 1;
+    int32_t *bs = malloc((size_t)S * sizeof *bs);
+    int64_t *bk = malloc((size_t)S * sizeof *bk);
+    if (!bs || !bk) {
+        free(bs);
+        free(bk);
+        err->code = FL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory for a shuffle buffer of %d samples", S);
+        return -1;
+    }
+    int64_t limit = npos < nominal ? npos : nominal;
+    int64_t p = 0, drawn = 0, reads = 0;
+    int nbuf = 0;
+    while (p < limit) {
+        int64_t got = 0;
+        for (int u = 0; u < n && p < limit; u++) {
+            /* past a mask's end nothing is kept: stop there (a shard's count may be huge) */
+            int64_t end = keep && keep[u].bits && keep[u].nbits < counts[u] ? keep[u].nbits : counts[u];
+            for (int64_t k = 0; k < end && p < limit; k++) {
+                if (!keep_sample(keep, u, k))
+                    continue;
+                got++;
+                reads++;
+                bs[nbuf] = u;
+                bk[nbuf] = k;
+                nbuf++;
+                if (shuffle_draws(nbuf, S, reads))
+                    order_draw(seed, epoch, bs, bk, &nbuf, &drawn, shard_out, sample_out, &p);
+            }
+        }
+        while (p < limit && nbuf > 0)
+            order_draw(seed, epoch, bs, bk, &nbuf, &drawn, shard_out, sample_out, &p);
+        if (p < limit && got == 0) {
+            free(bs);
+            free(bk);
+            err->code = FL_ERR_IO;
+            err->errnum = 0;
+            snprintf(err->msg, sizeof err->msg, "no samples in the %d shard%s of this rank (all empty or skipped)",
+                     n, n == 1 ? "" : "s");
+            return -1;
+        }
+    }
+    free(bs);
+    free(bk);
+    return p;
+}
+
 /* ---- control ----------------------------------------------------------------- */
 
 /* Stop and join the reader, drop every record and the stash.  Caller does
@@ -431,8 +533,51 @@ fl_shards_cancel(fl_source *s)
     stop_reader((shards_source *)s);
 }
 
+static void
+keep_free(fl_shards_keep *keep, int n)
+{
+    for (int i = 0; keep && i < n; i++)
+        free((void *)keep[i].bits);
+    free(keep);
+}
+
+/* A copy of keep[0..n) (bits owned), or NULL with *ok = 0 when out of memory. */
+static fl_shards_keep *
+keep_copy(const fl_shards_keep *keep, int n, int *ok)
+{
+    if (!keep)
+        return NULL;
+    fl_shards_keep *c = calloc((size_t)n, sizeof *c);
+    if (!c) {
+        *ok = 0;
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!keep[i].bits)
+            continue;
+        size_t nb = (size_t)((keep[i].nbits + 7) / 8);
+        uint8_t *b = malloc(nb ? nb : 1);
+        if (!b) {
+            keep_free(c, n);
+            *ok = 0;
+            return NULL;
+        }
+        memcpy(b, keep[i].bits, nb);
+        c[i].bits = b;
+        c[i].nbits = keep[i].nbits;
+    }
+    return c;
+}
+
 int
 fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err)
+{
+    return fl_shards_begin_keep(s, epoch, skip, urls, NULL, n, 0, err);
+}
+
+int
+fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls,
+                     const fl_shards_keep *keep, int n, int64_t nominal, fl_err *err)
 {
     shards_source *ss = (shards_source *)s;
     if (n < 1) {
@@ -440,11 +585,24 @@ fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *u
         snprintf(err->msg, sizeof err->msg, "no shards for this rank");
         return -1;
     }
+    if (nominal > ss->head.n) {
+        err->code = FL_ERR_INVALID;
+        snprintf(err->msg, sizeof err->msg, "an epoch of %lld positions for a source of %lld",
+                 (long long)nominal, (long long)ss->head.n);
+        return -1;
+    }
+    for (int i = 0; keep && i < n; i++)
+        if (keep[i].bits && keep[i].nbits < 0) {
+            err->code = FL_ERR_INVALID;
+            snprintf(err->msg, sizeof err->msg, "a keep mask of %lld samples", (long long)keep[i].nbits);
+            return -1;
+        }
     char **copy = calloc((size_t)n, sizeof *copy);
     reader_arg *arg = malloc(sizeof *arg);
     int ok = copy && arg;
     for (int i = 0; ok && i < n; i++)
         ok = (copy[i] = strdup(urls[i])) != NULL;
+    fl_shards_keep *kc = ok ? keep_copy(keep, n, &ok) : NULL;
     if (!ok) {
         for (int i = 0; copy && i < n; i++)
             free(copy[i]);
@@ -459,8 +617,11 @@ fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *u
     for (int i = 0; i < ss->nurls; i++)
         free(ss->urls[i]);
     free(ss->urls);
+    keep_free(ss->keep, ss->nurls);
     ss->urls = copy;
+    ss->keep = kc;
     ss->nurls = n;
+    ss->nominal = nominal > 0 ? nominal : ss->o.nominal;
     ss->epoch = epoch;
     ss->produced = 0;
     ss->skip = skip > 0 ? skip : 0;
@@ -474,8 +635,8 @@ fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *u
     ss->failed = 0;
     ss->stopping = 0;
     atomic_store(&ss->cancel, 0);
-    if (ss->skip >= ss->o.nominal) {   /* nothing left to produce this epoch */
-        ss->produced = ss->o.nominal;
+    if (ss->skip >= ss->nominal) {   /* nothing left to produce this epoch */
+        ss->produced = ss->nominal;
         pthread_mutex_unlock(&ss->mu);
         free(arg);
         return 0;
@@ -594,6 +755,12 @@ shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *bu
             err->code = FL_ERR_RUNTIME;
             snprintf(err->msg, sizeof err->msg, "a stale request for epoch %llu (the stream is at epoch %llu)",
                      (unsigned long long)epoch, (unsigned long long)ss->epoch);
+            break;
+        }
+        if (index >= ss->nominal) {
+            err->code = FL_ERR_INDEX;
+            snprintf(err->msg, sizeof err->msg, "position %lld is past this epoch's %lld of the shard stream",
+                     (long long)index, (long long)ss->nominal);
             break;
         }
         if (index < ss->produced) {
@@ -728,7 +895,7 @@ shards_discard(fl_source *s, int64_t index, uint64_t epoch)
 {
     shards_source *ss = (shards_source *)s;
     pthread_mutex_lock(&ss->mu);
-    if (ss->epoch == epoch && index >= 0 && index < ss->o.nominal) {
+    if (ss->epoch == epoch && index >= 0 && index < ss->nominal) {
         if (index < ss->produced) {
             rec_free(ss->ring[index % ss->o.ring]);
             ss->ring[index % ss->o.ring] = NULL;
@@ -759,6 +926,7 @@ shards_destroy(fl_source *s)
     for (int i = 0; i < ss->nurls; i++)
         free(ss->urls[i]);
     free(ss->urls);
+    keep_free(ss->keep, ss->nurls);
     free(ss->ring);
     free(ss->stash);
     free(ss->stash_pos);
@@ -790,7 +958,8 @@ fl_shards_is(const fl_source *s)
 fl_source *
 fl_shards_new(const fl_shards_opts *o, fl_err *err)
 {
-    if (o->nominal <= 0 || o->ring < 1 || o->shuffle < 0 || o->nexts < 1 || o->nexts > FL_SHARDS_MAX_EXTS ||
+    if (o->nominal <= 0 || o->capacity < 0 || (o->capacity && o->capacity < o->nominal) || o->ring < 1 ||
+        o->shuffle < 0 || o->nexts < 1 || o->nexts > FL_SHARDS_MAX_EXTS ||
         o->nextras < 0 || o->nextras > FL_SHARDS_MAX_EXTS) {
         err->code = FL_ERR_INVALID;
         snprintf(err->msg, sizeof err->msg,
@@ -807,8 +976,9 @@ fl_shards_new(const fl_shards_opts *o, fl_err *err)
         snprintf(err->msg, sizeof err->msg, "out of memory for a shard source");
         return NULL;
     }
-    fl_source_init(&ss->head, &shards_ops, o->nominal);
+    fl_source_init(&ss->head, &shards_ops, o->capacity ? o->capacity : o->nominal);
     ss->o = *o;
+    ss->nominal = o->nominal;
     ss->o.stream.cancel = NULL;
     if (o->stream.ca_file && !(ss->o.stream.ca_file = ss->ca_file = strdup(o->stream.ca_file))) {
         free(ss->ring);

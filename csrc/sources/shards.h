@@ -56,7 +56,8 @@ enum { FL_SHARDS_RAISE = 0, FL_SHARDS_SKIP = 1 };
 #define FL_SHARDS_MAX_EXTS 8
 
 typedef struct {
-    int64_t nominal;          /* positions per epoch (> 0) */
+    int64_t nominal;          /* positions per epoch (> 0), unless fl_shards_begin_keep says otherwise */
+    int64_t capacity;         /* positions any epoch may have: the source's n (0: nominal; else >= nominal) */
     int shuffle;              /* shuffle buffer, in samples (0 or 1: stream order) */
     int ring;                 /* produced-but-not-taken records kept at most (>= 1) */
     uint64_t seed;
@@ -95,6 +96,38 @@ fl_source *fl_shards_new(const fl_shards_opts *o, fl_err *err);
  * never handed to a worker nor decoded; with skip >= nominal no reader is
  * started.  0, or -1 with err filled. */
 int fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err);
+
+/* Which samples of one shard the reader keeps: every one (bits NULL), or
+ * sample k (0-based, in tar order) iff k < nbits and bit k of bits (least
+ * significant bit first) is set.  The others are read past, never
+ * published: they take no position and no shuffle draw. */
+typedef struct {
+    const uint8_t *bits;
+    int64_t nbits;
+} fl_shards_keep;
+
+/* fl_shards_begin with a keep mask per shard (keep NULL: every sample;
+ * else keep[i] for urls[i]; copied) and this epoch's length (nominal <= 0:
+ * opts.nominal; at most the capacity).  An elastic resume
+ * (fastloader/webdataset.py) gives a rank the samples no rank received,
+ * some shards split between ranks.  0, or -1 with err filled
+ * (FL_ERR_INVALID, FL_ERR_NOMEM). */
+int fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls,
+                         const fl_shards_keep *keep, int n, int64_t nominal, fl_err *err);
+
+/* The stream's order without reading a byte: for shards of counts[i]
+ * samples (each shard's count as its tar holds them, keep as in
+ * fl_shards_begin_keep), the shuffle, seed and epoch of a source and an
+ * epoch of `nominal` positions, which sample of which shard each position
+ * p < npos gets: shard_out[p] (an index into counts), sample_out[p] (tar
+ * order), as the reader of fl_shards_begin_keep publishes them when every
+ * shard reads whole (the reader and this share the shuffle's schedule).
+ * Returns the positions filled (min(npos, nominal)), or -1 with err
+ * (FL_ERR_IO when a pass keeps no sample, as the reader; FL_ERR_NOMEM).
+ * Pure (no source); any thread, no GIL. */
+int64_t fl_shards_order(const int64_t *counts, const fl_shards_keep *keep, int n, int shuffle, uint64_t seed,
+                        uint64_t epoch, int64_t nominal, int64_t npos, int32_t *shard_out, int64_t *sample_out,
+                        fl_err *err);
 
 /* Stop the reader and wake every waiting get (they fail with "cancelled").
  * Idempotent; fl_shards_begin starts again. */
