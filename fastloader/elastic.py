@@ -483,7 +483,7 @@ def stream_next_deal(ds, deal, places, epoch, counts, order, world, budget):
 
 def stream_plan(ds, state, batch_size):
     """A mid-epoch WebDataset state in a loader of this dataset: None (the
-    rank's stream goes on from its position, as saved) or (urls, keep,
+    rank's stream goes on from its position, as saved) or (shard ids, keep,
     nominal, history) of this rank's share of the samples no rank received,
     with the history the new deal's states carry."""
     st = state.get("stream") or {}
@@ -514,6 +514,6 @@ def stream_plan(ds, state, batch_size):
         deal, budget = stream_next_deal(ds, deal, pl, epoch, counts, order, w_next, budget)
     new, _ = stream_next_deal(ds, deal, places, epoch, counts, order, ds.world_size, budget)
     pcs = new.pieces[ds.rank]
-    urls = [ds.urls[g] for g, _ in pcs]
+    ids = [int(g) for g, _ in pcs]
     keep = [_keep_arg(m) for _, m in pcs]
-    return urls, keep, new.nominal[ds.rank], hist + [[W, [int(p) for p in places]]]
+    return ids, keep, new.nominal[ds.rank], hist + [[W, [int(p) for p in places]]]

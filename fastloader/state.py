@@ -529,8 +529,8 @@ class Tracker:
             self.stream_order = order
             redeal, self._stream_redeal = self._stream_redeal, None
             if redeal is not None:
-                urls, keep, nominal, self.stream_hist = redeal
-                ep.stream_start = (0, order, (urls, keep, nominal))
+                ids, keep, nominal, self.stream_hist = redeal
+                ep.stream_start = (0, order, (ids, keep, nominal))
                 self.stream_len = nominal
                 self.pulls._it = iter(_BatchSampler(range(nominal), loader.batch_size, loader.drop_last))
                 self.pulls.n = 0

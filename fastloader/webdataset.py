@@ -307,9 +307,9 @@ class WebDataset(NativeImageDataset, _Iterable):
         The shard order and shuffle follow `order`, else set_epoch's value
         when it was called, else `epoch`.  skip > 0 (a resume,
         fastloader/state.py): positions below it are read but dropped,
-        never decoded (csrc/sources/shards.h).  deal = (urls, keep, nominal)
+        never decoded (csrc/sources/shards.h).  deal = (ids, keep, nominal)
         (an elastic resume, fastloader/elastic.py stream_plan): read only
-        `urls`, deliver only the samples whose bit is set in each shard's
+        the shards urls[ids], deliver only the samples whose bit is set in each shard's
         keep mask, and stop after `nominal` positions; nominal 0 ends the
         rank's epoch before it starts."""
         self._stream_epoch = int(epoch)
@@ -320,15 +320,17 @@ class WebDataset(NativeImageDataset, _Iterable):
         self._skipped_at_begin = len(self.skipped_shards)
         if deal is None:
             self._epoch_len = len(self)
-            _C.shards_begin(self._source, self._stream_epoch, self.shards_for(order), int(skip))
+            ids = [int(g) for g in self._shard_perm(order)[self.rank::self.world_size]]
+            _C.shards_begin(self._source, self._stream_epoch, [self.urls[g] for g in ids], int(skip), ids=ids)
             return
         # an elastic resume: this rank's share of the samples no rank received
-        urls, keep, nominal = deal
+        ids, keep, nominal = deal
         self._epoch_len = nominal
-        if nominal == 0 or not urls:
+        if nominal == 0 or not ids:
             _C.shards_cancel(self._source)   # nothing left for this rank this epoch: no position is asked for
             return
-        _C.shards_begin(self._source, self._stream_epoch, urls, 0, keep=keep, nominal=nominal)
+        _C.shards_begin(self._source, self._stream_epoch, [self.urls[g] for g in ids], 0, keep=keep,
+                        nominal=nominal, ids=ids)
 
     def _end_stream(self):
         """Stop the reader (the loader's iterator ended or was dropped)."""

@@ -92,10 +92,30 @@ def write_wds(d):
 
 
 def make_wds(shards, W, r, B=3, nw=2, fields=()):
-    """(None, loader) over rank r of W's stream of those shards."""
+    """(None, loader) over rank r of W's stream of those shards (the same
+    loader seed on every rank, so a sample's augmentation is the same on
+    any rank)."""
     ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=10, seed=3, rank=r, world_size=W, fields=fields)
-    return None, fastloader.DataLoader(ds, batch_size=B, num_workers=nw)
+    return None, fastloader.DataLoader(ds, batch_size=B, num_workers=nw, seed=7)
 
 
 def wds_labels(batch):
     return batch[1].tolist()
+
+
+def wds_samples(batch):
+    """[(label = the sample's number, sample tensor)] of a WebDataset batch."""
+    return [(int(y), x.clone()) for x, y in zip(batch[0], batch[1])]
+
+
+def wds_reference(shards, epoch=0):
+    """label -> the sample's tensor in epoch `epoch` of an uninterrupted run
+    on one rank (every sample once; the same on any topology: a shard
+    sample's augmentation is keyed by (seed, epoch, shard, place in it))."""
+    _, dl = make_wds(shards, 1, 0, nw=0)
+    out = {}
+    for e in range(epoch + 1):
+        for b in dl:
+            if e == epoch:
+                out.update(wds_samples(b))
+    return out

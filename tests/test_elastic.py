@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, DistributedSampler  # noqa: E402
 import fastloader  # noqa: E402
 from fastloader import elastic as E  # noqa: E402
 from helpers_elastic import (N, TRAIN, Keyed, make, make_wds, reference, samples, uninterrupted,  # noqa: E402
-                             wds_labels, write_images, write_wds)
+                             wds_labels, wds_reference, wds_samples, write_images, write_wds)
 
 pytestmark = pytest.mark.fastloader_only
 
@@ -477,7 +477,9 @@ def test_stream_resumes_on_other_world_sizes(shards):
     stopped after 2 batches of 3: resumed on 2 ranks from rank 0's state,
     on 3 from every rank's, on 1, at another batch size: the samples no
     rank received, each once, dealt in equal shares; the next epoch is the
-    new topology's own."""
+    new topology's own.  Each sample has the pixels it has on any topology
+    (its augmentation keyed by its shard and its place in it)."""
+    ref = wds_reference(shards)
     before, states = _wds_run(shards, 4, [2] * 4)
     seen = sum(before, [])
     assert len(seen) == 24 and len(set(seen)) == 24
@@ -492,6 +494,8 @@ def test_stream_resumes_on_other_world_sizes(shards):
             _once(seen + rest)
         shares = [sum(len(b[1]) for b in r[0]) for r in after]
         assert len(set(shares)) == 1   # DDP: every rank the same number of samples
+        for lab, x in (s for r in after for b in r[0] for s in wds_samples(b)):
+            assert torch.equal(x, ref[lab]), lab
         for r in range(W2):   # the next epoch: as an uninterrupted run on W2 ranks
             _, dl = make_wds(shards, W2, r, B=B)
             list(dl)
@@ -519,8 +523,9 @@ def test_stream_resume_chain_fields_and_the_readers_masks(shards):
     for r in range(2):   # the reader with keep masks == the order computed from them
         _, dl = make_wds(shards, 2, r, fields=("cls",))
         ds = dl.dataset
-        urls, keep, nominal, _ = El.stream_plan(ds, last, 3)
-        counts = [ds._shard_counts()[ds.urls.index(u)] for u in urls]
+        ids, keep, nominal, _ = El.stream_plan(ds, last, 3)
+        urls = [ds.urls[g] for g in ids]
+        counts = [ds._shard_counts()[g] for g in ids]
         sh, k = El._C_order(counts, keep, ds.shuffle, ds.seed, 0, nominal, nominal)
         want = [_shard_first(urls[a]) + b for a, b in zip(sh, k)]
         dl.load_state_dict(last)
@@ -541,13 +546,13 @@ def test_stream_refusals(shards, tmp_path):
     with pytest.raises(ValueError, match="skipped 1 unreadable shard"):
         iter(dl)
     ds = fastloader.WebDataset(shards, transform=TRAIN, shuffle=10, seed=4, rank=0, world_size=3)
-    dl = fastloader.DataLoader(ds, batch_size=3)
+    dl = fastloader.DataLoader(ds, batch_size=3, seed=7)
     dl.load_state_dict(states[0])
     with pytest.raises(ValueError, match="another seed"):
         iter(dl)
     piped = [f"pipe:cat {u}" for u in shards]   # no index.json to count a piped shard's samples
     ds = fastloader.WebDataset(piped, transform=TRAIN, shuffle=10, seed=3, rank=0, world_size=3, epoch_length=N)
-    dl = fastloader.DataLoader(ds, batch_size=3)
+    dl = fastloader.DataLoader(ds, batch_size=3, seed=7)
     dl.load_state_dict(states[0])
     with pytest.raises(ValueError, match="index.json"):
         iter(dl)

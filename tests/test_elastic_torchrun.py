@@ -21,7 +21,8 @@ import torch.distributed as dist  # noqa: E402
 
 from fastloader import elastic as E  # noqa: E402
 from helpers_distributed import child_env, free_port  # noqa: E402
-from helpers_elastic import N, SAMPLER_SEED, make_wds, reference, uninterrupted, wds_labels, write_images, write_wds  # noqa: E402,E501
+from helpers_elastic import (N, SAMPLER_SEED, make_wds, reference, uninterrupted, wds_reference,  # noqa: E402
+                             wds_samples, write_images, write_wds)
 
 pytestmark = [pytest.mark.fastloader_only,
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -31,7 +32,7 @@ KINDS = {"native": ("native", "thread"), "thread": ("python", "thread"), "proces
 
 JOB = textwrap.dedent("""
     import os, signal, sys, torch, torch.distributed as dist
-    from helpers_elastic import make, make_wds, samples, wds_labels
+    from helpers_elastic import make, make_wds, samples, wds_samples
     dist.init_process_group("gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
     what, out, paths, arg = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
@@ -44,7 +45,7 @@ JOB = textwrap.dedent("""
             return make_wds(shards, W, rank)
         return make(kind, paths, W, rank, mode=mode)
     def take(batch, kind):
-        return wds_labels(batch) if kind == "wds" else samples(batch, kind)
+        return wds_samples(batch) if kind == "wds" else samples(batch, kind)
     if what == "save":        # every kind: K batches a rank, then each rank's state and all of them
         for name, (kind, mode) in KINDS.items():
             s, dl = build(kind, mode)
@@ -139,22 +140,27 @@ def test_four_ranks_resume_on_two_and_on_three(tmp_path, paths, refs):
     save = tmp_path / "save"
     save.mkdir()
     shards = ",".join(write_wds(tmp_path / "wds"))
+    wref = wds_reference(shards.split(","))
     _torchrun(tmp_path, 4, "save", save, ",".join(paths), 2, shards)
-    wds_before = sum((torch.load(save / f"wds_{r}.pt")["got"] for r in range(4)), [])
-    wds_before = [lab for b in wds_before for lab in b]
-    assert len(set(wds_before)) == 24
+    wds_before = [s for r in range(4) for b in torch.load(save / f"wds_{r}.pt")["got"] for s in b]
+    assert len({lab for lab, _ in wds_before}) == 24
     before = {name: [torch.load(save / f"{name}_{r}.pt")["got"] for r in range(4)] for name in KINDS}
     for W2, which, pads in ((2, "one", 0), (3, "all", 2)):
         out = tmp_path / f"on{W2}"
         out.mkdir()
         _torchrun(tmp_path, W2, "resume", out, ",".join(paths), f"{save}:{which}", shards)
         wds = [torch.load(out / f"wds_{r}.pt") for r in range(W2)]
-        rest = [lab for r in wds for b in r[0] for lab in b]
-        assert len(rest) == 16 // W2 * W2 and len(set(rest + wds_before)) == len(rest) + 24
-        for r in range(W2):   # the next epoch: the new topology's own
+        rest = [s for r in wds for b in r[0] for s in b]
+        labels = [lab for lab, _ in rest + wds_before]
+        assert len(rest) == 16 // W2 * W2 and len(set(labels)) == len(labels)
+        for lab, x in rest + wds_before:   # each sample's tensor: the uninterrupted run's
+            assert torch.equal(x, wref[lab]), lab
+        for r in range(W2):   # the next epoch: the new topology's own, pixels too
             _, dl = make_wds(shards.split(","), W2, r)
             list(dl)
-            assert wds[r][1] == [wds_labels(b) for b in dl]
+            want = [wds_samples(b) for b in dl]
+            assert [[lab for lab, _ in b] for b in wds[r][1]] == [[lab for lab, _ in b] for b in want]
+            assert all(torch.equal(x, y) for b, c in zip(wds[r][1], want) for (_, x), (_, y) in zip(b, c))
         for name, (kind, _) in KINDS.items():
             after = [torch.load(out / f"{name}_{r}.pt") for r in range(W2)]
             _check(before[name], after, refs[name], pads)

@@ -5,10 +5,11 @@
  *                retries=5, backoff_ms=200, stall_timeout_ms=30000, connect_timeout_ms=30000,
  *                ca_file=None, extra_exts=()) -> Source
  *   shards_take_fields(source, positions) -> [[bytes | None] | None]
- *   shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0)  start an epoch over the rank's
+ *   shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0, ids=None)  start an epoch over the rank's
  *                                         shards, in order (positions below skip dropped unread by
  *                                         workers: a resume; keep: per url None | (mask bytes, nbits);
- *                                         nominal > 0: this epoch's length)
+ *                                         nominal > 0: this epoch's length; ids: per url its
+ *                                         shard id, FL_SHARDS_KEY's)
  *   shards_order(counts, keep, shuffle, seed, epoch, nominal, npos) -> (bytes int32, bytes int64)
  *                                         the stream's (shard, sample) per position, reading nothing
  *   shards_cancel(source)                 stop the reader, wake waiting workers
@@ -167,12 +168,12 @@ fail:
 static PyObject *
 shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"source", "epoch", "urls", "skip", "keep", "nominal", NULL};
-    PyObject *src_obj, *urls, *keep = NULL;
+    static char *kwlist[] = {"source", "epoch", "urls", "skip", "keep", "nominal", "ids", NULL};
+    PyObject *src_obj, *urls, *keep = NULL, *ids_obj = NULL;
     unsigned long long epoch;
     long long skip = 0, nominal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKO|L$OL:shards_begin", kwlist, &src_obj, &epoch, &urls, &skip,
-                                     &keep, &nominal))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKO|L$OLO:shards_begin", kwlist, &src_obj, &epoch, &urls, &skip,
+                                     &keep, &nominal, &ids_obj))
         return NULL;
     fl_source *s = shard_arg(module, src_obj);
     if (!s)
@@ -194,9 +195,35 @@ shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
             return NULL;
         }
     }
+    int64_t *ids = NULL;
+    if (ids_obj && ids_obj != Py_None) {
+        PyObject *iseq = PySequence_Fast(ids_obj, "ids must be a sequence of int");
+        ids = iseq ? PyMem_Calloc((size_t)(n ? n : 1), sizeof *ids) : NULL;
+        int ok = ids != NULL;
+        if (iseq && !ids)
+            PyErr_NoMemory();
+        if (ok && PySequence_Fast_GET_SIZE(iseq) != n) {
+            PyErr_Format(PyExc_ValueError, "shards_begin: %zd ids for %zd urls", PySequence_Fast_GET_SIZE(iseq), n);
+            ok = 0;
+        }
+        for (Py_ssize_t i = 0; ok && i < n; i++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(iseq, i));
+            if (v == -1 && PyErr_Occurred())
+                ok = 0;
+            ids[i] = (int64_t)v;
+        }
+        Py_XDECREF(iseq);
+        if (!ok) {
+            PyMem_Free(ids);
+            PyMem_Free(u);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
     int bad;
     fl_shards_keep *k = keep_arg(keep, n, &bad);
     if (bad) {
+        PyMem_Free(ids);
         PyMem_Free(u);
         Py_DECREF(seq);
         return NULL;
@@ -204,8 +231,9 @@ shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
     fl_err err = {0, "", 0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_shards_begin_keep(s, epoch, (int64_t)skip, u, k, (int)n, (int64_t)nominal, &err);
+    rc = fl_shards_begin_keep(s, epoch, (int64_t)skip, u, ids, k, (int)n, (int64_t)nominal, &err);
     Py_END_ALLOW_THREADS
+    PyMem_Free(ids);
     PyMem_Free(k);
     PyMem_Free(u);
     Py_DECREF(seq);
@@ -385,8 +413,9 @@ static PyMethodDef methods[] = {
      "shard_source(nominal, *, shuffle, ring, seed, skip_bad_shards, image_exts, label_ext, label_field, retries, "
      "backoff_ms, stall_timeout_ms, connect_timeout_ms, ca_file, extra_exts, capacity) -> Source over tar shards (csrc/sources/shards.h)"},
     {"shards_begin", (PyCFunction)(void (*)(void))shards_begin, METH_VARARGS | METH_KEYWORDS,
-     "shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0): start an epoch (positions below skip "
-     "are dropped when made; keep: per url None | (mask bytes, nbits); nominal > 0: this epoch's length)"},
+     "shards_begin(source, epoch, urls, skip=0, *, keep=None, nominal=0, ids=None): start an epoch (positions "
+     "below skip are dropped when made; keep: per url None | (mask bytes, nbits); nominal > 0: this epoch's "
+     "length; ids: per url its index in the dataset's shard list, which keys its samples' augmentation)"},
     {"shards_order", shards_order, METH_VARARGS,
      "shards_order(counts, keep, shuffle, seed, epoch, nominal, npos) -> (int32 bytes, int64 bytes): the shard "
      "and sample of each position, reading nothing"},

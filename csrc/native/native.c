@@ -224,9 +224,11 @@ load_one(fl_native_worker *w, const fl_native_ds *ds, int64_t index, uint64_t se
     w->read_ns += t1 - t0;
     if (grc < 0)
         return -1;
+    /* the random draws' key: the index, or the sample's own (a stream's record) */
+    int64_t key = sb.has_key ? (int64_t)sb.key : index;
     if (sb.pixels)
-        return render_pixels(w, ds, index, seed, epoch, &sb, out, err, t1);
-    return decode_render(w, ds, sb.data, (long long)sb.len, index, seed, epoch, out, err, t1);
+        return render_pixels(w, ds, key, seed, epoch, &sb, out, err, t1);
+    return decode_render(w, ds, sb.data, (long long)sb.len, key, seed, epoch, out, err, t1);
 }
 
 /* The part of load_one after the read: check the bytes are a JPEG (or

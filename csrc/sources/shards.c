@@ -31,6 +31,7 @@ typedef struct {
     size_t len;
     int64_t label;
     int has_label;
+    uint64_t key;         /* FL_SHARDS_KEY of the sample (shards.h) */
     const fl_wds_field *extra[FL_SHARDS_MAX_EXTS];  /* the requested extra members (inside smp), or NULL */
     int nkept;            /* a fields stash copy: kept[0..nkept) owned (NULL: member missing) */
     uint8_t *kept[FL_SHARDS_MAX_EXTS];
@@ -58,6 +59,7 @@ typedef struct {
     char **urls;
     int nurls;
     fl_shards_keep *keep; /* per url (owned bits), or NULL: every sample of every shard */
+    int64_t *ids;         /* per url: its shard id (owned) */
     int64_t nominal;      /* this epoch's length (o.nominal unless begin said otherwise) */
     shard_rec **ring;     /* o.ring slots, position p in slot p % ring */
     int64_t produced;     /* positions [0, produced) exist */
@@ -369,6 +371,8 @@ reader_main(void *argp)
                     continue;
                 }
                 shard_rec *r = make_rec(ss, url, smp);
+                if (r)
+                    r->key = FL_SHARDS_KEY(ss->ids[u], k - 1);
                 if (!r) {
                     err.code = FL_ERR_NOMEM;
                     snprintf(err.msg, sizeof err.msg, "out of memory for a sample of %s", url);
@@ -572,11 +576,11 @@ keep_copy(const fl_shards_keep *keep, int n, int *ok)
 int
 fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, int n, fl_err *err)
 {
-    return fl_shards_begin_keep(s, epoch, skip, urls, NULL, n, 0, err);
+    return fl_shards_begin_keep(s, epoch, skip, urls, NULL, NULL, n, 0, err);
 }
 
 int
-fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls,
+fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, const int64_t *ids,
                      const fl_shards_keep *keep, int n, int64_t nominal, fl_err *err)
 {
     shards_source *ss = (shards_source *)s;
@@ -597,9 +601,18 @@ fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *con
             snprintf(err->msg, sizeof err->msg, "a keep mask of %lld samples", (long long)keep[i].nbits);
             return -1;
         }
+    for (int i = 0; ids && i < n; i++)
+        if (ids[i] < 0 || ids[i] > 0x7fffffff) {
+            err->code = FL_ERR_INVALID;
+            snprintf(err->msg, sizeof err->msg, "shard id %lld (ids go from 0 to 2^31 - 1)", (long long)ids[i]);
+            return -1;
+        }
     char **copy = calloc((size_t)n, sizeof *copy);
+    int64_t *idc = malloc((size_t)n * sizeof *idc);
     reader_arg *arg = malloc(sizeof *arg);
-    int ok = copy && arg;
+    int ok = copy && arg && idc;
+    for (int i = 0; ok && i < n; i++)
+        idc[i] = ids ? ids[i] : i;
     for (int i = 0; ok && i < n; i++)
         ok = (copy[i] = strdup(urls[i])) != NULL;
     fl_shards_keep *kc = ok ? keep_copy(keep, n, &ok) : NULL;
@@ -607,6 +620,7 @@ fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *con
         for (int i = 0; copy && i < n; i++)
             free(copy[i]);
         free(copy);
+        free(idc);
         free(arg);
         err->code = FL_ERR_NOMEM;
         snprintf(err->msg, sizeof err->msg, "out of memory for the shard list");
@@ -618,8 +632,10 @@ fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *con
         free(ss->urls[i]);
     free(ss->urls);
     keep_free(ss->keep, ss->nurls);
+    free(ss->ids);
     ss->urls = copy;
     ss->keep = kc;
+    ss->ids = idc;
     ss->nurls = n;
     ss->nominal = nominal > 0 ? nominal : ss->o.nominal;
     ss->epoch = epoch;
@@ -841,6 +857,8 @@ shards_get(fl_source *s, void *tlsp, int64_t index, uint64_t epoch, fl_bytes *bu
     out->len = r->len;
     out->has_label = r->has_label;
     out->label = r->label;
+    out->has_key = 1;
+    out->key = r->key;
     return 0;
 }
 
@@ -927,6 +945,7 @@ shards_destroy(fl_source *s)
         free(ss->urls[i]);
     free(ss->urls);
     keep_free(ss->keep, ss->nurls);
+    free(ss->ids);
     free(ss->ring);
     free(ss->stash);
     free(ss->stash_pos);

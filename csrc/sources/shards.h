@@ -12,7 +12,9 @@
  *       -> shuffle buffer of `shuffle` records (drawing from 100 on, growing
  *       to full size as it goes, as webdataset's) -> output position p gets the
  *       record drawn by fl_rng(seed, epoch, p) (deterministic given the
- *       shard order, which the caller shuffles by (seed, epoch))
+ *       shard order, which the caller shuffles by (seed, epoch)); each
+ *       record carries its key, FL_SHARDS_KEY(shard id, place in the shard),
+ *       by which the pipeline draws its augmentation (source.h has_key)
  *       -> ring slot p % ring (the reader waits while that slot is still
  *       full: memory stays bounded by `ring` records)
  *   workers: get(p) waits until position p exists, takes its record (the
@@ -106,13 +108,19 @@ typedef struct {
     int64_t nbits;
 } fl_shards_keep;
 
-/* fl_shards_begin with a keep mask per shard (keep NULL: every sample;
+/* A sample's key for its random draws: sample k (tar order) of the shard
+ * whose id is `id` (its index in the dataset's whole shard list), the same
+ * on every rank and every topology. */
+#define FL_SHARDS_KEY(id, k) (((uint64_t)(id) << 32) | ((uint64_t)(k) & 0xffffffffu))
+
+/* fl_shards_begin with shard ids (ids NULL: urls[i]'s id is i; else
+ * ids[i] >= 0, copied), a keep mask per shard (keep NULL: every sample;
  * else keep[i] for urls[i]; copied) and this epoch's length (nominal <= 0:
  * opts.nominal; at most the capacity).  An elastic resume
  * (fastloader/webdataset.py) gives a rank the samples no rank received,
  * some shards split between ranks.  0, or -1 with err filled
  * (FL_ERR_INVALID, FL_ERR_NOMEM). */
-int fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls,
+int fl_shards_begin_keep(fl_source *s, uint64_t epoch, int64_t skip, const char *const *urls, const int64_t *ids,
                          const fl_shards_keep *keep, int n, int64_t nominal, fl_err *err);
 
 /* The stream's order without reading a byte: for shards of counts[i]

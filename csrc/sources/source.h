@@ -68,7 +68,10 @@ typedef struct fl_source fl_source;
  * are already-decoded HWC uint8 pixels of width x height x channels (1 or
  * 3), rows packed, and the pipeline renders them without a decode.  With
  * has_label = 1 the sample carries its own label (a stream's records),
- * which the pipeline uses instead of the dataset's label table. */
+ * which the pipeline uses instead of the dataset's label table.  With
+ * has_key = 1 the sample's random draws are keyed by `key` instead of its
+ * index (a stream's record: which sample of which shard it is, so a sample
+ * gets the same augmentation wherever a topology puts it). */
 typedef struct {
     const uint8_t *data;
     size_t len;
@@ -76,6 +79,8 @@ typedef struct {
     int width, height, channels;
     int has_label;
     int64_t label;
+    int has_key;
+    uint64_t key;
 } fl_sample_bytes;
 
 typedef struct {
