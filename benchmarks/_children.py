@@ -202,6 +202,116 @@ def elastic_child(cfg):
     return out
 
 
+def _fake_imagenet_shards(d, n, per):
+    """A shard set of n samples in shards of `per` (the last short) under d, for an index space of
+    ImageNet's size without its bytes: two real tars (a full and the short one, sample k's label k,
+    an 8x8 JPEG each), every shard name a symlink to one of them, and their counts in index.json.
+    Returns the shard paths."""
+    import io
+    import json
+    import tarfile
+
+    from PIL import Image
+
+    def tar(path, count):
+        jpg = io.BytesIO()
+        Image.new("RGB", (8, 8), (120, 30, 200)).save(jpg, format="JPEG")
+        with tarfile.open(path, "w") as tf:
+            for k in range(count):
+                for ext, data in (("cls", str(k).encode()), ("jpg", jpg.getvalue())):
+                    ti = tarfile.TarInfo(f"{k:06d}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+
+    os.makedirs(d, exist_ok=True)
+    counts = [per] * (n // per) + ([n % per] if n % per else [])
+    tar(os.path.join(d, "full.bin"), per)
+    if n % per:
+        tar(os.path.join(d, "short.bin"), n % per)
+    names = [f"s-{i:05d}.tar" for i in range(len(counts))]
+    for name, c in zip(names, counts):
+        os.symlink("full.bin" if c == per else "short.bin", os.path.join(d, name))
+    with open(os.path.join(d, "index.json"), "w") as f:
+        json.dump({"shards": names, "counts": counts}, f)
+    return [os.path.join(d, name) for name in names]
+
+
+def stream_elastic_child(cfg):
+    """elastic_child for tar shards (fastloader.WebDataset): cfg["world"] ranks take cfg["k"] batches
+    each (the ranks in lockstep: rank cfg["rank"]'s state), then rank cfg["rank"] of cfg["world_to"]
+    (elastic) or of cfg["world"] (same: its stream read again up to the state's position, the samples
+    dropped undecoded) loads the state and takes its first batch (``ttfb_s``, median of cfg["reps"]).
+    The index space is cfg["n"] samples in shards of cfg["per"] (_fake_imagenet_shards).
+    ``resume_ok``: the batch's samples are the ones the plan deals this rank (fl_shards_order over the
+    plan's keep masks), and the first 2,000 samples the rank reads were received by no old rank."""
+    import json
+    import shutil
+    import tempfile
+
+    import torch
+    import torchvision.transforms as T
+
+    torch.set_num_threads(1)
+    fl = C.import_fastloader("DataLoader", "WebDataset")
+    from fastloader import elastic as El
+
+    impl, n, bs, k, r = cfg["impl"], cfg["n"], cfg["batch_size"], cfg["k"], cfg["rank"]
+    W0, W1 = cfg["world"], cfg["world_to"] if impl.endswith("elastic") else cfg["world"]
+    tf = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    d = tempfile.mkdtemp(prefix="fl-elastic-wds-")
+    try:
+        shards = _fake_imagenet_shards(d, n, cfg["per"])
+
+        def make(world, rank, state=None, batch_size=bs):
+            ds = fl.WebDataset(shards, transform=tf, shuffle=1000, seed=0, rank=rank, world_size=world)
+            dl = fl.DataLoader(ds, batch_size=batch_size, num_workers=cfg["workers"], seed=0)
+            if state is not None:
+                dl.load_state_dict(copy.deepcopy(state))
+            return dl
+
+        dl = make(W0, r)
+        it = iter(dl)
+        for _ in range(k):
+            next(it)
+        state = copy.deepcopy(dl.state_dict())
+        del it, dl
+        t0 = time.perf_counter()
+        dl = make(W1, r)
+        plan = El.stream_plan(dl.dataset, state, bs)
+        plan_s = time.perf_counter() - t0
+        runs = [C.H.time_loader(lambda: make(W1, r, state), max_batches=2) for _ in range(cfg["reps"])]
+        runs.sort(key=lambda q: q["ttfb_s"])
+        out = dict(runs[len(runs) // 2])
+        it = iter(make(W1, r, state))
+        got = torch.as_tensor(next(it)[1]).tolist()
+        del it
+        ok = True
+        if plan is not None:
+            ids, keep, nominal, _ = plan
+            ds = dl.dataset
+            counts = [ds._shard_counts()[g] for g in ids]
+            _, want = El._C_order(counts, keep, ds.shuffle, ds.seed, 0, nominal, bs)
+            ok = got == [int(v) for v in want]
+            # what no old rank received: every old rank's stream, positions below k*bs, as (shard, sample)
+            seen = set()
+            for q in range(W0):
+                dq = make(W0, q).dataset
+                qids = [int(g) for g in dq._shard_perm(0)[q::W0]]
+                sh, ks = El._C_order([dq._shard_counts()[g] for g in qids], [None] * len(qids), dq.shuffle,
+                                     dq.seed, 0, len(dq), k * bs)
+                seen.update((qids[a], int(b)) for a, b in zip(sh, ks))
+            sh, ks = El._C_order(counts, keep, ds.shuffle, ds.seed, 0, nominal, 2000)
+            ok = ok and not any((ids[a], int(b)) in seen for a, b in zip(sh, ks))
+            out["share"] = int(nominal)
+        out["resume_ok"] = bool(ok)
+        out["plan_s"] = plan_s
+        out["state_bytes"] = len(json.dumps(state))
+        out.update({q: cfg[q] for q in ("n", "per", "batch_size", "k", "workers", "world", "world_to", "rank")})
+        return out
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def stream_resume_child(cfg):
     """A shard stream (fastloader.WebDataset, train transform) resumed at its last batch -- every position
     before it read again and dropped undecoded -- against reading and decoding the whole epoch

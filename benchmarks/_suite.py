@@ -335,7 +335,7 @@ class Group:
                 else "full", "isolation": self.isolation, "rounds": len(rs), "unit": self.unit,
                 "value": self.value(loader), "speedup_vs_baseline": self.speedup(loader)}
         for f in ("rate", "ttfb_s", "batch_ms", "wait_pct", "peak_mib", "rss_peak_mib", "samples", "batches",
-                  "state_bytes"):
+                  "state_bytes", "plan_s", "share"):
             v = med(f)
             if v is not None:
                 info[f] = v

@@ -130,15 +130,20 @@ class NativeImageDataset(_Dataset):
     _fl_thread_safe = True
 
     def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
-                 dct_scaling=False, max_pixels=0, source=None, targets=None):
+                 dct_scaling=False, max_pixels=0, source=None, targets=None, labels_in_source=False):
         # samples: (name, label) pairs; the name is a file path, or for
         # another source (LMDB, shards) what messages call the sample.  A
         # sequence is kept as given (an array source names its rows on
         # demand), anything else is listed.
         # source: where the bytes live (a _C.Source); default: the files.
         # targets: the labels as a list, when the caller has them already.
+        # labels_in_source: the source's samples carry their labels (a
+        # stream): no label table (targets None; -1 where a sample has none).
         self.samples = samples if isinstance(samples, collections.abc.Sequence) else list(samples)
-        self.targets = targets if targets is not None else [s[1] for s in self.samples]
+        if labels_in_source:
+            self.targets = None
+        else:
+            self.targets = targets if targets is not None else [s[1] for s in self.samples]
         self.transform = transform
         self.target_transform = target_transform
         self.on_error = on_error

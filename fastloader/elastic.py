@@ -412,10 +412,17 @@ def stream_first_deal(ds, order, world):
     return StreamDeal(world, [[(int(g), None) for g in perm[r::world]] for r in range(world)], [nominal] * world)
 
 
-def stream_delivered(ds, deal, places, epoch, counts):
-    """{shard index: bool array of its samples some rank received}: rank r
-    of `deal` received the first places[r] positions of its stream."""
-    got = {}
+def _offsets(counts):
+    """Where each shard's samples start in the flat numbering of all the
+    epoch's samples (shard g's sample k is offs[g] + k); offs[-1]: the total."""
+    return np.r_[0, np.cumsum(np.asarray(counts, np.int64))]
+
+
+def stream_delivered(ds, deal, places, epoch, counts, offs):
+    """A bool array over the flat numbering (_offsets): the samples some
+    rank received, rank r of `deal` having received the first places[r]
+    positions of its stream."""
+    got = np.zeros(int(offs[-1]), bool)
     for r, P in enumerate(places):
         P = min(int(P), deal.nominal[r])
         if P <= 0:
@@ -424,11 +431,7 @@ def stream_delivered(ds, deal, places, epoch, counts):
         sh, k = _C_order([counts[g] for g, _ in pcs], [_keep_arg(m) for _, m in pcs], ds.shuffle, ds.seed, epoch,
                          deal.nominal[r], P)
         gs = np.asarray([g for g, _ in pcs], np.int64)[sh]
-        for g in np.unique(gs):
-            arr = got.get(int(g))
-            if arr is None:
-                arr = got[int(g)] = np.zeros(counts[int(g)], bool)
-            arr[k[gs == g]] = True
+        got[offs[gs] + k] = True
     return got
 
 
@@ -444,27 +447,25 @@ def stream_next_deal(ds, deal, places, epoch, counts, order, world, budget):
     `world` ranks, and the positions left of the epoch's length after it
     (`budget`: before; an epoch never has more than epoch_length positions
     over all its deals, as the uninterrupted one)."""
-    got = stream_delivered(ds, deal, places, epoch, counts)
+    offs = _offsets(counts)
+    total = int(offs[-1])
+    got = stream_delivered(ds, deal, places, epoch, counts, offs)
     budget -= sum(min(int(P), n) for P, n in zip(places, deal.nominal))
-    avail = {}
+    avail = np.zeros(total, bool)   # the samples this deal dealt
     for pcs in deal.pieces:
         for g, m in pcs:
-            a = avail.get(g)
-            full = np.ones(counts[g], bool) if m is None else m
-            avail[g] = full if a is None else (a | full)
-    flat_g, flat_k = [], []
-    for g in ds._shard_perm(order):
-        g = int(g)
-        a = avail.get(g)
-        if a is None:
-            continue
-        if g in got:
-            a = a & ~got[g]
-        ks = np.flatnonzero(a)
-        flat_g.append(np.full(len(ks), g, np.int64))
-        flat_k.append(ks)
-    fg = np.concatenate(flat_g) if flat_g else np.zeros(0, np.int64)
-    fk = np.concatenate(flat_k) if flat_k else np.zeros(0, np.int64)
+            if m is None:
+                avail[offs[g]:offs[g + 1]] = True
+            else:
+                avail[offs[g]:offs[g + 1]] |= m
+    avail &= ~got
+    # the flat numbers in the epoch's shard order, each shard's samples in tar order
+    perm = np.asarray(ds._shard_perm(order), np.int64)
+    lens = np.asarray(counts, np.int64)[perm]
+    seq = np.repeat(offs[perm] - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    sel = seq[avail[seq]]
+    fg = np.repeat(np.arange(len(counts), dtype=np.int64), np.asarray(counts, np.int64))[sel]
+    fk = sel - offs[fg]
     nominal = min(len(fg), max(budget, 0)) // world
     pieces = []
     for r in range(world):
@@ -474,9 +475,12 @@ def stream_next_deal(ds, deal, places, epoch, counts, order, world, budget):
             cut = np.flatnonzero(np.diff(cg)) + 1
             for a, b in zip(np.r_[0, cut], np.r_[cut, len(cg)]):
                 g = int(cg[a])
+                if b - a == counts[g]:
+                    mine.append((g, None))   # the whole shard
+                    continue
                 m = np.zeros(counts[g], bool)
                 m[ck[a:b]] = True
-                mine.append((g, None if m.all() else m))
+                mine.append((g, m))
         pieces.append(mine)
     return StreamDeal(world, pieces, [nominal] * world), budget
 

@@ -13,6 +13,7 @@ with fewer samples goes round its shards again, one with more stops early.
 """
 from __future__ import annotations
 
+import collections.abc
 import json
 import os
 import re
@@ -133,9 +134,10 @@ def _wds_key(name):
     return m.group(1) if m and base else None
 
 
-class _StreamNames:
+class _StreamNames(collections.abc.Sequence):
     """What messages call position i of the stream (the C side adds the
-    shard and the key)."""
+    shard and the key); a Sequence, so nothing lists its (epoch-length
+    many) entries."""
 
     def __init__(self, n):
         self._n = n
@@ -266,8 +268,7 @@ class WebDataset(NativeImageDataset, _Iterable):
         # position names up to the source's capacity: a re-dealt epoch
         # (elastic.py) may be longer than the nominal length
         super().__init__(_StreamNames(max(self.epoch_length, nominal)), transform, target_transform, layout=layout, on_error=on_error,
-                         dct_scaling=dct_scaling, max_pixels=max_pixels, source=source)
-        self.targets = None
+                         dct_scaling=dct_scaling, max_pixels=max_pixels, source=source, labels_in_source=True)
 
     # -- the stream --------------------------------------------------------------
     def set_epoch(self, epoch):
