@@ -2,6 +2,8 @@
 and test_elastic_torchrun.py's ranks): one dataset of N images or N keyed
 Python samples, a DistributedSampler of (world, rank), and each batch as
 [(sample index, sample tensor)]."""
+import os
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -25,23 +27,27 @@ class Keyed(Dataset):
 
 
 def write_images(d):
-    """N small JPEGs in folder `d`: their paths."""
+    """N small JPEGs under folder `d` in an ImageFolder layout of N classes,
+    one image each (class i: folder i, so ImageFolder's label is the
+    index): their paths."""
     from PIL import Image
 
     out = []
     for i in range(N):
         rng = np.random.default_rng(i)
-        p = d / f"{i:03d}.jpg"
+        (d / f"{i:03d}").mkdir(exist_ok=True)
+        p = d / f"{i:03d}" / "img.jpg"
         Image.fromarray(rng.integers(0, 255, (12 + i % 5, 16, 3)).astype(np.uint8)).save(p, quality=85)
         out.append(str(p))
     return out
 
 
 def make(kind, paths, W, r, B=3, nw=2, mode="thread", shuffle=True, drop_last=False):
-    """(sampler, loader) for rank r of W: kind "native" (ImageList, C
-    workers) or "python" (Keyed, worker_mode=mode)."""
+    """(sampler, loader) for rank r of W: kind "native" (ImageFolder over
+    the paths' root, C workers) or "python" (Keyed, worker_mode=mode)."""
     if kind == "native":
-        ds = fastloader.ImageList(paths, labels=list(range(N)), transform=TRAIN)
+        ds = fastloader.ImageFolder(os.path.dirname(os.path.dirname(paths[0])), transform=TRAIN)
+        assert ds.targets == list(range(N))
     else:
         ds = Keyed()
     s = DistributedSampler(ds, num_replicas=W, rank=r, shuffle=shuffle, seed=SAMPLER_SEED, drop_last=drop_last)

@@ -2,8 +2,8 @@
 stopped by the tests.  A job checkpoints mid-epoch and comes back on another
 number of ranks (4 -> 2 from one rank's state, 4 -> 3 from every rank's,
 1 -> 4), and a job with a rank SIGKILLed mid-epoch restarts on fewer ranks;
-for a native ImageList and a Python map-style dataset in thread and process
-workers.  Each time the epoch's samples are delivered exactly once over the
+for a native ImageFolder and a Python map-style dataset in thread and process
+workers, and WebDataset tar shards (4 -> 2, 4 -> 3, 1 -> 4).  Each time the epoch's samples are delivered exactly once over the
 whole run (plus DistributedSampler's padding copies, which are perm's head),
 each with the uninterrupted run's tensor, and the next epoch is the
 uninterrupted run's on the new topology.  The in-process twin of these
@@ -169,13 +169,22 @@ def test_four_ranks_resume_on_two_and_on_three(tmp_path, paths, refs):
 
 def test_one_rank_resumes_on_four(tmp_path, paths, refs):
     """torchrun with one process (DistributedSampler of 1) after 5 batches;
-    resumed on 4: the 25 left dealt 7 a rank (3 copies)."""
+    resumed on 4: the 25 left dealt 7 a rank (3 copies).  WebDataset shards:
+    the 25 left, 6 a rank (one left out, an epoch's remainder), each with
+    the uninterrupted run's pixels."""
     save = tmp_path / "save"
     save.mkdir()
-    _torchrun(tmp_path, 1, "save", save, ",".join(paths), 5)
+    shards = ",".join(write_wds(tmp_path / "wds"))
+    wref = wds_reference(shards.split(","))
+    _torchrun(tmp_path, 1, "save", save, ",".join(paths), 5, shards)
     out = tmp_path / "on4"
     out.mkdir()
-    _torchrun(tmp_path, 4, "resume", out, ",".join(paths), f"{save}:one")
+    _torchrun(tmp_path, 4, "resume", out, ",".join(paths), f"{save}:one", shards)
+    wds_before = [s for b in torch.load(save / "wds_0.pt")["got"] for s in b]
+    rest = [s for r in range(4) for b in torch.load(out / f"wds_{r}.pt")[0] for s in b]
+    labels = [lab for lab, _ in wds_before + rest]
+    assert len(wds_before) == 15 and len(rest) == 24 and len(set(labels)) == len(labels)
+    assert all(torch.equal(x, wref[lab]) for lab, x in wds_before + rest)
     for name, (kind, _) in KINDS.items():
         before = [torch.load(save / f"{name}_0.pt")["got"]]
         after = [torch.load(out / f"{name}_{r}.pt") for r in range(4)]
