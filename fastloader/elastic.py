@@ -400,10 +400,14 @@ class StreamDeal:
         self.world, self.pieces, self.nominal = world, pieces, nominal
 
 
-def _keep_arg(mask):
-    if mask is None:
-        return None
-    return (np.packbits(mask.astype(np.uint8), bitorder="little").tobytes(), int(len(mask)))
+def _keep_arg(mask, count=None):
+    """A keep entry of _C.shards_begin / shards_order (csrc/sources/shards.h):
+    None (every sample) or (mask bytes or None, nbits[, the samples the
+    shard must hold, checked by the reader])."""
+    bits = None if mask is None else np.packbits(mask.astype(np.uint8), bitorder="little").tobytes()
+    if count is not None:
+        return (bits, 0 if mask is None else int(len(mask)), int(count))
+    return None if mask is None else (bits, int(len(mask)))
 
 
 def stream_first_deal(ds, order, world):
@@ -519,5 +523,5 @@ def stream_plan(ds, state, batch_size):
     new, _ = stream_next_deal(ds, deal, places, epoch, counts, order, ds.world_size, budget)
     pcs = new.pieces[ds.rank]
     ids = [int(g) for g, _ in pcs]
-    keep = [_keep_arg(m) for _, m in pcs]
+    keep = [_keep_arg(m, counts[g]) for g, m in pcs]   # the reader checks each shard's count
     return ids, keep, new.nominal[ds.rank], hist + [[W, [int(p) for p in places]]]

@@ -10,6 +10,9 @@ DistributedSampler for the order of each epoch's first deal, and an
 uninterrupted run for each sample's tensor.
 """
 import collections
+import io
+import os
+import re
 
 import numpy as np
 import pytest
@@ -558,3 +561,35 @@ def test_stream_refusals(shards, tmp_path):
         iter(dl)
     with pytest.raises(ValueError, match="ranks \\[1, 1\\]"):
         fastloader.resume_state([states[1], states[1]])
+
+
+def test_stream_redeal_checks_the_counts_it_dealt_by(tmp_path):
+    """An index.json whose counts no longer match its shards (a shard
+    rewritten after the index was): the re-dealt epoch would miss or repeat
+    samples, so the rank that reads such a shard to its end raises, naming
+    it and both counts."""
+    import json
+    import tarfile
+
+    from test_webdataset import write_shards
+
+    paths = write_shards(str(tmp_path / "wds"), n=N, per=7)
+    with open(tmp_path / "wds" / "index.json", "w") as f:
+        json.dump({"shards": [os.path.basename(p) for p in paths], "counts": [7] * (N // 7) + [N % 7]}, f)
+    _, states = _wds_run(paths, 4, [1] * 4)
+    for p in paths[:-1]:   # drop each full shard's last sample (2 members)
+        with tarfile.open(p) as tf:
+            members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+        with tarfile.open(p, "w") as tf:
+            for m, data in members[:-2]:
+                tf.addfile(m, io.BytesIO(data))
+    errors = []
+    for r in range(2):
+        _, dl = make_wds(paths, 2, r)
+        dl.load_state_dict(states[0])
+        try:
+            list(dl)
+        except OSError as e:
+            errors.append(str(e))
+    assert errors and all(re.search(r"s-\d{4}\.tar holds 6 samples, but the counts .* say 7", m) for m in errors), \
+        errors

@@ -122,9 +122,11 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
     return fl_py_source_wrap(module, s);
 }
 
-/* keep: None, or a list (one per url) of None | (bytes mask, nbits) -> a
- * PyMem array of fl_shards_keep pointing into the bytes (borrowed from
- * `keep`, which the caller holds), or NULL with *bad set and an exception. */
+/* keep: None, or a list (one per url) of None | (bytes mask or None, nbits)
+ * | (bytes mask or None, nbits, count) (a None mask: every sample; count:
+ * the samples the shard must hold, shards.h) -> a PyMem array of
+ * fl_shards_keep pointing into the bytes (borrowed from `keep`, which the
+ * caller holds), or NULL with *bad set and an exception. */
 static fl_shards_keep *
 keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
 {
@@ -144,12 +146,23 @@ keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *e = PyList_GET_ITEM(keep, i);
+        k[i].count = -1;
         if (e == Py_None)
             continue;
-        const char *bits;
+        PyObject *mask;
+        long long nbits, count = -1;
+        if (!PyArg_ParseTuple(e, "OL|L:keep entry", &mask, &nbits, &count))
+            goto fail;
+        if (count < -1) {
+            PyErr_Format(PyExc_ValueError, "keep[%zd]: a count of %lld samples", i, count);
+            goto fail;
+        }
+        k[i].count = count;
+        if (mask == Py_None)
+            continue;
+        char *bits;
         Py_ssize_t len;
-        long long nbits;
-        if (!PyArg_ParseTuple(e, "y#L:keep entry", &bits, &len, &nbits))
+        if (PyBytes_AsStringAndSize(mask, &bits, &len) < 0)
             goto fail;
         if (nbits < 0 || (nbits + 7) / 8 > len) {
             PyErr_Format(PyExc_ValueError, "keep[%zd]: %lld bits in a mask of %zd bytes", i, nbits, len);

@@ -397,6 +397,19 @@ reader_main(void *argp)
             }
             if (stop || atomic_load(&ss->cancel))
                 break;
+            if (rc == 0 && ss->keep && ss->keep[u].count >= 0 && k != ss->keep[u].count) {
+                char shown[200];
+                fl_stream_url_for_message(url, shown, sizeof shown);
+                err.code = FL_ERR_IO;
+                err.errnum = 0;
+                snprintf(err.msg, sizeof err.msg,
+                         "%s holds %lld samples, but the counts this epoch was dealt by (index.json) say %lld: "
+                         "rewrite index.json for these shards",
+                         shown, (long long)k, (long long)ss->keep[u].count);
+                fail_from_here(ss, &err);
+                stop = 1;
+                break;
+            }
             if (rc == 0) {
                 atomic_fetch_add(&ss->shards, 1);
                 continue;
@@ -557,6 +570,7 @@ keep_copy(const fl_shards_keep *keep, int n, int *ok)
         return NULL;
     }
     for (int i = 0; i < n; i++) {
+        c[i].count = keep[i].count;
         if (!keep[i].bits)
             continue;
         size_t nb = (size_t)((keep[i].nbits + 7) / 8);

@@ -102,10 +102,15 @@ int fl_shards_begin(fl_source *s, uint64_t epoch, int64_t skip, const char *cons
 /* Which samples of one shard the reader keeps: every one (bits NULL), or
  * sample k (0-based, in tar order) iff k < nbits and bit k of bits (least
  * significant bit first) is set.  The others are read past, never
- * published: they take no position and no shuffle draw. */
+ * published: they take no position and no shuffle draw.  count >= 0: the
+ * samples the shard holds by the counts the caller dealt by (index.json);
+ * a shard read to its end that holds another number is the error of every
+ * position from there (FL_ERR_IO naming the shard and both numbers), never
+ * a silently different epoch.  -1: not checked. */
 typedef struct {
     const uint8_t *bits;
     int64_t nbits;
+    int64_t count;
 } fl_shards_keep;
 
 /* A sample's key for its random draws: sample k (tar order) of the shard
