@@ -229,6 +229,17 @@ def plan(state, loader, index_sampler):
     saved_like = (state.get("sampler") or {}).get("dist")
     now_like = dist_like(inner)
     if el is None:
+        sampler_state = state.get("sampler") or {}
+        if dist is not None and "dist" in sampler_state and saved_like is not None \
+                and tuple(saved_like) == now_like:
+            return None   # saved on this topology without a deal record (batch_size=None): replay it
+        if dist is not None and "dist" not in sampler_state:
+            return None   # a state from before deals were recorded: replay it, as it was saved
+        if dist is not None and saved_like is not None:
+            _refuse(f"the state was saved as rank {saved_like[1]} of {saved_like[0]} by a DistributedSampler whose "
+                    "batches were not cut by torch's BatchSampler (batch_size=None or a batch_sampler), so its "
+                    f"deal was not recorded; this loader is rank {now_like[1]} of {now_like[0]}. Resume on the "
+                    "saved topology, or load with batch_size= to resume on another")
         if dist is not None:
             _refuse("the state was saved by a loader whose sampler was not a DistributedSampler; this loader's is "
                     "one, and a rank's share cannot be cut from another sampler's order. Save with "
@@ -288,6 +299,11 @@ def merge(states):
     streams = [(s.get("stream") or {}) for s in states]
     if all(st.get("world") is not None for st in streams):
         return _merge_streams(states, streams)
+    if any(st.get("world") is not None for st in streams):
+        i = next(i for i, st in enumerate(streams) if st.get("world") is None)
+        raise ValueError(f"fastloader.resume_state: states[{i}] is not a WebDataset state like states"
+                         f"[{next(i for i, st in enumerate(streams) if st.get('world') is not None)}]: pass the "
+                         "states of one loader's ranks")
     els = [s.get("elastic") for s in states]
     if any(e is None for e in els):
         i = next(i for i, e in enumerate(els) if e is None)
@@ -342,7 +358,7 @@ def _merge_streams(states, streams):
         raise ValueError("fastloader.resume_state: the WebDataset states are of different epochs; save them at the "
                          "same step")
     for i, st in enumerate(streams):
-        for k in ("order", "world", "history", "seed", "shuffle", "epoch_length", "shards"):
+        for k in ("order", "world", "history", "seed", "shuffle", "epoch_length", "shards", "shardshuffle", "names"):
             if st.get(k) != ref.get(k):
                 raise ValueError(f"fastloader.resume_state: states[{i}] has stream {k}={st.get(k)!r} where "
                                  f"states[0] has {ref.get(k)!r}: they are not the ranks of one job's epoch")
@@ -408,6 +424,17 @@ def _keep_arg(mask, count=None):
     if count is not None:
         return (bits, 0 if mask is None else int(len(mask)), int(count))
     return None if mask is None else (bits, int(len(mask)))
+
+
+def shard_names_digest(urls):
+    """A short digest of the shards' file names in order (not their
+    directories or hosts, so a moved dataset still matches)."""
+    import hashlib
+    import os
+    import urllib.parse
+
+    names = [os.path.basename(urllib.parse.urlparse(u).path) if "://" in u else os.path.basename(u) for u in urls]
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:16]
 
 
 def stream_first_deal(ds, order, world):
@@ -509,15 +536,20 @@ def stream_plan(ds, state, batch_size):
                 "samples its ranks received cannot be worked out from the shards' counts; resume it on the "
                 f"topology it was saved on ({W} ranks, batch_size={state.get('batch_size')})")
     if ds.seed != st.get("seed", ds.seed) or ds.shuffle != st.get("shuffle", ds.shuffle) \
-            or ds.epoch_length != st.get("epoch_length", ds.epoch_length) or len(ds.urls) != st.get("shards"):
-        _refuse("the state's WebDataset had another seed, shuffle, epoch_length or number of shards; build the "
-                "dataset as the saved one was")
+            or ds.epoch_length != st.get("epoch_length", ds.epoch_length) or len(ds.urls) != st.get("shards") \
+            or ds.shardshuffle != st.get("shardshuffle", ds.shardshuffle):
+        _refuse("the state's WebDataset had another seed, shuffle, shardshuffle, epoch_length or number of shards; "
+                "build the dataset as the saved one was")
+    if st.get("names") is not None and st["names"] != ds._names_digest():
+        _refuse("the state's WebDataset listed other shards, or the same ones in another order (their file names "
+                "differ); give the shard list as the saved job did, in the same order")
     counts = ds._shard_counts()
     epoch, order = int(state["epoch"]), int(st["order"])
     consumed = int(st["consumed"])
     if places is None:
         places = [consumed] * W   # lockstep (DDP)
-    deal, budget = stream_first_deal(ds, order, hist[0][0] if hist else W), ds.epoch_length
+    deal = stream_first_deal(ds, order, hist[0][0] if hist else W)
+    budget = sum(deal.nominal)   # the uninterrupted epoch's positions over all its ranks
     for w_next, (w, pl) in zip([h[0] for h in hist[1:]] + [W], hist):
         deal, budget = stream_next_deal(ds, deal, pl, epoch, counts, order, w_next, budget)
     new, _ = stream_next_deal(ds, deal, places, epoch, counts, order, ds.world_size, budget)

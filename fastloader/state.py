@@ -381,51 +381,61 @@ class Tracker:
         if pending is not None:
             _check(pending, loader, iterable)   # a refused state stays loaded
             self.pending = None
-        if pending is not None and pending.get("base_seed") is None and not pending["finished"]:
-            loader._fl_epochs = pending["epoch"]   # saved before its epoch began: nothing else to put back
-            pending = None
-        self.ds_resume = None
-        self._redeal = self._rebatch = self._stream_redeal = None
-        if pending is not None:
-            per_worker = pending.get("dataset_workers")
-            if self.ds_stateful and not pending["finished"]:
-                _check_dataset_state(pending, loader)
-            if self.ds_stateful and per_worker and _in_processes(loader):
-                # each worker process held its own copy of the dataset's
-                # state: each gets its own back (in the worker, before it
-                # loads anything), the loader's copy stays as it is, for the
-                # worker processes of later epochs (torch's semantics).  A
-                # finished epoch's states matter only to persistent workers
-                if not pending["finished"] or persistent:
-                    self.ds_resume = {int(w): st for w, st in per_worker}
-            elif self.ds_stateful and pending.get("dataset") is not None:
-                ds.load_state_dict(pending["dataset"])   # before any iterator is made
-            if pending["finished"]:
-                # a fresh epoch, after the generators drew what the saved epoch drew
-                if not iterable:
-                    self._drain(loader, index_sampler, pending)
-                loader._fl_epochs = pending["epoch"] + 1
-                draw, seed = (False, pending["base_seed"]) if persistent and pending["base_seed"] is not None \
-                    else (True, None)
-            else:
-                loader._fl_epochs = pending["epoch"]
-                self._restore = pending
-                self._order = (pending.get("stream") or {}).get("order")
-                if stream:   # another topology or batch size: this rank's share of what no rank received
-                    self._stream_redeal = elastic.stream_plan(ds, pending, loader.batch_size)
-                if not iterable:
-                    s = pending["sampler"] or {}
-                    if not stream:   # first: a sampler of another kind is the error to name
-                        self._plan_sampler(pending, loader, index_sampler)
-                    self._set_rngs(loader, index_sampler, s)
-                    dist = _dist_sampler(index_sampler)
-                    if dist is not None and s.get("dist_epoch") is not None:
-                        dist.set_epoch(s["dist_epoch"])   # the saved epoch's order, set_epoch called or not
-                # the saved set-up drew its base seed: draw it again from the
-                # restored generator (same value, same generator state after);
-                # never from torch's global RNG, which is the training loop's
-                draw = bool(pending.get("drew_seed")) and _is_generator(getattr(loader, "generator", None))
-                seed = pending["base_seed"]
+        loaded, epochs_before = pending, loader._fl_epochs
+        try:
+            if pending is not None and pending.get("base_seed") is None and not pending["finished"]:
+                loader._fl_epochs = pending["epoch"]   # saved before its epoch began: nothing else to put back
+                pending = None
+            self.ds_resume = None
+            self._redeal = self._rebatch = self._stream_redeal = None
+            if pending is not None:
+                per_worker = pending.get("dataset_workers")
+                if self.ds_stateful and not pending["finished"]:
+                    _check_dataset_state(pending, loader)
+                if self.ds_stateful and per_worker and _in_processes(loader):
+                    # each worker process held its own copy of the dataset's
+                    # state: each gets its own back (in the worker, before it
+                    # loads anything), the loader's copy stays as it is, for the
+                    # worker processes of later epochs (torch's semantics).  A
+                    # finished epoch's states matter only to persistent workers
+                    if not pending["finished"] or persistent:
+                        self.ds_resume = {int(w): st for w, st in per_worker}
+                elif self.ds_stateful and pending.get("dataset") is not None:
+                    ds.load_state_dict(pending["dataset"])   # before any iterator is made
+                if pending["finished"]:
+                    # a fresh epoch, after the generators drew what the saved epoch drew
+                    if not iterable:
+                        self._drain(loader, index_sampler, pending)
+                    loader._fl_epochs = pending["epoch"] + 1
+                    draw, seed = (False, pending["base_seed"]) if persistent and pending["base_seed"] is not None \
+                        else (True, None)
+                else:
+                    loader._fl_epochs = pending["epoch"]
+                    self._restore = pending
+                    self._order = (pending.get("stream") or {}).get("order")
+                    if stream:   # another topology or batch size: this rank's share of what no rank received
+                        self._stream_redeal = elastic.stream_plan(ds, pending, loader.batch_size)
+                    if not iterable:
+                        s = pending["sampler"] or {}
+                        if not stream:   # first: a sampler of another kind is the error to name
+                            self._plan_sampler(pending, loader, index_sampler)
+                        self._set_rngs(loader, index_sampler, s)
+                        dist = _dist_sampler(index_sampler)
+                        if dist is not None and s.get("dist_epoch") is not None:
+                            dist.set_epoch(s["dist_epoch"])   # the saved epoch's order, set_epoch called or not
+                    # the saved set-up drew its base seed: draw it again from the
+                    # restored generator (same value, same generator state after);
+                    # never from torch's global RNG, which is the training loop's
+                    draw = bool(pending.get("drew_seed")) and _is_generator(getattr(loader, "generator", None))
+                    seed = pending["base_seed"]
+        except BaseException:
+            # a refused state (a plan that cannot be made) stays loaded, as _check's refusals do:
+            # a later iter() refuses it again instead of starting the epoch from its first sample
+            with self.lock:
+                if self.pending is None:
+                    self.pending = loaded
+            loader._fl_epochs = epochs_before
+            raise
         self.drew_seed = draw if self._restore is None else bool(self._restore.get("drew_seed"))
         self.num_yielded = 0 if self._restore is None else self._restore["num_yielded"]
         if self._redeal is not None or self._rebatch is not None or self._stream_redeal is not None:
@@ -756,6 +766,7 @@ class Tracker:
         return {"order": self.stream_order, "world": ds.world_size, "rank": ds.rank,
                 "history": [[w, list(p)] for w, p in self.stream_hist], "consumed": int(consumed),
                 "seed": ds.seed, "shuffle": ds.shuffle, "epoch_length": ds.epoch_length, "shards": len(ds.urls),
+                "shardshuffle": ds.shardshuffle, "names": ds._names_digest(),
                 "skipped": len(ds.skipped_shards) - ds._skipped_at_begin}
 
     def load(self, loader, state):

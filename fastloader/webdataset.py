@@ -287,6 +287,14 @@ class WebDataset(NativeImageDataset, _Iterable):
             return np.arange(len(self.urls))
         return np.random.default_rng([self.seed, int(epoch), 0x5AD]).permutation(len(self.urls))
 
+    def _names_digest(self):
+        """elastic.shard_names_digest of the shard list (once: state_dict() stays cheap)."""
+        if getattr(self, "_digest", None) is None:
+            from .elastic import shard_names_digest
+
+            self._digest = shard_names_digest(self.urls)
+        return self._digest
+
     def _shard_counts(self):
         """Samples per shard (in urls' order): index.json's, or counted from
         local tar headers; for an elastic resume (fastloader/elastic.py)."""
@@ -322,7 +330,12 @@ class WebDataset(NativeImageDataset, _Iterable):
         if deal is None:
             self._epoch_len = len(self)
             ids = [int(g) for g in self._shard_perm(order)[self.rank::self.world_size]]
-            _C.shards_begin(self._source, self._stream_epoch, [self.urls[g] for g in ids], int(skip), ids=ids)
+            # counts known (index.json, or the tars counted when epoch_length was not given): the reader
+            # checks each shard it reads to its end against them, as a re-dealt epoch's (elastic.py
+            # works out from them what every rank received)
+            keep = None if self._counts is None else [(None, 0, int(self._counts[g])) for g in ids]
+            _C.shards_begin(self._source, self._stream_epoch, [self.urls[g] for g in ids], int(skip), keep=keep,
+                            ids=ids)
             return
         # an elastic resume: this rank's share of the samples no rank received
         ids, keep, nominal = deal

@@ -593,3 +593,93 @@ def test_stream_redeal_checks_the_counts_it_dealt_by(tmp_path):
             errors.append(str(e))
     assert errors and all(re.search(r"s-\d{4}\.tar holds 6 samples, but the counts .* say 7", m) for m in errors), \
         errors
+
+
+def test_distributed_sampler_without_batch_sampler_and_old_states(paths):
+    """batch_size=None (the sampler's indices one sample at a time) records
+    no deal: the state still resumes on its own topology, and is refused on
+    another with the reason; a state saved before deals were recorded (no
+    "elastic", no sampler "dist") resumes as it was saved."""
+    ds = Keyed()
+
+    def loader(W, r, bs=None):
+        s = DistributedSampler(ds, num_replicas=W, rank=r, seed=11)
+        return fastloader.DataLoader(ds, batch_size=bs, sampler=s, generator=torch.Generator().manual_seed(4))
+
+    want = [t.tolist() for t in loader(4, 1)]
+    st = _state_after(loader(4, 1), 3)
+    dl = loader(4, 1)
+    dl.load_state_dict(st)
+    assert [t.tolist() for t in dl] == want[3:]
+    dl = loader(2, 1)
+    dl.load_state_dict(st)
+    with pytest.raises(ValueError, match="batch_size=None or a batch_sampler"):
+        iter(dl)
+    old = _state_after(loader(4, 1, bs=3), 2)
+    old = dict(old, sampler={k: v for k, v in old["sampler"].items() if k != "dist"})
+    old.pop("elastic")
+    dl = loader(4, 1, bs=3)
+    dl.load_state_dict(old)
+    assert [b.tolist() for b in dl] == [b.tolist() for b in loader(4, 1, bs=3)][2:]
+
+
+def test_a_refused_state_stays_refused(shards):
+    """A plan that cannot be made raises at iter(), and the state stays
+    loaded: iter() again raises again, never an epoch from its start."""
+    _, states = _wds_run(shards, 2, [1, 1])
+    bad = dict(states[0], stream=dict(states[0]["stream"], skipped=1))
+    _, dl = make_wds(shards, 3, 0)
+    dl.load_state_dict(bad)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="skipped 1 unreadable shard"):
+            iter(dl)
+
+
+def test_stream_refuses_another_shard_list_or_shardshuffle(shards):
+    _, states = _wds_run(shards, 2, [1, 1])
+    for urls, kw, what in ((list(reversed(shards)), {}, "listed other shards"),
+                           (shards, {"shardshuffle": False}, "shardshuffle")):
+        ds = fastloader.WebDataset(urls, transform=TRAIN, shuffle=10, seed=3, rank=0, world_size=3, **kw)
+        dl = fastloader.DataLoader(ds, batch_size=3, seed=7)
+        dl.load_state_dict(states[0])
+        with pytest.raises(ValueError, match=what):
+            iter(dl)
+    with pytest.raises(ValueError, match="not a WebDataset state"):
+        fastloader.resume_state([states[0], dict(states[1], stream={})])
+
+
+def test_stream_redeal_never_gives_more_than_the_uninterrupted_epoch(shards):
+    """3 ranks of an epoch of 40 yield 13 each: 39 positions. After 3
+    samples each, one rank takes what is left: 30, not the 31 unreceived."""
+    _, states = _wds_run(shards, 3, [1] * 3)
+    after = _wds_resume(shards, 1, fastloader.resume_state(states))
+    assert sum(len(b[1]) for b in after[0][0]) == 39 - 9
+
+
+def test_stream_epoch_checks_index_json_counts(tmp_path):
+    """Counts known at construction (index.json): every epoch's reader checks
+    the shards it reads to their end against them, so a stale index.json
+    fails the first epoch, before any state can be dealt by wrong counts."""
+    import json
+
+    from test_webdataset import write_shards
+
+    paths = write_shards(str(tmp_path / "wds"), n=20, per=5)
+    with open(tmp_path / "wds" / "index.json", "w") as f:
+        json.dump({"shards": [os.path.basename(p) for p in paths], "counts": [5, 5, 6, 5]}, f)
+    ds = fastloader.WebDataset(paths, transform=TRAIN, shuffle=1, shardshuffle=False)
+    with pytest.raises(OSError, match=r"s-0002\.tar holds 5 samples, but the counts .* say 6"):
+        list(fastloader.DataLoader(ds, batch_size=4))
+
+
+def test_keep_entries_are_checked():
+    from fastloader import _C
+
+    with pytest.raises(TypeError, match="keep\\[0\\] must be None or a tuple"):
+        _C.shards_order([3], [[b"\x07", 3]], 1, 0, 0, 3, 3)
+    with pytest.raises(ValueError, match="bits in a mask"):
+        _C.shards_order([3], [(b"\x07", 1 << 62)], 1, 0, 0, 3, 3)
+    with pytest.raises(ValueError, match="a count of"):
+        _C.shards_order([3], [(None, 0, -5)], 1, 0, 0, 3, 3)
+    sh, k = _C.shards_order([3, 2], [(b"\x05", 3), (None, 0, 2)], 1, 0, 0, 4, 4)
+    assert list(np.frombuffer(k, np.int64)) == [0, 2, 0, 1] and list(np.frombuffer(sh, np.int32)) == [0, 0, 1, 1]

@@ -125,12 +125,15 @@ shard_source(PyObject *module, PyObject *args, PyObject *kwargs)
 /* keep: None, or a list (one per url) of None | (bytes mask or None, nbits)
  * | (bytes mask or None, nbits, count) (a None mask: every sample; count:
  * the samples the shard must hold, shards.h) -> a PyMem array of
- * fl_shards_keep pointing into the bytes (borrowed from `keep`, which the
- * caller holds), or NULL with *bad set and an exception. */
+ * fl_shards_keep pointing into the bytes, which *hold (a new reference to
+ * a private copy of the list, whose tuples and bytes cannot change) keeps
+ * alive until the caller drops it, also while the GIL is released; or NULL
+ * with *bad set and an exception (*hold NULL then). */
 static fl_shards_keep *
-keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
+keep_arg(PyObject *keep, Py_ssize_t n, int *bad, PyObject **hold)
 {
     *bad = 0;
+    *hold = NULL;
     if (keep == NULL || keep == Py_None)
         return NULL;
     if (!PyList_Check(keep) || PyList_GET_SIZE(keep) != n) {
@@ -138,17 +141,24 @@ keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
         *bad = 1;
         return NULL;
     }
-    fl_shards_keep *k = PyMem_Calloc((size_t)(n ? n : 1), sizeof *k);
+    PyObject *mine = PyList_GetSlice(keep, 0, n);
+    fl_shards_keep *k = mine ? PyMem_Calloc((size_t)(n ? n : 1), sizeof *k) : NULL;
     if (!k) {
-        PyErr_NoMemory();
+        if (mine)
+            PyErr_NoMemory();
+        Py_XDECREF(mine);
         *bad = 1;
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = PyList_GET_ITEM(keep, i);
+        PyObject *e = PyList_GET_ITEM(mine, i);
         k[i].count = -1;
         if (e == Py_None)
             continue;
+        if (!PyTuple_Check(e)) {
+            PyErr_Format(PyExc_TypeError, "keep[%zd] must be None or a tuple (mask, nbits[, count])", i);
+            goto fail;
+        }
         PyObject *mask;
         long long nbits, count = -1;
         if (!PyArg_ParseTuple(e, "OL|L:keep entry", &mask, &nbits, &count))
@@ -164,16 +174,18 @@ keep_arg(PyObject *keep, Py_ssize_t n, int *bad)
         Py_ssize_t len;
         if (PyBytes_AsStringAndSize(mask, &bits, &len) < 0)
             goto fail;
-        if (nbits < 0 || (nbits + 7) / 8 > len) {
+        if (nbits < 0 || nbits > (long long)len * 8) {
             PyErr_Format(PyExc_ValueError, "keep[%zd]: %lld bits in a mask of %zd bytes", i, nbits, len);
             goto fail;
         }
         k[i].bits = (const uint8_t *)bits;
         k[i].nbits = nbits;
     }
+    *hold = mine;
     return k;
 fail:
     PyMem_Free(k);
+    Py_DECREF(mine);
     *bad = 1;
     return NULL;
 }
@@ -234,7 +246,8 @@ shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
         }
     }
     int bad;
-    fl_shards_keep *k = keep_arg(keep, n, &bad);
+    PyObject *hold;
+    fl_shards_keep *k = keep_arg(keep, n, &bad, &hold);
     if (bad) {
         PyMem_Free(ids);
         PyMem_Free(u);
@@ -248,6 +261,7 @@ shards_begin(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_END_ALLOW_THREADS
     PyMem_Free(ids);
     PyMem_Free(k);
+    Py_XDECREF(hold);
     PyMem_Free(u);
     Py_DECREF(seq);
     if (rc < 0)
@@ -290,13 +304,15 @@ shards_order(PyObject *module, PyObject *args)
     }
     Py_DECREF(seq);
     int bad;
-    fl_shards_keep *k = keep_arg(keep, n, &bad);
+    PyObject *hold;
+    fl_shards_keep *k = keep_arg(keep, n, &bad, &hold);
     int64_t m = npos < nominal ? npos : nominal;
     PyObject *so = bad ? NULL : PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * (int64_t)sizeof(int32_t)));
     PyObject *ko = so ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * (int64_t)sizeof(int64_t))) : NULL;
     if (!ko) {
         Py_XDECREF(so);
         PyMem_Free(k);
+        Py_XDECREF(hold);
         PyMem_Free(c);
         return NULL;
     }
@@ -308,6 +324,7 @@ shards_order(PyObject *module, PyObject *args)
     got = fl_shards_order(c, k, (int)n, shuffle, seed, epoch, nominal, npos, sp, kp, &err);
     Py_END_ALLOW_THREADS
     PyMem_Free(k);
+    Py_XDECREF(hold);
     PyMem_Free(c);
     if (got < 0) {
         Py_DECREF(so);
