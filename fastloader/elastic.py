@@ -313,17 +313,7 @@ def merge(states):
     if len({s["epoch"] for s in states}) > 1:
         raise ValueError(f"fastloader.resume_state: the states are of different epochs {sorted(epochs)}; save "
                          "them at the same step")
-    keys = ("n", "shuffle", "seed", "drop_last", "epoch", "world", "source")
-    ref = els[0]
-    for i, e in enumerate(els):
-        for k in keys:
-            if e[k] != ref[k]:
-                raise ValueError(f"fastloader.resume_state: states[{i}] has {k}={e[k]!r} where states[0] has "
-                                 f"{ref[k]!r}: they are not the ranks of one job's epoch")
-    got = sorted(e["rank"] for e in els)
-    if got != list(range(ref["world"])):
-        raise ValueError(f"fastloader.resume_state: the states are of ranks {got}, the job had {ref['world']} "
-                         f"ranks (0..{ref['world'] - 1}); pass every rank's state once, or one rank's alone")
+    ref = _one_job(els, ("n", "shuffle", "seed", "drop_last", "epoch", "world", "source"), "")
     if all(s["finished"] for s in states):
         return copy.deepcopy(states[0])
     seeds = {s["base_seed"] for s in states}
@@ -351,21 +341,31 @@ def array_batches(a, batch_size, drop_last):
         yield a[i:i + batch_size].tolist()
 
 
+def _one_job(records, keys, what):
+    """records[0], after checking that the records (each rank's deal) agree
+    on `keys` and hold every rank of the deal once; ValueError naming the
+    one that does not belong."""
+    ref = records[0]
+    for i, rec in enumerate(records):
+        for k in keys:
+            if rec.get(k) != ref.get(k):
+                raise ValueError(f"fastloader.resume_state: states[{i}] has {what}{k}={rec.get(k)!r} where "
+                                 f"states[0] has {ref.get(k)!r}: they are not the ranks of one job's epoch")
+    got = sorted(rec["rank"] for rec in records)
+    if got != list(range(ref["world"])):
+        raise ValueError(f"fastloader.resume_state: the states are of ranks {got}, the job had {ref['world']} "
+                         f"ranks (0..{ref['world'] - 1}); pass every rank's state once, or one rank's alone")
+    return ref
+
+
 def _merge_streams(states, streams):
     """resume_state for WebDataset states: every rank's place in the deal."""
     ref = streams[0]
     if len({s["epoch"] for s in states}) > 1:
         raise ValueError("fastloader.resume_state: the WebDataset states are of different epochs; save them at the "
                          "same step")
-    for i, st in enumerate(streams):
-        for k in ("order", "world", "history", "seed", "shuffle", "epoch_length", "shards", "shardshuffle", "names"):
-            if st.get(k) != ref.get(k):
-                raise ValueError(f"fastloader.resume_state: states[{i}] has stream {k}={st.get(k)!r} where "
-                                 f"states[0] has {ref.get(k)!r}: they are not the ranks of one job's epoch")
-    got = sorted(st["rank"] for st in streams)
-    if got != list(range(ref["world"])):
-        raise ValueError(f"fastloader.resume_state: the states are of ranks {got}, the job had {ref['world']} "
-                         f"ranks (0..{ref['world'] - 1}); pass every rank's state once, or one rank's alone")
+    _one_job(streams, ("order", "world", "history", "seed", "shuffle", "epoch_length", "shards", "shardshuffle",
+                       "names"), "stream ")
     if all(s["finished"] for s in states):
         return copy.deepcopy(states[0])
     places = [0] * ref["world"]
