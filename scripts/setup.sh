@@ -36,7 +36,7 @@ fi
 # torch 2.14.1 + torchvision 0.29.1 come from this machine's local wheel cache
 # (see DEVELOPERS.md); pip does nothing when they are already installed.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" "pytest-benchmark>=4" \
+    "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" "pytest-benchmark>=4" "pytest-timeout>=2" \
     "setuptools>=61" wheel \
     "lmdb>=1.4" "webdataset>=0.2" "datasets>=2.14" "accelerate>=1.0" "lightning>=2.2" "torchdata>=0.11"
 # timm (its transforms in the recipe tests and benchmarks) without its dependencies, so that

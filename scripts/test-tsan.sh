@@ -113,7 +113,7 @@ status=0
 LD_PRELOAD="$libtsan" \
 TSAN_OPTIONS="halt_on_error=0:exitcode=66:log_path=$reports/tsan:history_size=4:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp" \
 FASTLOADER_UNDER_TSAN=1 \
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p tsan_plugin ${args[@]+"${args[@]}"} "${tests[@]}" \
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p tsan_plugin --timeout=300 ${args[@]+"${args[@]}"} "${tests[@]}" \
     || status=$?
 
 n=$(cat "$reports"/tsan.* 2>/dev/null | grep -c '^WARNING: ThreadSanitizer' || true)

@@ -15,9 +15,9 @@ VENV="${FASTLOADER_VENV:-.venv}"
 full=1
 if [ "${1:-}" = "--no-asan" ]; then full=0; shift; fi
 echo "== pytest (release build)"
-"$VENV/bin/python" -m pytest -q "$@" tests
+"$VENV/bin/python" -m pytest -q --timeout=300 "$@" tests
 echo "== pytest benchmarks/ --bench-quick (each benchmark runs, its batches right; the figures mean nothing)"
-"$VENV/bin/python" -m pytest -q benchmarks --bench-quick --benchmark-columns=median,ops,rounds
+"$VENV/bin/python" -m pytest -q --timeout=300 benchmarks --bench-quick --benchmark-columns=median,ops,rounds
 if [ $full = 1 ]; then
     echo "== fuzz smoke (60 s)"
     FASTLOADER_VENV="$VENV" bash scripts/fuzz.sh 60
