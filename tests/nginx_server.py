@@ -274,6 +274,7 @@ class FaultProxy:
         self.port = self.lsock.getsockname()[1]
         self.requests = []          # request heads seen, in order
         self.connections = 0        # connections accepted
+        self.faults = 0             # planned faults that have struck (the bytes before them sent)
         self._plans = []            # faults for the next connections, in order
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -366,6 +367,8 @@ class FaultProxy:
                 if kind is not None and sent + len(data) >= after:
                     c.sendall(data[:after - sent])
                     sent = after
+                    with self._lock:
+                        self.faults += 1
                     if kind == "stall":
                         while not (closed.is_set() or self._stopping.is_set()):
                             closed.wait(0.05)
