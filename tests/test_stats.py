@@ -18,7 +18,11 @@ def test_slow_dataset_is_reported_as_data_starved(num_workers):
     wall = time.perf_counter() - t0
     st = dl.stats()
     assert n == 24 and st["samples"] == 24 and st["batches"] == 6
-    assert st["data_starved_fraction"] > 0.5
+    # a consumer that does nothing waits for most of the loop: ~1.0 with no
+    # workers, ~0.8 with two here (their batches come in pairs), 0.49 seen
+    # under ASan on a busy box, where the consumer's own share of each
+    # batch (taking it from the worker) grows; a fed consumer is near 0
+    assert st["data_starved_fraction"] > 0.3
     # 24 sleeps of 10 ms spread over the workers: the wait is at least the
     # serial share and at most the wall time of the loop
     assert 0.24 / max(1, num_workers) * 0.8 < st["consumer_wait_s"] <= wall + 0.05
