@@ -65,6 +65,7 @@ class BuildExt(build_ext):
         _check_header("lmdb.h", "liblmdb-dev", search)              # LMDBDataset
         _check_header("curl/curl.h", "libcurl4-openssl-dev", search)  # WebDataset over http(s)
         _check_header("spng.h", "libspng-dev", search)               # PNG
+        _check_header("libdeflate.h", "libdeflate-dev", search)     # PNG's fast inflate
         _check_header("webp/decode.h", "libwebp-dev", search)        # WebP
         _check_header("zlib.h", "zlib1g-dev", search)                # PNG chunk CRCs
         for ext in self.extensions:
@@ -100,7 +101,7 @@ setup(
             "fastloader._C",
             sources=sources,
             include_dirs=["csrc"],
-            libraries=["jpeg", "spng", "webp", "z", "lmdb", "curl", "dl", "m"],
+            libraries=["jpeg", "spng", "deflate", "webp", "z", "lmdb", "curl", "dl", "m"],
             extra_compile_args=cflags,
             extra_link_args=ldflags,
             depends=sorted(glob.glob(os.path.join("csrc", "*", "*.h"))),

@@ -6,6 +6,7 @@ import numpy as np
 
 libjpeg_turbo_version: str
 libspng_version: str
+libdeflate_version: str
 libwebp_version: str
 jpeg_lib_version: int
 

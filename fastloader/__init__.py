@@ -51,12 +51,13 @@ def __dir__():
 
 
 def build_info() -> dict:
-    """Versions and features of this build: fastloader, libjpeg-turbo, libspng, libwebp, CUDA."""
+    """Versions and features of this build: fastloader, libjpeg-turbo, libspng, libdeflate, libwebp, CUDA."""
     return {
         "fastloader": __version__,
         "libjpeg_turbo": _C.libjpeg_turbo_version,
         "jpeg_lib_version": _C.jpeg_lib_version,
         "libspng": _C.libspng_version,
+        "libdeflate": _C.libdeflate_version,
         "libwebp": _C.libwebp_version,
         "cuda": _C.cuda_info(),  # CUDA is loaded at run time (dlopen), never linked
     }

@@ -16,7 +16,15 @@
  *   colour files and RGB's first channel for gray ones (PNG colour types 0
  *   and 4, where Pillow's L is the gray value);
  * - decoder reuse: the long-lived decoder (its scratch grown by earlier
- *   inputs) gives the same RGB pixels as a fresh one.
+ *   inputs) gives the same RGB pixels as a fresh one;
+ * - png.c's two paths agree: a decoder told to use libspng alone
+ *   (png_libspng_only) succeeds or fails where the default one does, with
+ *   the same pixels.
+ *
+ * Each PNG input runs twice: as it is, and with every chunk's CRC
+ * recomputed, so that mutations inside the IDAT data reach the zlib stream
+ * and the unfiltering (a wrong IDAT CRC turns the fast path off, and most
+ * mutations make one).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,6 +32,9 @@
 
 #include "fuzz_common.h"
 #include "image/codecs.h"
+#include "image/codecs_internal.h"
+
+#include <zlib.h>
 
 static fl_imgdec *reused;
 
@@ -45,8 +56,77 @@ decode_mode(fl_imgdec *d, const uint8_t *data, size_t size, const fl_img_info *i
     return rc;
 }
 
+/* The RGB decode by libspng alone (png.c's reference path) agrees with the
+ * default decoder's outcome r1 and pixels rgb (n bytes). */
+static void
+check_reference(const uint8_t *data, size_t size, const fl_img_info *info, int r1, const uint8_t *rgb, size_t n)
+{
+    fl_imgdec *ref = fl_imgdec_new();
+    if (!ref)
+        abort();
+    fl_imgdec_set_max_pixels(ref, FZ_MAX_PIXELS);
+    ref->png_libspng_only = 1;
+    uint8_t *out;
+    size_t m;
+    fl_err e;
+    int r = decode_mode(ref, data, size, info, FL_IMG_RGB, &out, &m, &e);
+    if (r != r1)
+        FZ_FAIL("libspng alone %s where the default path %s (%s)", r ? "fails" : "succeeds",
+                r1 ? "fails" : "succeeds", r ? e.msg : "");
+    if (r == 0 && (m != n || memcmp(out, rgb, n) != 0))
+        FZ_FAIL("libspng alone gives other pixels than the default path");
+    free(out);
+    fl_imgdec_free(ref);
+}
+
+static int check_one(const uint8_t *data, size_t size);
+
+/* data with every whole chunk's CRC made right (a copy, the caller frees
+ * it), or NULL when it is not a PNG or already had them right. */
+static uint8_t *
+fixed_crcs(const uint8_t *data, size_t size)
+{
+    if (size < 8 || memcmp(data, "\x89PNG\r\n\x1a\n", 8) != 0)
+        return NULL;
+    uint8_t *c = malloc(size);
+    if (!c)
+        abort();
+    memcpy(c, data, size);
+    int changed = 0;
+    for (size_t pos = 8; pos + 12 <= size;) {
+        uint32_t len = (uint32_t)c[pos] << 24 | (uint32_t)c[pos + 1] << 16 | (uint32_t)c[pos + 2] << 8 | c[pos + 3];
+        if (len > size - pos - 12)
+            break;
+        uint32_t crc = (uint32_t)crc32(0L, c + pos + 4, 4 + len);
+        uint8_t *q = c + pos + 8 + len;
+        uint8_t want[4] = {(uint8_t)(crc >> 24), (uint8_t)(crc >> 16), (uint8_t)(crc >> 8), (uint8_t)crc};
+        if (memcmp(q, want, 4) != 0) {
+            memcpy(q, want, 4);
+            changed = 1;
+        }
+        pos += 12 + (size_t)len;
+    }
+    if (!changed) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    check_one(data, size);
+    uint8_t *c = fixed_crcs(data, size);
+    if (c) {
+        check_one(c, size);
+        free(c);
+    }
+    return 0;
+}
+
+static int
+check_one(const uint8_t *data, size_t size)
 {
     fl_imgdec *d = fl_imgdec_new();
     if (!d)
@@ -119,6 +199,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_FAIL("the reused decoder's pixels differ from a fresh one's");
         free(again);
     }
+    if (info.format == FL_IMG_PNG)
+        check_reference(data, size, &info, r1, rgb, nrgb);
     free(rgb);
     free(l);
     free(rgba);

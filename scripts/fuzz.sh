@@ -14,7 +14,7 @@
 #            binary's corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/<layer>/*.c but
-# csrc/binding/; -ljpeg -lspng -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# csrc/binding/; -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -43,6 +43,7 @@ need_apt=()
 command -v clang >/dev/null || need_apt+=(clang)
 [ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg62-turbo-dev)
 [ -f /usr/include/spng.h ] || need_apt+=(libspng-dev)
+[ -f /usr/include/libdeflate.h ] || need_apt+=(libdeflate-dev)
 [ -f /usr/include/webp/decode.h ] || need_apt+=(libwebp-dev)
 command -v cjpeg >/dev/null || need_apt+=(libjpeg-turbo-progs)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -91,7 +92,7 @@ for t in "${targets[@]}"; do
     case " ${bins[*]:-} " in *" $b "*) continue ;; esac
     bins+=("$b")
     clang "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -Icsrc "fuzz/fuzz_$b.c" "${objs[@]}" \
-        -ljpeg -lspng -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
+        -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lcurl -lm -lpthread -ldl -o "$B/fuzz_$b"
 done
 
 # --- seed corpus

@@ -11,7 +11,7 @@ mkdir -p .debs/sources
 # the extension links libjpeg, liblmdb and libcurl; libcurl4's own
 # libraries that a non-Debian machine may lack come too (libssl, zlib, zstd,
 # krb5 and libc are left to the machine: unpacked ones would shadow its own)
-(cd .debs && apt-get download libjpeg62-turbo libjpeg62-turbo-dev libspng0 libspng-dev libwebp7 libwebp-dev \
+(cd .debs && apt-get download libjpeg62-turbo libjpeg62-turbo-dev libspng0 libspng-dev libdeflate0 libdeflate-dev libwebp7 libwebp-dev \
     zlib1g-dev liblmdb0 liblmdb-dev \
     libcurl4 libcurl4-openssl-dev libnghttp2-14 libssh2-1 librtmp1 libpsl5 libbrotli1 libidn2-0 \
     libldap-2.5-0 libsasl2-2)

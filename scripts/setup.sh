@@ -13,8 +13,10 @@ need_apt=()
 # HTTP server the shard tests and benchmarks start on loopback
 [ -f /usr/include/lmdb.h ] || need_apt+=(liblmdb-dev)
 [ -f /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -f /usr/include/curl/curl.h ] || need_apt+=(libcurl4-openssl-dev)
-# libspng (PNG) and libwebp (WebP): the native decoders besides JPEG; zlib for PNG's CRCs
+# libspng (PNG) and libwebp (WebP): the native decoders besides JPEG; libdeflate
+# inflates and checks a well-formed PNG (csrc/image/png.c's fast path); zlib for PNG's Adler-32
 [ -f /usr/include/spng.h ] || need_apt+=(libspng-dev)
+[ -f /usr/include/libdeflate.h ] || need_apt+=(libdeflate-dev)
 [ -f /usr/include/webp/decode.h ] || need_apt+=(libwebp-dev)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)

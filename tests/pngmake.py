@@ -42,22 +42,43 @@ def _row_bytes(row: np.ndarray, depth: int, channels: int) -> bytes:
     return out.astype(np.uint8).tobytes()
 
 
+def _filter(ft: int, line: bytes, prev: bytes | None, bpp: int) -> bytes:
+    """One row filtered with PNG filter type ft (0 None, 1 Sub, 2 Up, 3 Average,
+    4 Paeth); prev is the row above unfiltered (None for the first row: zeros)."""
+    up = prev if prev is not None else bytes(len(line))
+    out = bytearray(len(line))
+    for i, x in enumerate(line):
+        a = line[i - bpp] if i >= bpp else 0
+        b = up[i]
+        c = up[i - bpp] if i >= bpp else 0
+        if ft == 0:
+            pred = 0
+        elif ft == 1:
+            pred = a
+        elif ft == 2:
+            pred = b
+        elif ft == 3:
+            pred = (a + b) >> 1
+        else:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+        out[i] = (x - pred) & 0xFF
+    return bytes(out)
+
+
 def _scanlines(img: np.ndarray, depth: int, channels: int, filt: int) -> bytes:
+    """The filtered rows: every row with filter type filt (0-4), or with
+    filt=5 the row's type cycling through all five (row y: y % 5)."""
     raw = bytearray()
     bpp = max(1, depth * channels // 8)
     prev = None
     for y in range(img.shape[0]):
         line = _row_bytes(img[y], depth, channels)
-        if filt == 1:  # Sub: exercises the filter path; everything else writes None (0)
-            b = bytearray(line)
-            for i in range(len(b) - 1, bpp - 1, -1):
-                b[i] = (b[i] - b[i - bpp]) & 0xFF
-            line = bytes(b)
-        elif filt == 2 and prev is not None:  # Up
-            line = bytes((a - p) & 0xFF for a, p in zip(line, prev[1]))
-        raw.append(filt if (filt != 2 or prev is not None) else 0)
-        raw += line
-        prev = (filt, _row_bytes(img[y], depth, channels))
+        ft = y % 5 if filt == 5 else filt
+        raw.append(ft)
+        raw += _filter(ft, line, prev, bpp)
+        prev = line
     return bytes(raw)
 
 

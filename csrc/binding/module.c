@@ -46,6 +46,8 @@ fl_exec(PyObject *m)
         return -1;
     if (PyModule_AddStringConstant(m, "libspng_version", fl_codecs_spng_version()) < 0)
         return -1;
+    if (PyModule_AddStringConstant(m, "libdeflate_version", fl_codecs_deflate_version()) < 0)
+        return -1;
     if (PyModule_AddStringConstant(m, "libwebp_version", fl_codecs_webp_version()) < 0)
         return -1;
     if (PyModule_AddIntConstant(m, "jpeg_lib_version", JPEG_LIB_VERSION) < 0)

@@ -2,6 +2,7 @@
  * png.c / webp.c (see codecs.h).  No GIL; pure C. */
 #include "image/codecs_internal.h"
 
+#include <libdeflate.h>
 #include <spng.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,8 @@ fl_imgdec_free(fl_imgdec *d)
     if (!d)
         return;
     free(d->scratch);
+    free(d->idat);
+    libdeflate_free_decompressor(d->inflater);
     free(d);
 }
 
@@ -54,19 +57,30 @@ fl_imgdec_trim(fl_imgdec *d, size_t keep)
         d->scratch = NULL;
         d->scratch_cap = 0;
     }
+    if (d->idat_cap > keep) {
+        free(d->idat);
+        d->idat = NULL;
+        d->idat_cap = 0;
+    }
+}
+
+uint8_t *
+fl_imgdec_grow(uint8_t **buf, size_t *cap, size_t n, fl_err *err)
+{
+    if (n <= *cap)
+        return *buf;
+    free(*buf);
+    *buf = malloc(n);
+    *cap = *buf ? n : 0;
+    if (!*buf)
+        fl_err_set(err, FL_ERR_NOMEM, 0, "out of memory for a %zu-byte decode buffer", n);
+    return *buf;
 }
 
 uint8_t *
 fl_imgdec_scratch(fl_imgdec *d, size_t n, fl_err *err)
 {
-    if (n <= d->scratch_cap)
-        return d->scratch;
-    free(d->scratch);
-    d->scratch = malloc(n);
-    d->scratch_cap = d->scratch ? n : 0;
-    if (!d->scratch)
-        fl_err_set(err, FL_ERR_NOMEM, 0, "out of memory for a %zu-byte decode buffer", n);
-    return d->scratch;
+    return fl_imgdec_grow(&d->scratch, &d->scratch_cap, n, err);
 }
 
 int
@@ -135,6 +149,12 @@ const char *
 fl_codecs_spng_version(void)
 {
     return spng_version_string();
+}
+
+const char *
+fl_codecs_deflate_version(void)
+{
+    return LIBDEFLATE_VERSION_STRING;
 }
 
 const char *

@@ -93,8 +93,9 @@ size_t fl_img_row_bytes(const fl_img_info *info, int mode);
 int fl_imgdec_decode(fl_imgdec *d, const uint8_t *data, size_t len, int mode, uint8_t *out, size_t stride,
                      fl_err *err);
 
-/* Versions of the linked libraries ("0.7.3", "1.2.4"), for build_info.  Pure. */
+/* Versions of the linked libraries ("0.7.3", "1.14", "1.2.4"), for build_info.  Pure. */
 const char *fl_codecs_spng_version(void);
+const char *fl_codecs_deflate_version(void);
 const char *fl_codecs_webp_version(void);
 
 #endif

@@ -5,11 +5,21 @@
 
 #include "image/codecs.h"
 
+struct libdeflate_decompressor;
+
 struct fl_imgdec {
     uint64_t max_pixels; /* 0: no limit */
     uint8_t *scratch;    /* conversion buffer, grown by fl_imgdec_scratch */
     size_t scratch_cap;
+    uint8_t *idat;       /* a PNG's IDAT chunks joined (png.c), grown by fl_imgdec_grow */
+    size_t idat_cap;
+    struct libdeflate_decompressor *inflater; /* png.c's, made on first use */
+    int png_libspng_only; /* tests and fuzz/fuzz_codecs.c: skip png.c's fast path (the reference) */
 };
+
+/* *buf grown to at least n bytes (*cap its size; the old contents are not
+ * kept), or NULL with err filled (FL_ERR_NOMEM).  Pure C. */
+uint8_t *fl_imgdec_grow(uint8_t **buf, size_t *cap, size_t n, fl_err *err);
 
 /* The decoder's scratch with at least n bytes, or NULL with err filled
  * (FL_ERR_NOMEM).  Owned by d; valid until the next call on d. */
