@@ -26,7 +26,7 @@ Every configuration runs in a fresh process, the implementations of a row
 back to back with the order rotated per round (fastloader/tools/harness.py).
 
     python benchmarks/bench_formats.py [--quick] [--n 1000] [--workers 0,1,2,4] [--rounds 2]
-        [--parts decode,pipeline,shards] [--out FILE] [--md FILE]
+        [--parts decode,pipeline,shards] [--formats png,webp] [--out FILE] [--md FILE]
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def report(res, a, roots, elapsed):
                   "start included; after the first batch in parentheses), median over rounds; fl/baseline: median "
                   "of per-round pairs; best: each one's best num_workers by epoch rate", ""]
         rows = []
-        fmts = PIPELINE_FORMATS if part == "pipeline" else ("webp",)
+        fmts = a.formats.split(",") if part == "pipeline" else ("webp",)
         for fmt_ in fmts:
             best = {}
             for w in a.workers:
@@ -249,6 +249,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; --quick 1)")
     p.add_argument("--decode-s", type=float, default=None, help="seconds per decode run (default 4)")
     p.add_argument("--parts", default="decode,pipeline,shards")
+    p.add_argument("--formats", default=",".join(PIPELINE_FORMATS), help="the folder pipelines' formats")
     p.add_argument("--work-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "fastloader", "formats"))
     p.add_argument("--out", default=None, help="all results as JSON")
     p.add_argument("--md", default=None, help="also write the Markdown report here")
@@ -270,7 +271,7 @@ def main(argv=None):
                                                     workers=2))
                                           for i in ("fastloader", "pillow", "torchvision")]))
     if "pipeline" in a.parts:
-        for f in PIPELINE_FORMATS:
+        for f in a.formats.split(","):
             for w in a.workers:
                 groups.append((("pipeline", f, w), [(i, dict(part="pipeline", impl=i, root=roots[f], workers=w))
                                                    for i in ("torch", "fastloader")]))
