@@ -21,8 +21,8 @@
  *     read them); the zlib stream's Adler-32 (Pillow's zlib does).
  * Gamma, ICC profiles and sBIT are ignored, as Pillow's convert ignores them.
  *
- * Two paths to the same pixels.  A non-interlaced file of 8 bits or fewer
- * per sample whose chunks' CRCs are right (nearly every PNG in a dataset)
+ * Two paths to the same pixels.  A non-interlaced file whose chunks' CRCs
+ * are right (nearly every PNG in a dataset)
  * is inflated whole by libdeflate and unfiltered here (fast_decode: about
  * twice libspng's speed, which inflates with zlib and unfilters a byte at a
  * time).  Everything else, and any file the fast path finds anything wrong
@@ -546,8 +546,8 @@ unfilter_row(int ft, uint8_t *cur, const uint8_t *raw, const uint8_t *prev, size
     }
 }
 
-/* The fast path (see the top): a non-interlaced file of <= 8 bits per
- * sample whose CRCs the prepass found right, inflated whole by libdeflate
+/* The fast path (see the top): a non-interlaced file whose CRCs the
+ * prepass found right, inflated whole by libdeflate
  * into dec's scratch and unfiltered straight into out (direct: the stored
  * rows are the output) or in place and converted by c.  0 when out holds
  * the image; 1 when the file is not one the fast path decodes in full (its
@@ -593,7 +593,10 @@ fast_decode(fl_imgdec *dec, const uint8_t *d, size_t n, const struct spng_ihdr *
     size_t bits = (size_t)channels[h->color_type] * h->bit_depth;
     size_t rb = ((size_t)h->width * bits + 7) / 8, bpp = bits >= 8 ? bits / 8 : 1;
     size_t rows = h->height, need = rows * (rb + 1);
-    uint8_t *buf = fl_imgdec_scratch(dec, need, err);
+    /* 16-bit rows are unfiltered as stored (big-endian) and converted from
+     * a host-order copy of the row, kept after the image in the scratch */
+    const int swap16 = h->bit_depth == 16 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+    uint8_t *buf = fl_imgdec_scratch(dec, need + (swap16 ? rb : 0), err);
     if (!buf)
         return -1;
     if (!dec->inflater && !(dec->inflater = libdeflate_alloc_decompressor())) {
@@ -613,8 +616,14 @@ fast_decode(fl_imgdec *dec, const uint8_t *d, size_t n, const struct spng_ihdr *
         raw++;
         uint8_t *cur = direct ? out + y * stride : raw;
         unfilter_row(ft, cur, raw, prev, rb, bpp);
-        if (!direct)
+        if (swap16) {
+            uint8_t *host = buf + need;
+            for (size_t i = 0; i + 1 < rb; i += 2)
+                host[i] = cur[i + 1], host[i + 1] = cur[i];
+            convert_row(c, host, out + y * stride);
+        } else if (!direct) {
             convert_row(c, cur, out + y * stride);
+        }
         prev = cur;
     }
     return 0;
@@ -649,7 +658,7 @@ fl_png_decode(fl_imgdec *dec, const uint8_t *data, size_t len, int mode, uint8_t
     int direct = as_stored(&h, mode) && src_row == out_row;
     conv c;
     setup_conv(ctx, &h, &t, has_trns, mode, &c);
-    if (ok && !h.interlace_method && h.bit_depth <= 8 && !dec->png_libspng_only) {
+    if (ok && !h.interlace_method && !dec->png_libspng_only) {
         int fast = fast_decode(dec, data, len, &h, &c, direct, out, stride, err);
         if (fast <= 0) {
             rc = fast;
