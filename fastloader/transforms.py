@@ -17,7 +17,7 @@ Supported prefix, in this order (each part optional)::
 
     [Grayscale(1)]
     [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
-    [RandomHorizontalFlip]
+    [RandomHorizontalFlip] [RandomVerticalFlip]   (either order: flips commute)
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
     [Normalize]                    (float output only)
 
@@ -49,6 +49,7 @@ __all__ = [
     "PILToTensor",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RandomVerticalFlip",
     "Resize",
     "ToDtype",
     "ToImage",
@@ -182,6 +183,20 @@ class RandomHorizontalFlip(Transform):
     def _torchvision(self):
         from torchvision.transforms import v2
         return v2.RandomHorizontalFlip(self.p)
+
+    def _args(self):
+        return f"p={self.p}"
+
+
+class RandomVerticalFlip(Transform):
+    def __init__(self, p: float = 0.5) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomVerticalFlip: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.RandomVerticalFlip(self.p)
 
     def _args(self):
         return f"p={self.p}"
@@ -396,6 +411,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("center_crop", dict(size=_pair(t.size, name)))
     if name == "RandomHorizontalFlip":
         return ("flip", dict(p=float(t.p)))
+    if name == "RandomVerticalFlip":
+        return ("vflip", dict(p=float(t.p)))
     if name == "ToTensor":
         return ("to_tensor", {})
     if name in ("PILToTensor", "ToImage"):
@@ -735,6 +752,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
                       scale_to_unit=_SCALE_NONE, normalize=False, layout=layout)
     pos = 0
     notes: list[str] = []
+    flips: dict = {}
 
     def kind(i: int) -> str | None:
         return descs[i][0] if i < len(descs) and descs[i] is not None else None
@@ -766,9 +784,19 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             pos += 1
         if spec["out_h"] == 0:
             notes.append("variable output size (Resize(int) without a crop)")
-    if kind(pos) == "flip":
-        spec["flip_p"] = descs[pos][1]["p"]
+    # the flips, each at most once, in either order: they commute with each
+    # other, and both come after the geometry and before the policy
+    for _ in range(2):
+        if kind(pos) == "flip" and "flip_p" not in flips:
+            flips["flip_p"] = descs[pos][1]["p"]
+        elif kind(pos) == "vflip" and "vflip_p" not in flips:
+            flips["vflip_p"] = descs[pos][1]["p"]
+        else:
+            break
         pos += 1
+    spec["flip_p"] = flips.get("flip_p", 0.0)
+    if flips.get("vflip_p", 0.0) > 0:   # the key only when there is one (older specs draw as before)
+        spec["vflip_p"] = flips["vflip_p"]
     if kind(pos) == "policy" and spec["out_h"]:
         p = descs[pos][1]
         timm = p.get("timm")

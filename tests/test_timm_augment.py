@@ -252,6 +252,36 @@ def test_rand_m9_mstd_inc1_draws_match_timm():
     assert all(i == 1 for s in ours for (c, _), i in s if c not in (5, 16, 17, 18, 19))
 
 
+@pytest.mark.parametrize("aa", ["rand-m14-mmax15-inc1", "rand-m25-mmax30", "rand-m12-mstd1-mmax15-inc1"])
+def test_posterize_bits_past_timm_range_are_clamped_as_timm_and_pillow_mean(aa):
+    """With an mmax over 10 timm's Posterize levels leave 0..8 (found by
+    fuzz_render): PosterizeIncreasing past magnitude 12.5 asks for fewer than
+    0 bits (Pillow's mask arithmetic keeps none: black, as for 0 bits), and
+    Posterize / PosterizeOriginal past 22.5 / 12.5 for more than 8 (timm's
+    posterize returns the image).  Natively the bits are clamped to 0..8 and
+    every plan renders, where the unclamped value failed the sample; the
+    values are timm's own draws, clamped."""
+    tf = _train(aa, "bilinear", size=32)
+    ra = [t for t in tf.transforms if type(t).__name__ == "RandAugment"][0]
+    spec, rest, _ = compile_transform(tf)
+    assert rest is None
+    n = 3000
+    plans = _plans(spec, n)
+    ours = [m for p in plans for c, m in p["aug"] if c == 10]
+    theirs = [m for s in _timm_draws(ra, n, (32, 32)) for nm, m, _ in s if nm.startswith("Posterize")]
+    assert ours and all(0 <= m <= 8 for m in ours), sorted(set(ours))
+    clamped = [min(8, max(0, int(m))) for m in theirs]
+    assert any(m != c for m, c in zip(theirs, clamped)), "the policy never leaves 0..8: the test tests nothing"
+    for v in set(ours) | set(clamped):   # the clamped distribution is timm's, value by value
+        na, nb = ours.count(v) / len(ours) * len(clamped), clamped.count(v)
+        assert abs(na - nb) < 5 * math.sqrt(nb) + 5, (v, na, nb)
+    img = np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8)   # _plans' 300 x 200
+    for p in plans[:300]:
+        _C._render(spec, img, p)   # raised "Posterize: bits int(-2) outside 0..8" before the clamp
+    a = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    assert np.array_equal(_C._augment_op(10, 8.0, a), a)   # 8 bits: the image
+
+
 @pytest.mark.parametrize("policy", ["original", "v0r", "original-mstd0.5"])
 def test_autoaugment_draws_match_timm(policy):
     tf = _train(policy, "random", size=64)

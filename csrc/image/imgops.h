@@ -173,6 +173,7 @@ typedef struct {
     int max_size;             /* Resize(max_size=...) or 0; alone (no size) = Resize(None, max_size) */
     int crop_h, crop_w;       /* CenterCrop after the resize; 0 = none (pads with zeros as torchvision does if larger) */
     double flip_p;            /* RandomHorizontalFlip(p); 0 = none */
+    double vflip_p;           /* RandomVerticalFlip(p), after the horizontal one (flips commute); 0 = none */
     int interp;               /* FL_INTERP_*: the resize's filter (0, bilinear, by default) */
     int out_channels;         /* 1 or 3 */
     int dtype;                /* FL_DT_* */
@@ -191,6 +192,8 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int interp;                       /* FL_INTERP_BILINEAR or FL_INTERP_BICUBIC: the resize's filter (the
                                          spec's; its per-sample draw when the spec says FL_INTERP_RANDOM) */
     int flip;                         /* horizontal flip after resize */
+    int vflip;                        /* vertical flip of the output window (after the geometry, before the
+                                         policy ops) */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
     int naug;                         /* policy ops to apply, in order (identity ops are left out) */
     int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */

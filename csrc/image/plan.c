@@ -225,6 +225,8 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
     }
     if (!fl_finite(t->flip_p) || t->flip_p < 0 || t->flip_p > 1)
         FAIL("flip_p: %g is not a probability", t->flip_p);
+    if (!fl_finite(t->vflip_p) || t->vflip_p < 0 || t->vflip_p > 1)
+        FAIL("vflip_p: %g is not a probability", t->vflip_p);
     if (t->interp < FL_INTERP_BILINEAR || t->interp > FL_INTERP_RANDOM)
         FAIL("interp: unknown interpolation %d (0 bilinear, 1 bicubic, 2 random)", t->interp);
     if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
@@ -338,6 +340,15 @@ fl_negate_half(fl_rng *rng, double v)
     return fl_rng_below(rng, 2) ? -v : v;
 }
 
+/* Posterize's bits for fl_aug_apply (0..8) from timm's level: 8 and more
+ * keep every bit (timm's posterize returns the image), less than 0 none.
+ * Pure. */
+static double
+fl_clamp_bits(double bits)
+{
+    return bits > 8 ? 8 : bits < 0 ? 0 : bits;
+}
+
 /* The argument timm's level function (imgops.h FL_LEVEL_*) gives for the
  * clipped magnitude m, in Python's double arithmetic and order; w / h: the
  * image size the translate_rel levels scale by (X ops: w). */
@@ -360,12 +371,16 @@ fl_timm_level(const fl_timm_op *o, double m, fl_rng *rng, int w, int h)
         return fl_negate_half(rng, q * o->hparam);
     case FL_LEVEL_TRANSLATE_REL:   /* pct * img.size[0] (X) or img.size[1] (Y) */
         return fl_negate_half(rng, q * o->hparam) * (o->op == FL_AUG_AFFINE_TRANSLATE_Y ? (double)h : (double)w);
+    /* the bits to keep, clamped: timm's posterize returns the image for 8 or
+     * more, and below 0 (PosterizeIncreasing past magnitude 12.5, with an
+     * mmax over 10) Pillow's mask arithmetic keeps nothing, as for 0 bits
+     * (Pillow 13 raises for both: docs/recipes.md) */
     case FL_LEVEL_POSTERIZE:
-        return trunc(q * 4);
+        return fl_clamp_bits(trunc(q * 4));
     case FL_LEVEL_POSTERIZE_INC:
-        return 4 - trunc(q * 4);
+        return fl_clamp_bits(4 - trunc(q * 4));
     case FL_LEVEL_POSTERIZE_ORIG:
-        return trunc(q * 4) + 4;
+        return fl_clamp_bits(trunc(q * 4) + 4);
     case FL_LEVEL_SOLARIZE:
     case FL_LEVEL_SOLARIZE_INC: {
         double v = trunc(q * 256);
@@ -598,6 +613,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
                                              : t->interp;
     if (t->flip_p > 0)
         p.flip = fl_rng_uniform(&rng, 0.0, 1.0) < t->flip_p;
+    /* drawn only when the spec has one, so specs without it keep their draws */
+    if (t->vflip_p > 0)
+        p.vflip = fl_rng_uniform(&rng, 0.0, 1.0) < t->vflip_p;
     if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_RA)
         fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AA)

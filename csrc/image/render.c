@@ -414,15 +414,17 @@ fl_render_window(const fl_rctx *r, const uint8_t *row, size_t ps, int oy, void *
 
 /* Output row oy of a window that meets the image: vertical pass, then the
  * horizontal pass when it runs second (or split and flip when it does not
- * run), then window and conversion. */
+ * run), then window and conversion, written to row oy of out, or to row
+ * out_h - 1 - oy for a vertical flip. */
 static void
 fl_render_row(const fl_rctx *r, int oy, void *out)
 {
     const fl_geom *g = &r->g;
     const fl_axis *ay = &g->ay;
     const int ry = r->plan->win_y + oy;
+    const int dy = r->plan->vflip ? r->out_h - 1 - oy : oy;
     if (ry < g->cy0 || ry >= g->cy1) {
-        fl_render_blank(r, oy, out);
+        fl_render_blank(r, dy, out);
         return;
     }
     const uint8_t *row;   /* the finished row: planar, nh pixels in output order */
@@ -444,7 +446,7 @@ fl_render_row(const fl_rctx *r, int oy, void *out)
         row = fl_render_unresampled(r, row);
         ps = (size_t)r->nh;
     }
-    fl_render_window(r, row, ps, oy, out);
+    fl_render_window(r, row, ps, dy, out);
 }
 
 /* The fused render (geometry, window, flip, conversion in one pass over the
