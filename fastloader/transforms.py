@@ -18,6 +18,8 @@ Supported prefix, in this order (each part optional)::
     [Grayscale(1)]
     [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
     [RandomHorizontalFlip] [RandomVerticalFlip]   (either order: flips commute)
+    [TrivialAugmentWide | RandAugment | AutoAugment | timm's]   (fixed size)
+    [RandomGrayscale]
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
     [Normalize]                    (float output only)
 
@@ -47,6 +49,7 @@ __all__ = [
     "NativeTransform",
     "Normalize",
     "PILToTensor",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "RandomVerticalFlip",
@@ -183,6 +186,20 @@ class RandomHorizontalFlip(Transform):
     def _torchvision(self):
         from torchvision.transforms import v2
         return v2.RandomHorizontalFlip(self.p)
+
+    def _args(self):
+        return f"p={self.p}"
+
+
+class RandomGrayscale(Transform):
+    def __init__(self, p: float = 0.1) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.RandomGrayscale(self.p)
 
     def _args(self):
         return f"p={self.p}"
@@ -413,6 +430,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("flip", dict(p=float(t.p)))
     if name == "RandomVerticalFlip":
         return ("vflip", dict(p=float(t.p)))
+    if name == "RandomGrayscale":
+        return ("random_gray", dict(p=float(t.p)))
     if name == "ToTensor":
         return ("to_tensor", {})
     if name in ("PILToTensor", "ToImage"):
@@ -807,6 +826,10 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             if pol:
                 spec["policy"] = pol
             pos += 1
+    if kind(pos) == "random_gray":   # on the finished uint8 image, after the policy
+        if descs[pos][1]["p"] > 0:
+            spec["gray_p"] = descs[pos][1]["p"]
+        pos += 1
     tensor_stage = False
     if kind(pos) == "to_tensor":
         spec.update(dtype="float32", scale_to_unit=_SCALE_DIV)

@@ -191,6 +191,8 @@ build_spec(fz_bytes *p, fl_tspec *t)
         t->flip_p = (flip & 2) ? 0.5 : (double)(flip >> 2) / 63.0;
     if (opts & 0x40)
         t->vflip_p = (opts & 0x80) ? 1.0 : 0.5;
+    if (mean & 0x40)
+        t->gray_p = (mean & 0x80) ? 1.0 : 0.5;
     t->dtype = dt % 4;
     t->scale_to_unit = (dt >> 2) % 3;
     if (t->dtype != FL_DT_U8 && (dt & 0x10)) {
@@ -487,7 +489,9 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
         plan.win_x = (k & 32) ? wild_int(q) : (int)(int8_t)fz_u8(q);
         plan.win_y = (k & 32) ? wild_int(q) : (int)(int8_t)fz_u8(q);
         plan.flip = (k >> 6) & 1;
-        plan.vflip = fz_u8(q) & 1;
+        const uint8_t fv = fz_u8(q);
+        plan.vflip = fv & 1;
+        plan.gray = (fv >> 1) & 1;
         if (k & 128) {
             plan.out_w = fz_dim(q);
             plan.out_h = fz_dim(q);

@@ -3,7 +3,7 @@
  * Module-level functions for tests and benchmarks (fastloader/ itself does
  * not call them, hence the underscore), registered by fl_register_transform:
  *   _plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
- *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, out=(w, h),
+ *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, gray=bool, out=(w, h),
  *            interp=0 bilinear | 1 bicubic, aug=[...], erase=None | [(x, y, w, h), ...], erase_key)
  *   _render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
  *           view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
@@ -469,6 +469,7 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
         INT_FIELD(crop_w);
         DBL_FIELD(flip_p);
         DBL_FIELD(vflip_p);
+        DBL_FIELD(gray_p);
         INT_FIELD(interp);
         INT_FIELD(out_channels);
         INT_FIELD(scale_to_unit);
@@ -546,9 +547,10 @@ fl_plan_to_dict(const fl_plan *p)
         Py_DECREF(aug_interp);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K}", "box", p->box_x, p->box_y,
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K}", "box", p->box_x, p->box_y,
                          p->box_w, p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
-                         p->flip ? Py_True : Py_False, "vflip", p->vflip ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
+                         p->flip ? Py_True : Py_False, "vflip", p->vflip ? Py_True : Py_False, "gray",
+                         p->gray ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
                          "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key);
 }
 
@@ -582,7 +584,7 @@ fl_plan_ints(PyObject *d, const char *key, int n, int *out, int optional)
 }
 
 /* A _plan_sample dict -> *p, for a render under the spec t: out defaults to
- * the spec's (else the resized) size, flip and vflip to False, aug to none, erase to
+ * the spec's (else the resized) size, flip, vflip and gray to False, aug to none, erase to
  * None, interp to the spec's (needed when the spec's is 2, random; ignored
  * otherwise, as fl_render ignores it).  GIL held; borrows d.  Returns 0, or
  * -1 with TypeError/ValueError naming the key. */
@@ -611,6 +613,10 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
     int vflip = vf ? PyObject_IsTrue(vf) : 0;
     if (vflip < 0)
         return -1;
+    PyObject *gr = PyDict_GetItemString(d, "gray");
+    int gray = gr ? PyObject_IsTrue(gr) : 0;
+    if (gray < 0)
+        return -1;
     /* interp: the sample's draw, needed for a spec with interp 2 (random);
      * otherwise the spec's filter is the one (fl_render ignores the plan's) */
     PyObject *iv = PyDict_GetItemString(d, "interp");
@@ -635,6 +641,7 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
     p->win_y = win[1];
     p->flip = flip;
     p->vflip = vflip;
+    p->gray = gray;
     p->interp = interp;
     p->out_w = o[0];
     p->out_h = o[1];
@@ -852,7 +859,7 @@ static PyMethodDef fl_transform_methods[] = {
      "For tests and benchmarks.\n"
      "One sample's crop box, resize, window and flip, drawn as the native loader draws them\n"
      "(torchvision's algorithms, keyed by (seed, epoch, index)):\n"
-     "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, out=(w, h),\n"
+     "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, gray=bool, out=(w, h),\n"
      "interp=0 (bilinear) | 1 (bicubic), aug=[(op, magnitude), ...], erase=None | [(x, y, w, h), ...], erase_key)."},
     {"_render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
      "_render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"

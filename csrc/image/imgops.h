@@ -174,6 +174,8 @@ typedef struct {
     int crop_h, crop_w;       /* CenterCrop after the resize; 0 = none (pads with zeros as torchvision does if larger) */
     double flip_p;            /* RandomHorizontalFlip(p); 0 = none */
     double vflip_p;           /* RandomVerticalFlip(p), after the horizontal one (flips commute); 0 = none */
+    double gray_p;            /* RandomGrayscale(p) after the geometry, flips and policy (3 channels: Pillow's
+                                 convert("L") copied to all three); 0 = none */
     int interp;               /* FL_INTERP_*: the resize's filter (0, bilinear, by default) */
     int out_channels;         /* 1 or 3 */
     int dtype;                /* FL_DT_* */
@@ -194,6 +196,8 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int flip;                         /* horizontal flip after resize */
     int vflip;                        /* vertical flip of the output window (after the geometry, before the
                                          policy ops) */
+    int gray;                         /* RandomGrayscale's draw: the finished uint8 window (after the policy
+                                         ops, before the dtype conversion) made gray, luma in every channel */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
     int naug;                         /* policy ops to apply, in order (identity ops are left out) */
     int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */

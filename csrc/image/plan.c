@@ -227,6 +227,8 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
         FAIL("flip_p: %g is not a probability", t->flip_p);
     if (!fl_finite(t->vflip_p) || t->vflip_p < 0 || t->vflip_p > 1)
         FAIL("vflip_p: %g is not a probability", t->vflip_p);
+    if (!fl_finite(t->gray_p) || t->gray_p < 0 || t->gray_p > 1)
+        FAIL("gray_p: %g is not a probability", t->gray_p);
     if (t->interp < FL_INTERP_BILINEAR || t->interp > FL_INTERP_RANDOM)
         FAIL("interp: unknown interpolation %d (0 bilinear, 1 bicubic, 2 random)", t->interp);
     if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
@@ -622,6 +624,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         fl_timm_aa_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
+    /* after the policy's draws, in the Compose's order; only when the spec has one */
+    if (t->gray_p > 0)
+        p.gray = fl_rng_uniform(&rng, 0.0, 1.0) < t->gray_p;
     if (t->erase.p > 0)
         fl_erase_draw(&t->erase, &rng, &p);
     *out = p;

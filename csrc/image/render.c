@@ -397,6 +397,17 @@ static void
 fl_render_window(const fl_rctx *r, const uint8_t *row, size_t ps, int oy, void *out)
 {
     const int out_w = r->out_w, nh = r->nh, ox_lo = r->ox_lo;
+    if (r->plan->gray && r->wc == 3) {   /* RandomGrayscale: Pillow's convert("L") in every plane */
+        uint8_t *d = r->line;
+        memset(d, 0, (size_t)out_w * 3);   /* padding is black, gray or not */
+        const uint8_t *s0 = row, *s1 = row + ps, *s2 = row + 2 * ps;
+        for (int x = 0; x < nh; x++) {
+            const uint8_t l = (uint8_t)((s0[x] * 19595u + s1[x] * 38470u + s2[x] * 7471u + 0x8000u) >> 16);
+            d[ox_lo + x] = d[out_w + ox_lo + x] = d[2 * out_w + ox_lo + x] = l;
+        }
+        r->emit(r->t, r->lut, d, (size_t)out_w, 3, out_w, r->out_h, oy, out);
+        return;
+    }
     if (ox_lo == 0 && nh == out_w) {   /* no horizontal padding: emit straight from the row */
         r->emit(r->t, r->lut, row, ps, r->wc, out_w, r->out_h, oy, out);
         return;
@@ -561,12 +572,19 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     fl_plan g = *plan;
     g.naug = 0;
     g.nerase = 0;
+    g.gray = 0;   /* after the ops, below */
     if (fl_render_fused(&u, &g, src, img, scratch, err) < 0)
         return -1;
     uint8_t fill[3] = {(uint8_t)t->policy.fill[0], (uint8_t)t->policy.fill[1], (uint8_t)t->policy.fill[2]};
     for (int i = 0; i < plan->naug; i++)
         if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
             return -1;
+    if (plan->gray && C == 3) {   /* RandomGrayscale after the ops: Pillow's convert("L") in every channel */
+        for (size_t i = 0; i < (size_t)w * h; i++) {
+            uint8_t *q = img + 3 * i;
+            q[0] = q[1] = q[2] = (uint8_t)((q[0] * 19595u + q[1] * 38470u + q[2] * 7471u + 0x8000u) >> 16);
+        }
+    }
     fl_emit_fn emit = fl_convert_table(t, lut);
     for (int oy = 0; oy < h; oy++) {
         const uint8_t *s = img + (size_t)oy * w * C;
