@@ -18,6 +18,7 @@ Supported prefix, in this order (each part optional)::
     [Grayscale(1)]
     [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
     [RandomHorizontalFlip] [RandomVerticalFlip]   (either order: flips commute)
+    [RandomRotation]                               (torchvision's; fixed size)
     [TrivialAugmentWide | RandAugment | AutoAugment | timm's]   (fixed size)
     [RandomGrayscale]
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
@@ -432,6 +433,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("vflip", dict(p=float(t.p)))
     if name == "RandomGrayscale":
         return ("random_gray", dict(p=float(t.p)))
+    if name == "RandomRotation" and not ours:
+        return ("rotate", dict(obj=t))
     if name == "ToTensor":
         return ("to_tensor", {})
     if name in ("PILToTensor", "ToImage"):
@@ -492,6 +495,21 @@ def _pil_fill(fill: Any, channels: int) -> tuple[int, int, int] | None:
         return None
     vals = vals * 3 if len(vals) == 1 else vals + [0] * (3 - len(vals))
     return (vals[0], vals[1], vals[2])
+
+
+def _rotation_spec(t: Any, channels: int) -> dict | None:
+    """The spec keys (rotate, rot_lo, rot_hi, rot_interp, rot_fill) for a
+    torchvision v1/v2 RandomRotation acting on the PIL image, or None when
+    the native op cannot run it exactly: expand, a centre, another
+    interpolation than nearest/bilinear, a fill that is not uint8."""
+    if getattr(t, "expand", False) or getattr(t, "center", None) is not None:
+        return None
+    interp = _aug_interp(t.interpolation)
+    fill = _pil_fill(t.fill, channels)
+    if interp is None or fill is None:
+        return None
+    lo, hi = (float(d) for d in t.degrees)
+    return dict(rotate=1, rot_lo=lo, rot_hi=hi, rot_interp=interp, rot_fill=fill)
 
 
 def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None:
@@ -816,12 +834,20 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     spec["flip_p"] = flips.get("flip_p", 0.0)
     if flips.get("vflip_p", 0.0) > 0:   # the key only when there is one (older specs draw as before)
         spec["vflip_p"] = flips["vflip_p"]
+    rot = None
+    if kind(pos) == "rotate" and spec["out_h"]:
+        rot = _rotation_spec(descs[pos][1]["obj"], spec["out_channels"])
+        if rot is not None:
+            spec.update(rot)
+            pos += 1
     if kind(pos) == "policy" and spec["out_h"]:
         p = descs[pos][1]
         timm = p.get("timm")
         pol = (_timm_ra_spec(p["obj"], spec["out_channels"]) if timm == "RandAugment" else
                _timm_aa_spec(p["obj"], spec["out_channels"]) if timm == "AutoAugment" else
                _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"]))
+        if pol is not None and rot is not None and tuple(pol.get("fill", rot["rot_fill"])) != rot["rot_fill"]:
+            pol = None   # one fill for the augmented render: a policy with another stays in Python
         if pol is not None:
             if pol:
                 spec["policy"] = pol

@@ -193,6 +193,12 @@ build_spec(fz_bytes *p, fl_tspec *t)
         t->vflip_p = (opts & 0x80) ? 1.0 : 0.5;
     if (mean & 0x40)
         t->gray_p = (mean & 0x80) ? 1.0 : 0.5;
+    if (stdv & 0x40) {   /* RandomRotation: a range from the two wild bytes, nearest or bilinear */
+        t->rotate = 1;
+        t->rot_lo = -(double)(corrupt % 181);
+        t->rot_hi = (double)(field % 181);
+        t->rot_interp = (mean >> 5) & 1;
+    }
     t->dtype = dt % 4;
     t->scale_to_unit = (dt >> 2) % 3;
     if (t->dtype != FL_DT_U8 && (dt & 0x10)) {
@@ -619,6 +625,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fl_tspec t;
     build_spec(&p, &t);
     build_policy(p.p, p.n, &t);
+    if (t.rotate && t.policy.rounds > 0)   /* one fill for the augmented render (fl_tspec_check) */
+        memcpy(t.rot_fill, t.policy.fill, sizeof t.rot_fill);
     fl_err ferr = {0};
     const int spec_ok = fl_tspec_check(&t, &ferr) == 0;
     if (!spec_ok)

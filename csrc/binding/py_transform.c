@@ -451,6 +451,13 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
             rc = fl_policy_from_pydict(value, &t.policy);
         else if (strcmp(k, "erase") == 0)
             rc = fl_erase_from_pydict(value, &t.erase);
+        else if (strcmp(k, "rot_fill") == 0) {
+            rc = PyArg_ParseTuple(value, "iii", &t.rot_fill[0], &t.rot_fill[1], &t.rot_fill[2]) ? 0 : -1;
+            if (rc < 0) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "transform spec: 'rot_fill' must be a tuple of 3 ints");
+            }
+        }
         else if (strcmp(k, "mean") == 0)
             rc = nmean = fl_get_floats3(value, k, t.mean);
         else if (strcmp(k, "std") == 0)
@@ -470,6 +477,10 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
         DBL_FIELD(flip_p);
         DBL_FIELD(vflip_p);
         DBL_FIELD(gray_p);
+        INT_FIELD(rotate);
+        DBL_FIELD(rot_lo);
+        DBL_FIELD(rot_hi);
+        INT_FIELD(rot_interp);
         INT_FIELD(interp);
         INT_FIELD(out_channels);
         INT_FIELD(scale_to_unit);

@@ -11,7 +11,7 @@
 /* Fill *out from a spec dict whose keys are fl_tspec's field names:
  *   geom "none" | "rrc" | "resize_crop"; out_h, out_w; scale_lo, scale_hi,
  *   ratio_lo, ratio_hi; resize_short; resize_h, resize_w; max_size;
- *   crop_h, crop_w; flip_p; vflip_p; gray_p; interp 0 (bilinear) | 1 (bicubic) | 2 (random);
+ *   crop_h, crop_w; flip_p; vflip_p; gray_p; rotate, rot_lo, rot_hi, rot_interp, rot_fill (3 ints); interp 0 (bilinear) | 1 (bicubic) | 2 (random);
  *   out_channels 1 | 3;
  *   dtype "uint8" | "float16" | "bfloat16" | "float32";
  *   scale_to_unit 0 | 1 (x / 255, ToTensor) | 2 (x * (1/255), v2 ToDtype) (bools: True = 1);

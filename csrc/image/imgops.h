@@ -69,7 +69,7 @@ enum {
 #define FL_POLICY_MAX_SUB 32
 #define FL_POLICY_MAX_STEPS 2
 #define FL_POLICY_MAX_ROUNDS 8
-#define FL_PLAN_MAX_AUG (FL_POLICY_MAX_ROUNDS * FL_POLICY_MAX_STEPS)
+#define FL_PLAN_MAX_AUG (FL_POLICY_MAX_ROUNDS * FL_POLICY_MAX_STEPS + 1)   /* + RandomRotation's */
 
 /* fl_policy.kind */
 enum {
@@ -176,6 +176,13 @@ typedef struct {
     double vflip_p;           /* RandomVerticalFlip(p), after the horizontal one (flips commute); 0 = none */
     double gray_p;            /* RandomGrayscale(p) after the geometry, flips and policy (3 channels: Pillow's
                                  convert("L") copied to all three); 0 = none */
+    int rotate;               /* RandomRotation after the flips, before the policy: 1 = on (needs a fixed
+                                 output size); the angle uniform in [rot_lo, rot_hi] degrees, applied as
+                                 augment.h FL_AUG_ROTATE with rot_interp (FL_AUG_NEAREST / BILINEAR) and
+                                 rot_fill (equal to policy.fill when there is a policy too) */
+    double rot_lo, rot_hi;
+    int rot_interp;
+    int rot_fill[3];
     int interp;               /* FL_INTERP_*: the resize's filter (0, bilinear, by default) */
     int out_channels;         /* 1 or 3 */
     int dtype;                /* FL_DT_* */

@@ -231,6 +231,23 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
         FAIL("gray_p: %g is not a probability", t->gray_p);
     if (t->interp < FL_INTERP_BILINEAR || t->interp > FL_INTERP_RANDOM)
         FAIL("interp: unknown interpolation %d (0 bilinear, 1 bicubic, 2 random)", t->interp);
+    if (t->rotate != 0 && t->rotate != 1)
+        FAIL("rotate: %d is not 0 or 1", t->rotate);
+    if (t->rotate) {
+        if (t->out_w <= 0 || t->out_h <= 0)
+            FAIL("rotate: needs a fixed output size (out_h/out_w)");
+        if (!fl_finite(t->rot_lo) || !fl_finite(t->rot_hi) || t->rot_lo > t->rot_hi || fabs(t->rot_lo) > 1e6
+            || fabs(t->rot_hi) > 1e6)
+            FAIL("rot_lo/rot_hi: [%g, %g] is not a range of degrees", t->rot_lo, t->rot_hi);
+        if (t->rot_interp != FL_AUG_NEAREST && t->rot_interp != FL_AUG_BILINEAR)
+            FAIL("rot_interp: %d is not nearest (0) or bilinear (1)", t->rot_interp);
+        for (int c = 0; c < 3; c++) {
+            if (t->rot_fill[c] < 0 || t->rot_fill[c] > 255)
+                FAIL("rot_fill: %d is not in 0..255", t->rot_fill[c]);
+            if (t->policy.rounds > 0 && t->rot_fill[c] != t->policy.fill[c])
+                FAIL("rot_fill: differs from policy.fill (the augmented render has one fill)");
+        }
+    }
     if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
         return -1;
     if (t->normalize) {
@@ -618,12 +635,24 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
     /* drawn only when the spec has one, so specs without it keep their draws */
     if (t->vflip_p > 0)
         p.vflip = fl_rng_uniform(&rng, 0.0, 1.0) < t->vflip_p;
+    /* RandomRotation's angle, drawn before the policy (the Compose's order);
+     * its op goes first in the list, which the policy draws fill from 0 */
+    double angle = t->rotate ? fl_rng_uniform(&rng, t->rot_lo, t->rot_hi) : 0.0;
     if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_RA)
         fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AA)
         fl_timm_aa_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
+    if (t->rotate) {   /* FL_PLAN_MAX_AUG has room for it past the policy's most */
+        memmove(p.aug_op + 1, p.aug_op, (size_t)p.naug * sizeof p.aug_op[0]);
+        memmove(p.aug_mag + 1, p.aug_mag, (size_t)p.naug * sizeof p.aug_mag[0]);
+        memmove(p.aug_interp + 1, p.aug_interp, (size_t)p.naug * sizeof p.aug_interp[0]);
+        p.aug_op[0] = FL_AUG_ROTATE;
+        p.aug_mag[0] = angle;
+        p.aug_interp[0] = t->rot_interp;
+        p.naug++;
+    }
     /* after the policy's draws, in the Compose's order; only when the spec has one */
     if (t->gray_p > 0)
         p.gray = fl_rng_uniform(&rng, 0.0, 1.0) < t->gray_p;

@@ -575,7 +575,9 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     g.gray = 0;   /* after the ops, below */
     if (fl_render_fused(&u, &g, src, img, scratch, err) < 0)
         return -1;
-    uint8_t fill[3] = {(uint8_t)t->policy.fill[0], (uint8_t)t->policy.fill[1], (uint8_t)t->policy.fill[2]};
+    /* one fill: the policy's, or RandomRotation's (fl_tspec_check: equal when both) */
+    const int *fv = t->policy.rounds > 0 ? t->policy.fill : t->rot_fill;
+    uint8_t fill[3] = {(uint8_t)fv[0], (uint8_t)fv[1], (uint8_t)fv[2]};
     for (int i = 0; i < plan->naug; i++)
         if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
             return -1;
