@@ -363,15 +363,20 @@ def test_compile_torchvision_v2_with_rest(photos):
 
 def test_compile_partial_prefix_runs_rest_on_pil(photos):
     pil = photos["land_500x375"]
-    tf = v1.Compose([v1.Resize(256), v1.CenterCrop(224), v1.RandomRotation(0), v1.ToTensor()])
+    tf = v1.Compose([v1.Resize(256), v1.CenterCrop(224), v1.GaussianBlur(3, sigma=1.0), v1.ToTensor()])
     spec, rest, desc = T.compile_transform(tf)
     assert spec["geom"] == "resize_crop" and spec["dtype"] == "uint8"
     out = rest(torch.from_numpy(_C._render(spec, np.asarray(pil))))
     assert torch.equal(out, tf(pil))
     assert "to_pil_image" in desc
     # nothing native at all
-    spec, rest, desc = T.compile_transform(v1.Compose([v1.RandomRotation(10), v1.ToTensor()]))
+    spec, rest, desc = T.compile_transform(v1.Compose([v1.GaussianBlur(3), v1.ToTensor()]))
     assert spec["geom"] == "none" and rest is not None and "decode only" in desc
+    # RandomRotation, once the example here, is native since tests/test_random_rotation.py
+    tf = v1.Compose([v1.Resize(256), v1.CenterCrop(224), v1.RandomRotation(0), v1.ToTensor()])
+    spec, rest, desc = T.compile_transform(tf)
+    assert rest is None and spec["rotate"] == 1, desc
+    assert torch.equal(torch.from_numpy(_C._render(spec, np.asarray(pil), None, 0, 0, 0)), tf(pil))
 
 
 def test_compile_our_transforms_and_call(photos):
