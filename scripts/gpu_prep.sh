@@ -2,7 +2,7 @@
 # Run here (with network) before scripts/gpu_check.sh runs on the GPU
 # machine (which has no libjpeg-turbo, no scikit-image and no network):
 # fills .debs/ (git-ignored; pass it in the device tool's carry) with
-# Debian's libjpeg-turbo, libspng, libwebp, zlib headers, liblmdb and libcurl packages and copies of the sample's source
+# Debian's libjpeg-turbo, libspng, libdeflate, libwebp, zlib headers, liblmdb and libcurl packages and copies of the sample's source
 # photographs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
