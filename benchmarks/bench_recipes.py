@@ -34,6 +34,9 @@ Recipes (``--list`` prints them):
            posterize keeps 0 bits as black, as before Pillow 13
            (timm_posterize_zero_bits_as_before_pillow13: Pillow 13 refuses
            0 bits, which stopped those runs at random).
+  tv-aerial-v1  a torchvision v1 Compose of RandomResizedCrop + both flips +
+           RandomRotation(15) + RandomGrayscale(0.1) + ToTensor + Normalize,
+           the kind of recipe aerial and medical images train with.
   *+mixcut the ta_wide v2 preset plus train.py's batch stage:
            collate_fn(batch) = RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])(*default_collate(batch))
            -- torch gets it as collate_fn (train.py's spelling); fastloader
@@ -187,6 +190,8 @@ RECIPES["timm-train-aa-original"] = ("timm create_transform(is_training, AutoAug
                                      "bicubic)", ("timm", dict(_TIMM_TRAIN, auto_augment="original",
                                                                interpolation="bicubic")), False)
 RECIPES["timm-eval"] = ("timm create_transform(is_training=False)", ("timm", dict(is_training=False)), False)
+RECIPES["tv-aerial-v1"] = ("torchvision v1 Compose: RRC + hflip + vflip + RandomRotation(15) + RandomGrayscale(0.1) "
+                           "+ ToTensor + Normalize (an aerial / medical style recipe)", ("aerial", {}), False)
 RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)",
                                          ("tv", dict(auto_augment_policy="ta_wide", random_erase_prob=0.1,
                                                      use_v2=True)), True)
@@ -226,6 +231,12 @@ def make_transform(recipe, crop_size, impl=None):
     kind, kw = RECIPES[recipe][1]
     if kind == "tv":
         return PresetTrain(crop_size=crop_size, **kw)
+    if kind == "aerial":
+        from torchvision import transforms as T
+
+        return T.Compose([T.RandomResizedCrop(crop_size), T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
+                          T.RandomRotation(15), T.RandomGrayscale(0.1), T.ToTensor(),
+                          T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
     import timm.data
 
     if impl == "torch":
