@@ -38,7 +38,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <zlib.h>
-#if defined(__SSE2__)
+#if defined(__SSE2__) && defined(__x86_64__)
 #include <emmintrin.h>
 #endif
 
@@ -438,26 +438,48 @@ paeth(int a, int b, int c)
     return (uint8_t)(pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
 }
 
-#if defined(__SSE2__)
-/* Paeth for rows of 3- or 4-byte pixels, a pixel at a time in 16-bit lanes
- * (the same choice as paeth() per byte).  cur may equal raw; prev is the
- * unfiltered row above.  Inlined with a constant bpp, so that the pixel
- * loads and stores are moves, not memcpy calls.  Pure. */
+#if defined(__SSE2__) && defined(__x86_64__)
+/* One pixel of bpp (3, 4, 6 or 8) bytes as the low bytes of a word, and
+ * back: fixed-size loads and stores only (a 3-byte memcpy into a word went
+ * through the stack and stalled on store forwarding).  Pure. */
+static inline __attribute__((always_inline)) uint64_t
+px_load(const uint8_t *p, const size_t bpp)
+{
+    uint64_t v8;
+    uint32_t v4;
+    uint16_t v2;
+    switch (bpp) {
+    case 8: memcpy(&v8, p, 8); return v8;
+    case 6: memcpy(&v4, p, 4); memcpy(&v2, p + 4, 2); return v4 | (uint64_t)v2 << 32;
+    case 4: memcpy(&v4, p, 4); return v4;
+    default: return p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+px_store(uint8_t *p, uint64_t v, const size_t bpp)
+{
+    uint32_t v4 = (uint32_t)v;
+    uint16_t v2 = (uint16_t)(v >> 32);
+    switch (bpp) {
+    case 8: memcpy(p, &v, 8); return;
+    case 6: memcpy(p, &v4, 4); memcpy(p + 4, &v2, 2); return;
+    case 4: memcpy(p, &v4, 4); return;
+    default: p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16); return;
+    }
+}
+
+/* Paeth for rows of 3-, 4-, 6- or 8-byte pixels (8-bit RGB/RGBA, 16-bit
+ * RGB/RGBA), a pixel at a time with each byte in a 16-bit lane (the same
+ * choice as paeth() per byte).  cur may equal raw; prev is the unfiltered
+ * row above.  Inlined with a constant bpp.  Pure. */
 static inline __attribute__((always_inline)) void
 paeth_sse2(uint8_t *cur, const uint8_t *raw, const uint8_t *prev, size_t rb, const size_t bpp)
 {
     const __m128i zero = _mm_setzero_si128();
     __m128i a = zero, c = zero;
     for (size_t i = 0; i + bpp <= rb; i += bpp) {
-        uint32_t bv, xv; /* built from bytes: a 3-byte memcpy into a word stalls on store forwarding */
-        if (bpp == 4) {
-            memcpy(&bv, prev + i, 4);
-            memcpy(&xv, raw + i, 4);
-        } else {
-            bv = prev[i] | (uint32_t)prev[i + 1] << 8 | (uint32_t)prev[i + 2] << 16;
-            xv = raw[i] | (uint32_t)raw[i + 1] << 8 | (uint32_t)raw[i + 2] << 16;
-        }
-        __m128i b = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)bv), zero);
+        __m128i b = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)px_load(prev + i, bpp)), zero);
         __m128i pa = _mm_sub_epi16(b, c), pb = _mm_sub_epi16(a, c);
         __m128i pc = _mm_add_epi16(pa, pb);
         pa = _mm_max_epi16(pa, _mm_sub_epi16(zero, pa));
@@ -468,16 +490,9 @@ paeth_sse2(uint8_t *cur, const uint8_t *raw, const uint8_t *prev, size_t rb, con
         __m128i bc = _mm_or_si128(_mm_and_si128(use_c, c), _mm_andnot_si128(use_c, b));
         __m128i not_a = _mm_cmpgt_epi16(pa, _mm_min_epi16(pb, pc));
         __m128i pred = _mm_or_si128(_mm_and_si128(not_a, bc), _mm_andnot_si128(not_a, a));
-        __m128i x = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)xv), zero);
+        __m128i x = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)px_load(raw + i, bpp)), zero);
         a = _mm_and_si128(_mm_add_epi16(x, pred), _mm_set1_epi16(0xff));
-        uint32_t ov = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(a, zero));
-        if (bpp == 4) {
-            memcpy(cur + i, &ov, 4);
-        } else {
-            cur[i] = (uint8_t)ov;
-            cur[i + 1] = (uint8_t)(ov >> 8);
-            cur[i + 2] = (uint8_t)(ov >> 16);
-        }
+        px_store(cur + i, (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(a, zero)), bpp);
         c = b;
     }
 }
@@ -527,14 +542,13 @@ unfilter_row(int ft, uint8_t *cur, const uint8_t *raw, const uint8_t *prev, size
             cur[i] = (uint8_t)(raw[i] + ((cur[i - bpp] + prev[i]) >> 1));
         return;
     default:
-#if defined(__SSE2__)
-        if (bpp == 3 && rb % 3 == 0) {
-            paeth_sse2(cur, raw, prev, rb, 3);
-            return;
-        }
-        if (bpp == 4 && rb % 4 == 0) {
-            paeth_sse2(cur, raw, prev, rb, 4);
-            return;
+#if defined(__SSE2__) && defined(__x86_64__)
+        switch (bpp) { /* rb is a whole number of pixels when bpp >= 1 byte */
+        case 3: paeth_sse2(cur, raw, prev, rb, 3); return;
+        case 4: paeth_sse2(cur, raw, prev, rb, 4); return;
+        case 6: paeth_sse2(cur, raw, prev, rb, 6); return;
+        case 8: paeth_sse2(cur, raw, prev, rb, 8); return;
+        default: break;
         }
 #endif
         for (i = 0; i < bpp && i < rb; i++)
