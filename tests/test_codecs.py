@@ -268,6 +268,10 @@ def damaged_pngs():
         "bad filter type": hdr + P.chunk(b"IDAT", zlib.compress(b"".join(b"\x07" + img[y].tobytes()
                                                                          for y in range(16)))) + P.chunk(b"IEND", b""),
         "no IDAT": hdr + P.chunk(b"IEND", b""),
+        # empty IDATs: no zlib stream at all (the libdeflate path once failed with no error set, fuzz_codecs)
+        "two empty IDATs": hdr + P.chunk(b"IDAT", b"") + P.chunk(b"IDAT", b"") + P.chunk(b"IEND", b""),
+        "one empty IDAT": hdr + P.chunk(b"IDAT", b"") + P.chunk(b"IEND", b""),
+        "empty IDATs, no IEND": hdr + P.chunk(b"IDAT", b"") + P.chunk(b"IDAT", b""),
         "broken zlib": hdr + P.chunk(b"IDAT", b"\x78\x9c\xff\xff\xff") + P.chunk(b"IEND", b""),
         "unknown ancillary chunk": hdr + P.chunk(b"abcd", b"x") + P.chunk(b"IDAT", z) + P.chunk(b"IEND", b""),
         "signature only": P.SIG,

@@ -587,8 +587,8 @@ fast_decode(fl_imgdec *dec, const uint8_t *d, size_t n, const struct spng_ihdr *
         }
         pos += 12 + len;
     }
-    if (!count)
-        return 1;
+    if (!count || total == 0)
+        return 1; /* no image data at all: libspng says so (and a 0-byte join would be no buffer) */
     const uint8_t *z = d + first + 8;
     if (count > 1) { /* libdeflate inflates one buffer: join the chunks' data */
         uint8_t *joined = fl_imgdec_grow(&dec->idat, &dec->idat_cap, total, err);
