@@ -178,46 +178,33 @@ class CenterCrop(Transform):
         return f"size={self.size}"
 
 
-class RandomHorizontalFlip(Transform):
+class _WithProbability(Transform):
+    """A transform applied with probability p: the torchvision v2 class of
+    the same name, which takes p alone."""
     def __init__(self, p: float = 0.5) -> None:
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
+            raise ValueError(f"{type(self).__name__}: p must be in [0, 1], got {p}")
         self.p = float(p)
 
     def _torchvision(self):
         from torchvision.transforms import v2
-        return v2.RandomHorizontalFlip(self.p)
+        return getattr(v2, type(self).__name__)(self.p)
 
     def _args(self):
         return f"p={self.p}"
 
 
-class RandomGrayscale(Transform):
-    def __init__(self, p: float = 0.1) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
-        self.p = float(p)
-
-    def _torchvision(self):
-        from torchvision.transforms import v2
-        return v2.RandomGrayscale(self.p)
-
-    def _args(self):
-        return f"p={self.p}"
+class RandomHorizontalFlip(_WithProbability):
+    pass
 
 
-class RandomVerticalFlip(Transform):
-    def __init__(self, p: float = 0.5) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomVerticalFlip: p must be in [0, 1], got {p}")
-        self.p = float(p)
+class RandomVerticalFlip(_WithProbability):
+    pass
 
-    def _torchvision(self):
-        from torchvision.transforms import v2
-        return v2.RandomVerticalFlip(self.p)
 
-    def _args(self):
-        return f"p={self.p}"
+class RandomGrayscale(_WithProbability):
+    def __init__(self, p: float = 0.1) -> None:   # torchvision's default
+        super().__init__(p)
 
 
 class Grayscale(Transform):

@@ -40,6 +40,34 @@ def photo_image(name: str = "astronaut", size: tuple[int, int] | None = None) ->
     return im
 
 
+def plan_on_pil(pil: Image.Image, plan: dict, out_channels: int = 3) -> Image.Image:
+    """What torchvision does to a PIL image for one native plan's decisions
+    (``_C._plan_sample``), without its policy ops: convert("L") for one
+    output channel, crop + resize (bilinear, antialiased: PIL's own resize),
+    the window (zero padded, as CenterCrop pads), then the horizontal flip,
+    the vertical flip and RandomGrayscale where the plan says so."""
+    img = pil.convert("L") if out_channels == 1 else pil
+    x, y, w, h = plan["box"]
+    out = img.crop((x, y, x + w, y + h)).resize(tuple(plan["resized"]), Image.BILINEAR)
+    wx, wy = plan["window"]
+    ow, oh = plan["out"]
+    if (wx, wy) != (0, 0) or (ow, oh) != out.size:
+        out = out.crop((wx, wy, wx + ow, wy + oh))
+    if plan.get("flip"):
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    if plan.get("vflip"):
+        out = out.transpose(Image.FLIP_TOP_BOTTOM)
+    if plan.get("gray") and out.mode == "RGB":
+        out = out.convert("L").convert("RGB")
+    return out
+
+
+def chw(pil: Image.Image) -> np.ndarray:
+    """A PIL image as the native uint8 CHW array."""
+    a = np.asarray(pil)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
 def make_jpeg(
     name: str = "astronaut",
     size: tuple[int, int] | None = (301, 203),

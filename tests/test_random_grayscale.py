@@ -22,7 +22,7 @@ import torchvision.transforms as v1  # noqa: E402
 import torchvision.transforms.functional as TF  # noqa: E402
 import torchvision.transforms.v2 as v2  # noqa: E402
 
-from imgutil import photo_image  # noqa: E402
+from imgutil import chw, photo_image, plan_on_pil  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -34,21 +34,10 @@ def photo() -> Image.Image:
 
 
 def _ref(pil, plan):
-    """PIL's crop + resize (bilinear, antialiased), the window, the flips,
-    then TF.rgb_to_grayscale(..., 3) when the plan says gray."""
-    x, y, w, h = plan["box"]
-    out = pil.crop((x, y, x + w, y + h)).resize(tuple(plan["resized"]), Image.BILINEAR)
-    wx, wy = plan["window"]
-    ow, oh = plan["out"]
-    if (wx, wy) != (0, 0) or (ow, oh) != out.size:
-        out = out.crop((wx, wy, wx + ow, wy + oh))
-    if plan["flip"]:
-        out = TF.hflip(out)
-    if plan["vflip"]:
-        out = TF.vflip(out)
-    if plan["gray"]:
-        out = TF.rgb_to_grayscale(out, num_output_channels=3)
-    return np.asarray(out).transpose(2, 0, 1)
+    """torchvision on PIL for the plan's decisions (imgutil.plan_on_pil;
+    TF.rgb_to_grayscale(..., 3) of a PIL image is convert("L") in three
+    channels)."""
+    return chw(plan_on_pil(pil, plan))
 
 
 def test_random_grayscale_bit_exact_against_torchvision(photo):

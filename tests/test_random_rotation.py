@@ -21,7 +21,7 @@ import torchvision.transforms as v1  # noqa: E402
 import torchvision.transforms.functional as TF  # noqa: E402
 import torchvision.transforms.v2 as v2  # noqa: E402
 
-from imgutil import photo_image  # noqa: E402
+from imgutil import photo_image, plan_on_pil  # noqa: E402
 
 ROTATE = 5   # augment.h FL_AUG_ROTATE
 NEAREST, BILINEAR = TF.InterpolationMode.NEAREST, TF.InterpolationMode.BILINEAR
@@ -30,14 +30,6 @@ NEAREST, BILINEAR = TF.InterpolationMode.NEAREST, TF.InterpolationMode.BILINEAR
 @pytest.fixture(scope="module")
 def photo() -> Image.Image:
     return photo_image("coffee", (400, 300))
-
-
-def _geometry(pil, plan):
-    x, y, w, h = plan["box"]
-    out = pil.crop((x, y, x + w, y + h)).resize(tuple(plan["resized"]), Image.BILINEAR)
-    if plan["flip"]:
-        out = TF.hflip(out)
-    return out
 
 
 @pytest.mark.parametrize("lib", [v1, v2], ids=["v1", "v2"])
@@ -55,7 +47,7 @@ def test_rotation_bit_exact_against_torchvision(photo, lib, interp, fill):
         p = _C._plan_sample(spec, photo.width, photo.height, 4, 0, i)
         (op, angle), = p["aug"]
         assert op == ROTATE and -30 <= angle <= 45
-        ref = TF.rotate(_geometry(photo, p), angle, interpolation=interp, fill=f)
+        ref = TF.rotate(plan_on_pil(photo, p), angle, interpolation=interp, fill=f)
         got = _C._render(spec, a, p)
         assert np.array_equal(got, np.asarray(ref).transpose(2, 0, 1)), (p, angle)
 

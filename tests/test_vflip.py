@@ -21,7 +21,7 @@ import torchvision.transforms as v1  # noqa: E402
 import torchvision.transforms.functional as TF  # noqa: E402
 import torchvision.transforms.v2 as v2  # noqa: E402
 
-from imgutil import photo_image  # noqa: E402
+from imgutil import chw, photo_image, plan_on_pil  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -37,21 +37,9 @@ def photos() -> dict[str, Image.Image]:
 
 
 def _ref(pil, plan, out_channels=3):
-    """torchvision on PIL for the plan's decisions: crop + resize (bilinear,
-    antialiased: PIL's own), the window (zero padded), then the flips."""
-    x, y, w, h = plan["box"]
-    img = pil.convert("L") if out_channels == 1 else pil
-    out = img.crop((x, y, x + w, y + h)).resize(tuple(plan["resized"]), Image.BILINEAR)
-    wx, wy = plan["window"]
-    ow, oh = plan["out"]
-    if (wx, wy) != (0, 0) or (ow, oh) != out.size:
-        out = out.crop((wx, wy, wx + ow, wy + oh))
-    if plan["flip"]:
-        out = TF.hflip(out)
-    if plan["vflip"]:
-        out = TF.vflip(out)
-    a = np.asarray(out)
-    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+    """torchvision on PIL for the plan's decisions (imgutil.plan_on_pil: TF.hflip
+    and TF.vflip are PIL's transposes)."""
+    return chw(plan_on_pil(pil, plan, out_channels))
 
 
 @pytest.mark.parametrize("name", ["land_500x375", "odd_333x251", "small_97x131"])
