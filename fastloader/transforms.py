@@ -386,7 +386,7 @@ def _describe(t: Any) -> tuple[str, dict] | None:
     v2 = ".v2." in type(t).__module__
     if name in ("ToPureTensor", "Identity"):
         return ("identity", {})
-    if name in ("TrivialAugmentWide", "RandAugment", "AutoAugment") and not ours:
+    if name in ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix") and not ours:
         return ("policy", dict(obj=t, v2=v2))
     if name == "RandomErasing" and not ours:
         return ("erase", dict(obj=t, v2=v2))
@@ -499,6 +499,52 @@ def _rotation_spec(t: Any, channels: int) -> dict | None:
     return dict(rotate=1, rot_lo=lo, rot_hi=hi, rot_interp=interp, rot_fill=fill)
 
 
+# csrc/image/augment.h: the tensor kernels AugMix runs (v1 code, v2 code), by torchvision's op names;
+# Posterize, Solarize and Equalize give Pillow's bytes on tensors too
+_AUGMIX_OPS = {"ShearX": (24, 29), "ShearY": (25, 30), "TranslateX": (26, 31), "TranslateY": (27, 32),
+               "Rotate": (28, 33), "Brightness": (34, 34), "Color": (35, 36), "Contrast": (37, 38),
+               "Sharpness": (39, 40), "AutoContrast": (41, 42), "Posterize": (10, 10), "Solarize": (11, 11),
+               "Equalize": (13, 13)}
+_AUGMIX_MAX_OPS = 32   # imgops.h FL_AUGMIX_MAX_OPS
+
+
+def _augmix_spec(t: Any, v2: bool, h: int, w: int) -> dict | None:
+    """The fl_policy dict (kind "augmix") for a torchvision v1/v2 AugMix on
+    an h x w sample: its op table from the object's own augmentation space
+    (all_ops or not), each op's first `severity` magnitude bins (the ones
+    forward draws from), its chains, depth and alpha; or None when it cannot
+    run natively (a fill, an interpolation the tensor kernels lack, more
+    chains or ops than the C tables hold)."""
+    interp = _aug_interp(t.interpolation)
+    if interp is None or t.fill is not None:
+        return None
+    width, depth, severity = int(t.mixture_width), int(t.chain_depth), int(t.severity)
+    if not 1 <= width <= _POLICY_MAX_ROUNDS or not 1 <= severity <= 10:
+        return None
+    if (depth if depth > 0 else 3) * width > _AUGMIX_MAX_OPS:
+        return None
+    alpha = float(t.alpha)
+    if not 0.0 < alpha < 1e6:
+        return None
+    if v2:
+        table = t._AUGMENTATION_SPACE if t.all_ops else t._PARTIAL_AUGMENTATION_SPACE
+        space = {k: (fn(t._PARAMETER_MAX, h, w), signed) for k, (fn, signed) in table.items()}
+    else:
+        space = t._augmentation_space(t._PARAMETER_MAX, (h, w))
+    if len(space) > _POLICY_MAX_OPS or any(n not in _AUGMIX_OPS for n in space):
+        return None
+    ops = []
+    for n, (mags, signed) in space.items():
+        if mags is None or getattr(mags, "ndim", 1) == 0:
+            values: list[float] = []
+        else:
+            values = [float(m) for m in mags.reshape(-1).tolist()[:severity]]
+            if n == "Solarize" and v2:   # v2 scales its [0, 1] table by the uint8 bound
+                values = [255 * m for m in values]
+        ops.append((_AUGMIX_OPS[n][1 if v2 else 0], bool(signed) and bool(values), values))
+    return dict(kind="augmix", rounds=width, depth=depth, alpha=alpha, interp=interp, fill=(0, 0, 0), ops=ops)
+
+
 def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None:
     """The fl_policy dict (csrc/image/imgops.h) for a torchvision v1/v2
     TrivialAugmentWide, RandAugment or AutoAugment acting on the PIL image
@@ -507,6 +553,8 @@ def _policy_spec(t: Any, v2: bool, h: int, w: int, channels: int) -> dict | None
     None when it cannot run natively (another interpolation, a fill that is
     not uint8, more bins than the C tables hold, ops it does not know)."""
     name = type(t).__name__
+    if name == "AugMix":
+        return _augmix_spec(t, v2, h, w)
     interp = _aug_interp(t.interpolation)
     fill = t.fill
     if v2 and isinstance(fill, dict):

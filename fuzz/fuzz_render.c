@@ -552,7 +552,10 @@ done:
  * of those ops) instead on bit 6; 1..15 ops, each an
  * (op, level) pair from a table holding a few pairs fl_tspec_check must
  * refuse, with its prob, magnitude, noise (none, 0.5, 1, infinite) and
- * bound; the fill. */
+ * bound; the fill.  With bit 6 and byte 11's bit 7: torchvision's AugMix
+ * (0..3 chains, depth -1..3, four alphas, tensor ops with 0..3 magnitude
+ * bins from a table holding values some ops must refuse, and an
+ * occasional fill, which it must refuse too). */
 static void
 build_policy(const uint8_t *params, size_t n, fl_tspec *t)
 {
@@ -597,6 +600,35 @@ build_policy(const uint8_t *params, size_t n, fl_tspec *t)
         o->mmax = maxes[(y >> 3) % 4];
         o->hparam = o->level == FL_LEVEL_TRANSLATE_ABS ? 100.0 : 0.45;
         P->weight[i] = (double)((x >> 4) % 4);
+    }
+    if ((b[0] & 0x40) && (b[11] & 0x80)) {   /* torchvision's AugMix instead: chains of tensor ops */
+        static const int ops[] = {FL_AUG_T_SHEAR_X, FL_AUG_T_SHEAR_Y, FL_AUG_T_TRANSLATE_X, FL_AUG_T_TRANSLATE_Y,
+                                  FL_AUG_T_ROTATE, FL_AUG_T_SHEAR_X_V2, FL_AUG_T_TRANSLATE_Y_V2, FL_AUG_T_ROTATE_V2,
+                                  FL_AUG_T_BRIGHTNESS, FL_AUG_T_COLOR, FL_AUG_T_COLOR_V2, FL_AUG_T_CONTRAST,
+                                  FL_AUG_T_CONTRAST_V2, FL_AUG_T_SHARPNESS, FL_AUG_T_SHARPNESS_V2,
+                                  FL_AUG_T_AUTOCONTRAST, FL_AUG_T_AUTOCONTRAST_V2, FL_AUG_POSTERIZE, FL_AUG_SOLARIZE,
+                                  FL_AUG_EQUALIZE, /* refused: */ FL_AUG_INVERT, FL_AUG_NOPS};
+        static const double mags[] = {0.0, 0.3, -0.3, 0.9, 4.0, 30.0, 180.0, 255.0, -1.0, 1e6, -2.0, 9.0};
+        static const double alphas[4] = {1.0, 0.3, 1e-3, 50.0};
+        memset(P, 0, sizeof *P);
+        P->kind = FL_POLICY_AUGMIX;
+        P->rounds = (b[0] >> 1) % 4;   /* 0: no policy */
+        P->interp = (b[0] >> 3) % 3;   /* 2 (bicubic): fl_tspec_check refuses it for AugMix */
+        P->depth = (int)(b[11] % 5) - 1;
+        P->alpha = alphas[(b[11] >> 3) % 4];
+        P->nops = 1 + b[1] % 13;
+        if (b[11] & 0x40)
+            P->fill[0] = b[2];   /* a fill: refused unless 0 */
+        for (int i = 0; i < P->nops; i++) {
+            fl_policy_op *o = &P->ops[i];
+            uint8_t x = b[2 + i % 10], y = b[2 + (i + 3) % 10];
+            o->op = ops[(x + i) % (int)(sizeof ops / sizeof ops[0])];
+            o->is_signed = y & 1;
+            o->nbins = (y >> 1) % 4;
+            for (int k = 0; k < o->nbins; k++)
+                o->mag[k] = mags[(y + 5 * k + x) % (int)(sizeof mags / sizeof mags[0])];
+        }
+        return;
     }
     if (b[0] & 0x40) {   /* timm's AutoAugment instead: sub-policies of 1..2 of these ops (index ntimm refused) */
         P->kind = FL_POLICY_TIMM_AA;

@@ -260,17 +260,31 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
             P->kind = FL_POLICY_TIMM_RA;
         else if (PyUnicode_CompareWithASCIIString(kind, "timm_aa") == 0)
             P->kind = FL_POLICY_TIMM_AA;
+        else if (PyUnicode_CompareWithASCIIString(kind, "augmix") == 0)
+            P->kind = FL_POLICY_AUGMIX;
         else if (PyUnicode_CompareWithASCIIString(kind, "torchvision") != 0) {
             PyErr_Format(PyExc_ValueError,
-                         "transform spec: 'policy.kind' %R is not 'torchvision', 'timm_ra' or 'timm_aa'", kind);
+                         "transform spec: 'policy.kind' %R is not 'torchvision', 'timm_ra', 'timm_aa' or 'augmix'",
+                         kind);
             return -1;
         }
     }
-    if (P->kind != FL_POLICY_TV)
+    if (P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA)
         return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, subs, P);
-    if (rounds == NULL || ops == NULL || subs == NULL) {
-        PyErr_SetString(PyExc_ValueError, "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
+    const int augmix = P->kind == FL_POLICY_AUGMIX;
+    if (rounds == NULL || ops == NULL || (subs == NULL && !augmix)) {
+        PyErr_SetString(PyExc_ValueError, augmix ? "transform spec: an AugMix 'policy' needs 'rounds' and 'ops'"
+                                                 : "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
         return -1;
+    }
+    if (augmix) {
+        PyObject *depth = PyDict_GetItemString(v, "depth"), *alpha = PyDict_GetItemString(v, "alpha");
+        if (depth == NULL || alpha == NULL) {
+            PyErr_SetString(PyExc_ValueError, "transform spec: an AugMix 'policy' needs 'depth' and 'alpha'");
+            return -1;
+        }
+        if (fl_get_int(depth, "policy.depth", &P->depth) < 0 || fl_get_double(alpha, "policy.alpha", &P->alpha) < 0)
+            return -1;
     }
     if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0)
         return -1;
@@ -320,6 +334,8 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
         Py_DECREF(mseq);
     }
     Py_DECREF(seq);
+    if (augmix)
+        return 0;
     seq = PySequence_Fast(subs, "transform spec: 'policy.subs' must be a sequence");
     if (seq == NULL)
         return -1;
@@ -558,11 +574,39 @@ fl_plan_to_dict(const fl_plan *p)
         Py_DECREF(aug_interp);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K}", "box", p->box_x, p->box_y,
+    PyObject *mix = Py_NewRef(Py_None);
+    if (p->mix_chains > 0) {
+        PyObject *wl = PyList_New(p->mix_chains), *ll = PyList_New(p->mix_chains);
+        for (int i = 0; wl != NULL && ll != NULL && i < p->mix_chains; i++) {
+            PyObject *a = PyFloat_FromDouble(p->mix_w[i]), *b = PyLong_FromLong(p->mix_len[i]);
+            if (a == NULL || b == NULL) {
+                Py_XDECREF(a);
+                Py_XDECREF(b);
+                Py_CLEAR(wl);
+                break;
+            }
+            PyList_SET_ITEM(wl, i, a);
+            PyList_SET_ITEM(ll, i, b);
+        }
+        Py_DECREF(mix);
+        mix = wl != NULL && ll != NULL ? Py_BuildValue("{s:d,s:O,s:O}", "w0", (double)p->mix_w0, "w", wl, "len", ll)
+                                       : NULL;
+        Py_XDECREF(wl);
+        Py_XDECREF(ll);
+    }
+    if (mix == NULL) {
+        Py_DECREF(aug);
+        Py_DECREF(aug_interp);
+        Py_DECREF(erase);
+        return NULL;
+    }
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K,s:N}", "box", p->box_x,
+                         p->box_y,
                          p->box_w, p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
                          p->flip ? Py_True : Py_False, "vflip", p->vflip ? Py_True : Py_False, "gray",
                          p->gray ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
-                         "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key);
+                         "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key, "mix",
+                         mix);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -710,6 +754,36 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
         p->erase_key = PyLong_AsUnsignedLongLongMask(key);
         if (PyErr_Occurred())
             return -1;
+    }
+    PyObject *mix = PyDict_GetItemString(d, "mix");
+    if (mix != NULL && mix != Py_None) {   /* AugMix: {"w0": float, "w": [float, ...], "len": [int, ...]} */
+        PyObject *w0 = PyDict_Check(mix) ? PyDict_GetItemString(mix, "w0") : NULL;
+        PyObject *wl = PyDict_Check(mix) ? PyDict_GetItemString(mix, "w") : NULL;
+        double w0d;
+        if (w0 == NULL || wl == NULL || fl_get_double(w0, "mix.w0", &w0d) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "plan: 'mix' must be None or a dict with 'w0', 'w' and 'len'");
+            return -1;
+        }
+        Py_ssize_t n = PySequence_Check(wl) ? PySequence_Size(wl) : -1;
+        if (n < 1 || n > FL_POLICY_MAX_ROUNDS) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "plan: 'mix.w' must hold 1..%d weights", FL_POLICY_MAX_ROUNDS);
+            return -1;
+        }
+        if (fl_plan_ints(mix, "len", (int)n, p->mix_len, 0) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PySequence_GetItem(wl, i);
+            double wd;
+            int rc2 = item == NULL ? -1 : fl_get_double(item, "mix.w", &wd);
+            Py_XDECREF(item);
+            if (rc2 < 0)
+                return -1;
+            p->mix_w[i] = (float)wd;
+        }
+        p->mix_w0 = (float)w0d;
+        p->mix_chains = (int)n;
     }
     return 0;
 }

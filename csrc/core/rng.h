@@ -141,4 +141,26 @@ fl_rng_normal2(fl_rng *r, double *z0, double *z1)
     *z1 = rad * sin(th);
 }
 
+/* A Gamma(a, 1) draw, a > 0: Marsaglia and Tsang's method, with the
+ * U^(1/a) boost for a < 1 (MixUp's Beta and AugMix's Dirichlet weights). */
+static inline double
+fl_rng_gamma(fl_rng *r, double a)
+{
+    double boost = 1.0;
+    if (a < 1.0) {
+        boost = pow(1.0 - fl_rng_uniform(r, 0.0, 1.0), 1.0 / a);
+        a += 1.0;
+    }
+    double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+    for (;;) {
+        double z = fl_rng_normal(r), v = 1.0 + c * z;
+        if (v <= 0.0)
+            continue;
+        v = v * v * v;
+        double u = 1.0 - fl_rng_uniform(r, 0.0, 1.0);
+        if (log(u) < 0.5 * z * z + d - d * v + d * log(v))
+            return d * v * boost;
+    }
+}
+
 #endif

@@ -33,6 +33,7 @@
  * clones give identical bytes).
  */
 #include "image/augment.h"
+#include "image/augment_internal.h"
 
 #include <limits.h>
 #include <math.h>
@@ -51,16 +52,16 @@
 
 /* Py_MATH_PI, and math.radians / math.degrees' factors as CPython computes them. */
 #define FL_AUG_PI 3.14159265358979323846
-static const double fl_deg2rad = FL_AUG_PI / 180.0;
-static const double fl_rad2deg = 180.0 / FL_AUG_PI;
+const double fl_aug_deg2rad = FL_AUG_PI / 180.0;
+const double fl_aug_rad2deg = 180.0 / FL_AUG_PI;
 
 /* ------------------------------------------------------------------------ */
 /* Python float semantics                                                   */
 
 /* x % m for m > 0, as CPython's float_rem: fmod, moved into [0, m), and a
  * zero result takes the sign of m. */
-static double
-fl_py_mod(double x, double m)
+double
+fl_aug_py_mod(double x, double m)
 {
     double r = fmod(x, m);
     if (r != 0.0) {
@@ -867,12 +868,11 @@ fl_affine(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[
         fl_affine_float(src, img, w, h, c, a, fill);
 }
 
-/* torchvision.transforms.functional._get_inverse_affine_matrix with scale 1,
- * in CPython's double arithmetic and operation order. */
-static void
-fl_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy, double m[6])
+/* Contract: augment_internal.h. */
+void
+fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy, double m[6])
 {
-    double rot = angle * fl_deg2rad, sx = shx * fl_deg2rad, sy = shy * fl_deg2rad;
+    double rot = angle * fl_aug_deg2rad, sx = shx * fl_aug_deg2rad, sy = shy * fl_aug_deg2rad;
     double a = cos(rot - sy) / cos(sy);
     double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
     double c = sin(rot - sy) / cos(sy);
@@ -898,7 +898,7 @@ fl_rotate(const uint8_t *src, uint8_t *img, int w, int h, int c, double angle, i
           int *xintab)
 {
     size_t rs = (size_t)w * (size_t)c;
-    double ang = fl_py_mod(angle, 360.0);
+    double ang = fl_aug_py_mod(angle, 360.0);
     if (ang == 0)
         return 1;
     if (ang == 180) {   /* ImagingRotate180: out[h-1-y][w-1-x] = in[y][x] */
@@ -923,7 +923,7 @@ fl_rotate(const uint8_t *src, uint8_t *img, int w, int h, int c, double angle, i
         return 0;
     }
     double cx = w / 2.0, cy = h / 2.0;
-    double t = -(ang * fl_deg2rad);
+    double t = -(ang * fl_aug_deg2rad);
     double m[6];
     m[0] = fl_py_round15(cos(t));
     m[1] = fl_py_round15(sin(t));
@@ -1020,6 +1020,11 @@ static const char *const fl_aug_names[FL_AUG_NOPS] = {
     "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
     "SolarizeAdd", "ShearX (affine)", "ShearY (affine)", "TranslateX (pixels)", "TranslateY (pixels)",
     "Brightness (factor)", "Color (factor)", "Contrast (factor)", "Sharpness (factor)",
+    "ShearX (tensor)", "ShearY (tensor)", "TranslateX (tensor)", "TranslateY (tensor)", "Rotate (tensor)",
+    "ShearX (tensor, v2)", "ShearY (tensor, v2)", "TranslateX (tensor, v2)", "TranslateY (tensor, v2)",
+    "Rotate (tensor, v2)", "Brightness (tensor)", "Color (tensor)", "Color (tensor, v2)", "Contrast (tensor)",
+    "Contrast (tensor, v2)", "Sharpness (tensor)", "Sharpness (tensor, v2)", "AutoContrast (tensor)",
+    "AutoContrast (tensor, v2)",
 };
 
 /* Contract: augment.h. */
@@ -1056,6 +1061,8 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     }
     if (fill == NULL)
         fill = zeros;
+    if (op >= FL_AUG_T_SHEAR_X)   /* torchvision's tensor kernels: fill None, zeros */
+        return fl_aug_tensor_apply(op, magnitude, interp, img, w, h, channels, tmp, err);
 
     size_t npix = (size_t)w * (size_t)h, n = npix * (size_t)channels;
     int *xintab = (int *)(void *)(tmp + ((n + 7) & ~(size_t)7));
@@ -1088,12 +1095,12 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
             return 0;
         }
         if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
-            double deg = atan(magnitude) * fl_rad2deg;   /* math.degrees(math.atan(magnitude)) */
-            fl_tv_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0,
+            double deg = atan(magnitude) * fl_aug_rad2deg;   /* math.degrees(math.atan(magnitude)) */
+            fl_aug_tv_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0,
                                  op == FL_AUG_SHEAR_Y ? deg : 0.0, m);
         } else {
             double t = trunc(magnitude);   /* int(magnitude) */
-            fl_tv_inverse_affine(w * 0.5, h * 0.5, 0.0, op == FL_AUG_TRANSLATE_X ? t : 0.0,
+            fl_aug_tv_inverse_affine(w * 0.5, h * 0.5, 0.0, op == FL_AUG_TRANSLATE_X ? t : 0.0,
                                  op == FL_AUG_TRANSLATE_Y ? t : 0.0, 0.0, 0.0, m);
         }
         fl_affine(tmp, img, w, h, channels, m, interp, fill, xintab);

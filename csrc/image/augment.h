@@ -50,7 +50,33 @@ enum {
     FL_AUG_COLOR_FACTOR = 21,
     FL_AUG_CONTRAST_FACTOR = 22,
     FL_AUG_SHARPNESS_FACTOR = 23,
-    FL_AUG_NOPS = 24
+    /* torchvision's tensor kernels (what AugMix applies: it turns the PIL
+     * image into a uint8 tensor first), v1 = torchvision.transforms.
+     * _functional_tensor, v2 = torchvision.transforms.v2.functional; the
+     * magnitude means what _apply_op's does.  augment_tensor.c. */
+    FL_AUG_T_SHEAR_X = 24,      /* v1 F.affine(shear=[degrees(atan(magnitude)), 0], center=[0, 0]) on the tensor */
+    FL_AUG_T_SHEAR_Y = 25,
+    FL_AUG_T_TRANSLATE_X = 26,  /* v1 F.affine(translate=[int(magnitude), 0]) */
+    FL_AUG_T_TRANSLATE_Y = 27,
+    FL_AUG_T_ROTATE = 28,       /* v1 F.rotate(magnitude degrees): always the sampling grid */
+    FL_AUG_T_SHEAR_X_V2 = 29,   /* the same five in v2 (its matrix's operation order differs) */
+    FL_AUG_T_SHEAR_Y_V2 = 30,
+    FL_AUG_T_TRANSLATE_X_V2 = 31,
+    FL_AUG_T_TRANSLATE_Y_V2 = 32,
+    FL_AUG_T_ROTATE_V2 = 33,    /* v2 rotate_image: angle % 360, then 0 copies, 180 (and 90 / 270 on a
+                                   square image) rotate exactly, anything else the sampling grid */
+    FL_AUG_T_BRIGHTNESS = 34,   /* adjust_brightness(1 + magnitude), v1 and v2 alike */
+    FL_AUG_T_COLOR = 35,        /* v1 adjust_saturation(1 + magnitude) */
+    FL_AUG_T_COLOR_V2 = 36,
+    FL_AUG_T_CONTRAST = 37,     /* v1 adjust_contrast(1 + magnitude) */
+    FL_AUG_T_CONTRAST_V2 = 38,
+    FL_AUG_T_SHARPNESS = 39,    /* v1 adjust_sharpness(1 + magnitude) */
+    FL_AUG_T_SHARPNESS_V2 = 40,
+    FL_AUG_T_AUTOCONTRAST = 41, /* v1 autocontrast */
+    FL_AUG_T_AUTOCONTRAST_V2 = 42,
+    /* (the tensor Posterize, Solarize, Equalize and Invert give Pillow's
+     * bytes: FL_AUG_POSTERIZE etc. serve both) */
+    FL_AUG_NOPS = 43
 };
 
 /* Resampling of the geometric ops: Pillow's NEAREST, BILINEAR and BICUBIC
@@ -89,5 +115,16 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * or out of the op's range).  On error img is unchanged. */
 int fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t *img, int w, int h,
                  int channels, uint8_t *tmp, fl_err *err);
+
+/* AugMix's mix (torchvision's AugMix.forward), in float32 as torch computes
+ * it: with first set, acc[i] = w * img[i]; otherwise acc[i] += w * img[i]
+ * (the product rounded to float, then the sum).  n elements; acc and img
+ * caller-owned.  No GIL; re-entrant. */
+void fl_augmix_accumulate(float *acc, const uint8_t *img, size_t n, float w, int first);
+
+/* The mix back to bytes: img[i] = acc[i] truncated toward zero (torch's
+ * .to(uint8)), clipped to 0..255 (the weights sum to 1, so the sum of bytes
+ * stays within them but for rounding).  No GIL; re-entrant. */
+void fl_augmix_store(const float *acc, uint8_t *img, size_t n);
 
 #endif

@@ -69,7 +69,8 @@ enum {
 #define FL_POLICY_MAX_SUB 32
 #define FL_POLICY_MAX_STEPS 2
 #define FL_POLICY_MAX_ROUNDS 8
-#define FL_PLAN_MAX_AUG (FL_POLICY_MAX_ROUNDS * FL_POLICY_MAX_STEPS + 1)   /* + RandomRotation's */
+#define FL_AUGMIX_MAX_OPS 32    /* AugMix: ops over all chains (width x the deepest chain) */
+#define FL_PLAN_MAX_AUG (FL_AUGMIX_MAX_OPS + 1)   /* the most of any policy, + RandomRotation's */
 
 /* fl_policy.kind */
 enum {
@@ -78,9 +79,17 @@ enum {
                              of the nops ops timm[0..nops-1] chosen uniformly with replacement
                              (np.random.choice), or, when has_weights, by weight without replacement;
                              each then drawn as an AugmentOp (fl_timm_op); subs unused */
-    FL_POLICY_TIMM_AA = 2 /* timm's AutoAugment (original, v0 and their r forms): per sample one of the nsub
+    FL_POLICY_TIMM_AA = 2,/* timm's AutoAugment (original, v0 and their r forms): per sample one of the nsub
                              sub-policies uniformly (random.choice), each of its steps the AugmentOp
                              timm[step.op] drawn as an AugmentOp; rounds 1 */
+    FL_POLICY_AUGMIX = 3  /* torchvision's AugMix (v1 and v2): per sample the weights, m ~ Dirichlet(alpha,
+                             alpha) and w ~ Dirichlet(alpha x rounds) * m[1]; then `rounds` chains
+                             (mixture_width) of `depth` ops each (1..3 uniformly when depth <= 0), each op
+                             one of ops[] uniformly, its magnitude one of its nbins (severity) bins
+                             uniformly, negated with probability 1/2 when signed; the image is
+                             m[0] * image + sum of w[i] * chain i's image, in float32, truncated.  The ops
+                             are tensor ops (augment.h FL_AUG_T_*, and Posterize, Solarize, Equalize);
+                             subs unused */
 };
 #define FL_POLICY_MAX_TIMM 64
 
@@ -129,8 +138,10 @@ typedef struct {
 } fl_policy_step;
 
 typedef struct {
-    int kind;                        /* FL_POLICY_TV, FL_POLICY_TIMM_RA or FL_POLICY_TIMM_AA */
-    int rounds;                      /* sub-policies (TIMM_RA: ops) per sample; 0 = no policy */
+    int kind;                        /* FL_POLICY_TV, _TIMM_RA, _TIMM_AA or _AUGMIX */
+    int rounds;                      /* sub-policies (TIMM_RA: ops; AUGMIX: chains) per sample; 0 = no policy */
+    int depth;                       /* AUGMIX: ops per chain, or <= 0 for 1..3 drawn per chain */
+    double alpha;                    /* AUGMIX: the Dirichlet parameter, > 0 */
     int interp;                      /* augment.h FL_AUG_NEAREST / BILINEAR; timm's also BICUBIC or RANDOM */
     int has_weights;                 /* TIMM_RA: choose by weight[] (without replacement) */
     double weight[FL_POLICY_MAX_OPS];
@@ -210,6 +221,12 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */
     double aug_mag[FL_PLAN_MAX_AUG];
     int aug_interp[FL_PLAN_MAX_AUG];  /* FL_AUG_NEAREST / BILINEAR / BICUBIC: each op's resampling */
+    int mix_chains;                   /* AugMix: its chains (0: none).  The last mix_len[0] + ... of the aug
+                                         ops are the chains' ops, chain by chain, each applied to a copy of
+                                         the image the ops before them give */
+    int mix_len[FL_POLICY_MAX_ROUNDS];
+    float mix_w0;                     /* the original's weight, m[0] */
+    float mix_w[FL_POLICY_MAX_ROUNDS];/* chain i's weight, w[i] * m[1] in float32 */
     int nerase;                       /* boxes to erase, in order */
     int erase_box[FL_ERASE_MAX_BOXES][4];  /* x, y, w, h in output pixels */
     uint64_t erase_key;               /* the erase noise's stream (FL_ERASE_NORMAL / FL_ERASE_CHANNEL) */

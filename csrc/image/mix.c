@@ -12,28 +12,6 @@
 #include <math.h>
 #include <string.h>
 
-/* A Gamma(a, 1) draw, a > 0: Marsaglia and Tsang's method, with the
- * U^(1/a) boost for a < 1.  Pure given rng. */
-static double
-fl_mix_gamma(fl_rng *r, double a)
-{
-    double boost = 1.0;
-    if (a < 1.0) {
-        boost = pow(1.0 - fl_rng_uniform(r, 0.0, 1.0), 1.0 / a);
-        a += 1.0;
-    }
-    double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
-    for (;;) {
-        double z = fl_rng_normal(r), v = 1.0 + c * z;
-        if (v <= 0.0)
-            continue;
-        v = v * v * v;
-        double u = 1.0 - fl_rng_uniform(r, 0.0, 1.0);
-        if (log(u) < 0.5 * z * z + d - d * v + d * log(v))
-            return d * v * boost;
-    }
-}
-
 /* Contract: mix.h. */
 int
 fl_mix_draw(const fl_mix_spec *s, int H, int W, uint64_t seed, uint64_t epoch, uint64_t batch,
@@ -69,7 +47,7 @@ fl_mix_draw(const fl_mix_spec *s, int H, int W, uint64_t seed, uint64_t epoch, u
         }
     }
     double a = s->alpha[pick];
-    double x = fl_mix_gamma(&r, a), y = fl_mix_gamma(&r, a);
+    double x = fl_rng_gamma(&r, a), y = fl_rng_gamma(&r, a);
     double lam = x + y > 0.0 ? x / (x + y) : 0.5;
     memset(out, 0, sizeof *out);
     out->kind = s->kind[pick];

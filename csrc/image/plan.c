@@ -39,6 +39,33 @@ fl_finite(double x)
 /* Spec checks                                                              */
 /* ------------------------------------------------------------------------ */
 
+/* Whether op (augment.h) takes magnitude m, and its negation when
+ * is_signed, in an AugMix policy: the tensor ops, Posterize, Solarize and
+ * Equalize, each with an argument fl_aug_apply accepts (a factor 1 + m >= 0,
+ * Posterize's bits in 0..8, a translation within int range), so that a
+ * checked spec never fails to render. */
+static int
+fl_augmix_op_ok(int op, double m, int is_signed)
+{
+    for (int k = 0; k <= is_signed; k++, m = -m) {
+        if (op >= FL_AUG_T_BRIGHTNESS && op <= FL_AUG_T_SHARPNESS_V2) {
+            double f = 1.0 + m;
+            if (!(f >= 0.0) || !(f < 3.4e38))
+                return 0;
+        } else if (op == FL_AUG_POSTERIZE) {
+            if (!(trunc(m) >= 0.0 && trunc(m) <= 8.0))
+                return 0;
+        } else if ((op >= FL_AUG_T_TRANSLATE_X && op <= FL_AUG_T_TRANSLATE_Y)
+                   || (op >= FL_AUG_T_TRANSLATE_X_V2 && op <= FL_AUG_T_TRANSLATE_Y_V2)) {
+            if (!(fabs(trunc(m)) < 2147483648.0))
+                return 0;
+        } else if (!(op >= FL_AUG_T_SHEAR_X && op < FL_AUG_NOPS) && op != FL_AUG_SOLARIZE && op != FL_AUG_EQUALIZE) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The policy half of fl_tspec_check.  Returns 0, or -1 with err filled
  * (FL_ERR_INVALID, naming the field). */
 static int
@@ -52,9 +79,11 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
         FAIL("policy.rounds: %d is not in 0..%d", P->rounds, FL_POLICY_MAX_ROUNDS);
     if (t->out_w <= 0 || t->out_h <= 0)
         FAIL("policy: needs a fixed output size (out_h/out_w)");
-    if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA && P->kind != FL_POLICY_TIMM_AA)
-        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment, 2 timm AutoAugment)", P->kind);
-    const int timm = P->kind != FL_POLICY_TV;
+    if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA && P->kind != FL_POLICY_TIMM_AA
+        && P->kind != FL_POLICY_AUGMIX)
+        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment, 2 timm AutoAugment, 3 AugMix)",
+             P->kind);
+    const int timm = P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA;
     if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR
         && !(timm && (P->interp == FL_AUG_BICUBIC || P->interp == FL_AUG_RANDOM)))
         FAIL("policy.interp: unknown resampling %d", P->interp);
@@ -96,7 +125,17 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
         }
         return 0;
     }
-    if (P->kind == FL_POLICY_TV) {
+    if (P->kind == FL_POLICY_AUGMIX) {
+        const int deepest = P->depth > 0 ? P->depth : 3;
+        if (deepest > FL_AUGMIX_MAX_OPS / P->rounds)
+            FAIL("policy.depth: %d chains of up to %d ops exceed %d ops", P->rounds, deepest, FL_AUGMIX_MAX_OPS);
+        if (!fl_finite(P->alpha) || !(P->alpha > 0) || !(P->alpha < 1e6))
+            FAIL("policy.alpha: %g is not in (0, 1e6)", P->alpha);
+        if (P->fill[0] || P->fill[1] || P->fill[2])
+            FAIL("policy.fill: AugMix's tensor kernels fill with zeros (fill None), not (%d, %d, %d)", P->fill[0],
+                 P->fill[1], P->fill[2]);
+    }
+    if (P->kind == FL_POLICY_TV || P->kind == FL_POLICY_AUGMIX) {
         if (P->nops < 1 || P->nops > FL_POLICY_MAX_OPS)
             FAIL("policy.ops: %d ops, not 1..%d", P->nops, FL_POLICY_MAX_OPS);
         for (int i = 0; i < P->nops; i++) {
@@ -108,7 +147,17 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
             for (int b = 0; b < o->nbins; b++)
                 if (!fl_finite(o->mag[b]))
                     FAIL("policy.ops[%d]: magnitude bin %d is not finite", i, b);
+            if (P->kind == FL_POLICY_AUGMIX) {
+                if (o->nbins == 0 && !fl_augmix_op_ok(o->op, 0.0, 0))
+                    FAIL("policy.ops[%d]: op %d is not one of AugMix's tensor ops", i, o->op);
+                for (int b = 0; b < o->nbins; b++)
+                    if (!fl_augmix_op_ok(o->op, o->mag[b], o->is_signed))
+                        FAIL("policy.ops[%d]: op %d does not take magnitude %g%s in AugMix", i, o->op, o->mag[b],
+                             o->is_signed ? " (signed)" : "");
+            }
         }
+        if (P->kind == FL_POLICY_AUGMIX)
+            return 0;
     } else if (P->rounds != 1) {
         FAIL("policy.rounds: timm's AutoAugment applies one sub-policy, not %d", P->rounds);
     }
@@ -344,6 +393,45 @@ fl_policy_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
             }
             if (o->op == FL_AUG_IDENTITY)
                 continue;
+            p->aug_op[p->naug] = o->op;
+            p->aug_mag[p->naug] = mag;
+            p->aug_interp[p->naug] = P->interp;
+            p->naug++;
+        }
+    }
+}
+
+/* One sample's AugMix (imgops.h FL_POLICY_AUGMIX, the distribution of
+ * torchvision's AugMix.forward, drawn in its order: the two Dirichlet
+ * draws, then chain by chain its depth and each op, bin and sign), the
+ * chains' ops appended to p->aug_op / aug_mag.  t checked. */
+static void
+fl_augmix_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
+{
+    double g0 = fl_rng_gamma(rng, P->alpha), g1 = fl_rng_gamma(rng, P->alpha);
+    double gs = g0 + g1;
+    /* torch's _sample_dirichlet gives float32; a sum that underflows (tiny alpha) splits evenly */
+    float m0 = gs > 0 ? (float)(g0 / gs) : 0.5f, m1 = gs > 0 ? (float)(g1 / gs) : 0.5f;
+    double g[FL_POLICY_MAX_ROUNDS], total = 0.0;
+    for (int i = 0; i < P->rounds; i++) {
+        g[i] = fl_rng_gamma(rng, P->alpha);
+        total += g[i];
+    }
+    p->mix_chains = P->rounds;
+    p->mix_w0 = m0;
+    for (int i = 0; i < P->rounds; i++)
+        p->mix_w[i] = (total > 0 ? (float)(g[i] / total) : (float)(1.0 / P->rounds)) * m1;
+    for (int i = 0; i < P->rounds; i++) {
+        int depth = P->depth > 0 ? P->depth : 1 + (int)fl_rng_below(rng, 3);
+        p->mix_len[i] = depth;
+        for (int k = 0; k < depth; k++) {
+            const fl_policy_op *o = &P->ops[fl_rng_below(rng, (uint64_t)P->nops)];
+            double mag = 0.0;
+            if (o->nbins > 0) {
+                mag = o->mag[fl_rng_below(rng, (uint64_t)o->nbins)];
+                if (o->is_signed && fl_rng_below(rng, 2))
+                    mag = -mag;
+            }
             p->aug_op[p->naug] = o->op;
             p->aug_mag[p->naug] = mag;
             p->aug_interp[p->naug] = P->interp;
@@ -642,6 +730,8 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AA)
         fl_timm_aa_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
+    else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_AUGMIX)
+        fl_augmix_draw(&t->policy, &rng, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
     if (t->rotate) {   /* FL_PLAN_MAX_AUG has room for it past the policy's most */

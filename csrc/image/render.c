@@ -528,6 +528,53 @@ fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void
     return 0;
 }
 
+/* The plan's ops on the w x h uint8 HWC image img (C channels), in place:
+ * the ops before the AugMix chains in order, then, for an AugMix plan,
+ * each chain on a copy of that image, mixed in float32 with the plan's
+ * weights (augment.h fl_augmix_*).  tmp: fl_aug_tmp_bytes scratch; mix:
+ * for an AugMix plan, 8-byte aligned room for w * h * C floats (rounded up
+ * to 8 bytes) then as many bytes, else unused.  Returns 0, or -1 with err
+ * filled (an op's error; FL_ERR_INVALID for chain lengths that do not fit
+ * the plan's ops). */
+static int
+fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int w, int h, int C, uint8_t *tmp,
+                     uint8_t *mix, fl_err *err)
+{
+    int chained = 0;
+    if (plan->mix_chains < 0 || plan->mix_chains > FL_POLICY_MAX_ROUNDS || (plan->mix_chains > 0 && mix == NULL)) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: invalid AugMix plan (%d chains)", plan->mix_chains);
+        return -1;
+    }
+    for (int c = 0; c < plan->mix_chains; c++) {
+        if (plan->mix_len[c] < 1 || plan->mix_len[c] > plan->naug - chained) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "render: AugMix chain %d has %d ops, beyond the plan's", c,
+                       plan->mix_len[c]);
+            return -1;
+        }
+        chained += plan->mix_len[c];
+    }
+    const int first = plan->naug - chained;
+    for (int i = 0; i < first; i++)
+        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
+            return -1;
+    if (plan->mix_chains == 0)
+        return 0;
+    const size_t n = (size_t)w * h * C, n8 = (n + 7) & ~(size_t)7;
+    float *acc = (float *)(void *)mix;
+    uint8_t *chain = mix + n8 * sizeof(float);
+    fl_augmix_accumulate(acc, img, n, plan->mix_w0, 1);
+    for (int c = 0, i = first; c < plan->mix_chains; c++) {
+        memcpy(chain, img, n);
+        for (int k = 0; k < plan->mix_len[c]; k++, i++)
+            if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, chain, w, h, C, tmp,
+                             err) < 0)
+                return -1;
+        fl_augmix_accumulate(acc, chain, n, plan->mix_w[c], 0);
+    }
+    fl_augmix_store(acc, img, n);
+    return 0;
+}
+
 /* The policy path: render the geometry to a uint8 HWC image in scratch->aux,
  * apply the plan's ops in order (augment.h), then convert its rows to the
  * output through the spec's table.  Contract as fl_render; needs a plan whose
@@ -550,7 +597,14 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     }
     /* tmp must be 8-byte aligned (fl_aug_apply keeps an int table in it): the parts before it rounded up */
     const size_t imgb8 = (imgb + 7) & ~(size_t)7, rowb8 = (rowb + 7) & ~(size_t)7;
-    size_t total = lutb + imgb8 + rowb8 + tmpb;
+    /* AugMix: a float32 accumulator and the chain's image, after tmp (both multiples of 8 bytes) */
+    const size_t mixb = plan->mix_chains > 0 ? imgb8 * (sizeof(float) + 1) : 0;
+    if (mixb && imgb8 > (SIZE_MAX - lutb - rowb8 - tmpb - 8) / (sizeof(float) + 2)) {
+        fl_err_set(err, FL_ERR_NOMEM, 0, "render: a %d x %d AugMix image overflows", w, h);
+        return -1;
+    }
+    const size_t tmpb8 = (tmpb + 7) & ~(size_t)7;
+    size_t total = lutb + imgb8 + rowb8 + tmpb8 + mixb;
     if (total > scratch->aux_cap) {
         void *q = realloc(scratch->aux, total);
         if (q == NULL) {
@@ -578,9 +632,8 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     /* one fill: the policy's, or RandomRotation's (fl_tspec_check: equal when both) */
     const int *fv = t->policy.rounds > 0 ? t->policy.fill : t->rot_fill;
     uint8_t fill[3] = {(uint8_t)fv[0], (uint8_t)fv[1], (uint8_t)fv[2]};
-    for (int i = 0; i < plan->naug; i++)
-        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
-            return -1;
+    if (fl_render_policy_ops(plan, fill, img, w, h, C, tmp, mixb ? tmp + tmpb8 : NULL, err) < 0)
+        return -1;
     if (plan->gray && C == 3) {   /* RandomGrayscale after the ops: Pillow's convert("L") in every channel */
         for (size_t i = 0; i < (size_t)w * h; i++) {
             uint8_t *q = img + 3 * i;

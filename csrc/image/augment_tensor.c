@@ -1,0 +1,453 @@
+/* augment_tensor.c: torchvision's tensor kernels on uint8 images
+ * (augment.h FL_AUG_T_*), the ops AugMix applies: it turns the PIL image
+ * into a uint8 tensor and calls _apply_op on that, so its ops are
+ * torchvision.transforms._functional_tensor's (v1) or
+ * torchvision.transforms.v2.functional's (v2), not Pillow's.
+ *
+ * Reference arithmetic, as torch 2.x computes it on the CPU:
+ *   - a Python float times a uint8 tensor is float32: the byte as float
+ *     times the scalar rounded to float; each tensor operation rounds once;
+ *     .to(uint8) truncates toward zero.
+ *   - v1 writes its blends as `ratio * img1 + (1 - ratio) * img2`: two
+ *     rounded products and a rounded sum.  v2 writes
+ *     `img1.mul(ratio).add_(img2, alpha=1 - ratio)`, and ATen's add with
+ *     alpha is one fused multiply-add (vec::fmadd): fmaf(img2, 1 - ratio,
+ *     img1 * ratio).  The grayscale of v2 is the same kind of chain.
+ *   - torch.mean of a float32 tensor is its sum divided by the count; the
+ *     sum of whole numbers below 2^24 is exact in any order.
+ *   - `number / tensor` is `tensor.reciprocal() * number`.
+ *   - the 3 x 3 blur of adjust_sharpness is a float conv2d rounded half to
+ *     even; its exact value is k / 13 for a whole k, never within float
+ *     error of a half, so the rounded integer is computed exactly here.
+ *   - the geometric ops sample on the grid of _gen_affine_grid /
+ *     _affine_grid with grid_sample(align_corners=False, zeros padding):
+ *     see fl_tgrid below; nearest rounds half to even, bilinear sums its
+ *     four taps in fused multiply-adds (ATen's vector kernel) and rounds
+ *     half to even.
+ * FMA: this file is built with -std=c11 (no contraction); the fused
+ * operations are explicit fmaf() calls, compiled to one instruction in the
+ * "fma" clones of the hot loops and to glibc's exact fmaf in the default
+ * ones, so both give torch's bytes.
+ *
+ * Fidelity is tested op by op against torchvision in tests/test_augmix.py
+ * and stated in docs/recipes.md.
+ */
+#include "image/augment_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "image/augment.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define FL_HOT_FMA __attribute__((target_clones("fma", "default")))
+#else
+#define FL_HOT_FMA
+#endif
+
+/* float32 -> uint8 as torch's clamp(0, 255) then .to(uint8) */
+static inline uint8_t
+fl_t_clamp_u8(float v)
+{
+    if (!(v > 0.0f))   /* negatives, -0 and 0 */
+        return 0;
+    if (v >= 255.0f)
+        return 255;
+    return (uint8_t)(int)v;
+}
+
+/* v1 rgb_to_grayscale of one RGB pixel: (0.2989 r + 0.587 g) + 0.114 b in
+ * float32, each product and sum rounded, truncated to uint8. */
+static inline int
+fl_t_gray_v1(int r, int g, int b)
+{
+    float s = 0.2989f * (float)r + 0.587f * (float)g;
+    s = s + 0.114f * (float)b;
+    return (int)s;
+}
+
+/* v2 _rgb_to_grayscale_image(preserve_dtype=False) then floor_:
+ * r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114). */
+static inline int
+fl_t_gray_v2(int r, int g, int b)
+{
+    float s = (float)r * 0.2989f;
+    s = fmaf((float)g, 0.587f, s);
+    s = fmaf((float)b, 0.114f, s);
+    return (int)floorf(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Colour                                                                   */
+
+/* adjust_saturation, RGB: v1 blends with the truncated gray, two products
+ * and a sum; v2 with the floored fused gray, fused. */
+FL_HOT_FMA static void
+fl_t_color(uint8_t *img, size_t npix, float rf, float qf, int v2)
+{
+    for (size_t i = 0; i < npix; i++) {
+        uint8_t *p = img + 3 * i;
+        int r = p[0], g = p[1], b = p[2];
+        int l = v2 ? fl_t_gray_v2(r, g, b) : fl_t_gray_v1(r, g, b);
+        float gl = (float)l;
+        for (int c = 0; c < 3; c++) {
+            float x = (float)p[c];
+            p[c] = fl_t_clamp_u8(v2 ? fmaf(gl, qf, x * rf) : x * rf + gl * qf);
+        }
+    }
+}
+
+/* The mean torch.mean gives of the image's gray (v1: truncated, v2:
+ * floored fused; an L image itself): the exact sum (whole numbers) as
+ * float32 divided by the count as float32.  Exact for sums below 2^24
+ * (every image up to 65,793 pixels); above, torch's float32 summation
+ * rounds and the last bit may differ. */
+static float
+fl_t_gray_mean(const uint8_t *img, size_t npix, int channels, int v2)
+{
+    uint64_t sum = 0;
+    if (channels == 1) {
+        for (size_t i = 0; i < npix; i++)
+            sum += img[i];
+    } else {
+        for (size_t i = 0; i < npix; i++) {
+            const uint8_t *p = img + 3 * i;
+            sum += (uint64_t)(v2 ? fl_t_gray_v2(p[0], p[1], p[2]) : fl_t_gray_v1(p[0], p[1], p[2]));
+        }
+    }
+    return (float)sum / (float)npix;
+}
+
+/* adjust_sharpness: the interior takes the blend with the rounded blur
+ * (1 1 1 / 1 5 1 / 1 1 1) / 13; v1 blends the border with itself (two
+ * rounded products need not give the byte back), v2 leaves it.  src: a copy
+ * of img.  Needs w, h >= 3. */
+FL_HOT_FMA static void
+fl_t_sharpness(const uint8_t *src, uint8_t *img, int w, int h, int C, float rf, float qf, int v2)
+{
+    const size_t rs = (size_t)w * (size_t)C;
+    for (int y = 0; y < h; y++) {
+        const uint8_t *md = src + (size_t)y * rs;
+        uint8_t *out = img + (size_t)y * rs;
+        const int border_row = y == 0 || y == h - 1;
+        for (size_t i = 0; i < rs; i++) {
+            const int border = border_row || i < (size_t)C || i + (size_t)C >= rs;
+            const int x = md[i];
+            if (border) {
+                if (!v2)
+                    out[i] = fl_t_clamp_u8((float)x * rf + (float)x * qf);
+                continue;
+            }
+            const uint8_t *up = md - rs, *dn = md + rs;
+            int k = up[i - C] + up[i] + up[i + C] + md[i - C] + 5 * x + md[i + C] + dn[i - C] + dn[i] + dn[i + C];
+            int blur = (2 * k + 13) / 26;   /* round(k / 13): never a tie */
+            out[i] = fl_t_clamp_u8(v2 ? fmaf((float)(blur - x), qf, (float)x) : (float)x * rf + (float)blur * qf);
+        }
+    }
+}
+
+/* autocontrast, per channel: v1 (x - min) * (reciprocal(max - min) * 255),
+ * v2 (x - min) / ((max - min) * (1 / 255)); a flat channel is left as it is
+ * (min 0, scale 1). */
+static void
+fl_t_autocontrast(uint8_t *img, size_t npix, int C, int v2)
+{
+    uint8_t lut[3][256];
+    for (int c = 0; c < C; c++) {
+        int lo = 255, hi = 0;
+        for (size_t i = 0; i < npix; i++) {
+            int v = img[i * (size_t)C + (size_t)c];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        for (int v = 0; v < 256; v++) {
+            if (hi == lo) {
+                lut[c][v] = (uint8_t)v;
+                continue;
+            }
+            float d = (float)v - (float)lo;
+            float out = v2 ? d / ((float)(hi - lo) * (float)(1.0 / 255.0)) : d * ((1.0f / (float)(hi - lo)) * 255.0f);
+            lut[c][v] = fl_t_clamp_u8(out);
+        }
+    }
+    for (size_t i = 0; i < npix; i++)
+        for (int c = 0; c < C; c++)
+            img[i * (size_t)C + (size_t)c] = lut[c][img[i * (size_t)C + (size_t)c]];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Geometry: F.affine / F.rotate on the tensor                              */
+
+/* torchvision.transforms.v2.functional._geometry._get_inverse_affine_matrix
+ * with scale 1, in CPython's double arithmetic and operation order (v1's,
+ * a different order of the same formula, is fl_aug_tv_inverse_affine). */
+static void
+fl_t_inverse_affine_v2(double cx, double cy, double angle, double tx, double ty, double shx, double shy,
+                       double m[6])
+{
+    double rot = angle * fl_aug_deg2rad, sx = shx * fl_aug_deg2rad, sy = shy * fl_aug_deg2rad;
+    double cos_sy = cos(sy), tan_sx = tan(sx), rot_minus_sy = rot - sy;
+    double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
+    double a = cos(rot_minus_sy) / cos_sy;
+    double b = -(a * tan_sx + sin(rot));
+    double c = sin(rot_minus_sy) / cos_sy;
+    double d = cos(rot) - c * tan_sx;
+    m[0] = d / 1.0;
+    m[1] = -b / 1.0;
+    m[2] = 0.0;
+    m[3] = -c / 1.0;
+    m[4] = a / 1.0;
+    m[5] = 0.0;
+    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
+}
+
+/* _gen_affine_grid's base coordinates, torch.linspace(-n / 2 + 0.5,
+ * n / 2 - 0.5, n): steps of exactly 1 from a whole or half number, so
+ * every element is exact in float32 whichever way ATen's kernel forms it
+ * (start + step * i, end - step * (n - 1 - i), its vector ramps):
+ * -(n - 1) / 2 + i. */
+static inline float
+fl_t_base(int n, int i)
+{
+    return (float)(-0.5 * (n - 1)) + (float)i;
+}
+
+/* The sampling grid of a run of n output pixels from column x0 of a row:
+ * the base point (xb, yb, 1) of _gen_affine_grid times the rescaled theta
+ * (theta^T / (w / 2, h / 2)) as the float32 bmm gives it ((x r0 + y r1) +
+ * r2, each step rounded; y r1 is the row's, ry), then grid_sample's
+ * unnormalisation, (g + 1) * size / 2 - 0.5 as ATen's vector kernel
+ * computes it: one fused multiply-add.  Found, and checked, against torch
+ * 2.14's CPU kernels (tests/test_augmix.py).  r: the 6 rescaled
+ * coefficients (x row r[0..2], y row r[3..5]); sw, sh: w / 2 and h / 2 as
+ * float.  One loop of lane arithmetic: the "fma" clone vectorizes it. */
+FL_HOT_FMA static void
+fl_tgrid_run(const float r[6], int w, int x0, int n, float ry0, float ry1, float sw, float sh, float *ix,
+             float *iy)
+{
+    for (int k = 0; k < n; k++) {
+        const float xb = fl_t_base(w, x0 + k);
+        const float gx = (xb * r[0] + ry0) + r[2];
+        const float gy = (xb * r[3] + ry1) + r[5];
+        ix[k] = fmaf(gx + 1.0f, sw, -0.5f);
+        iy[k] = fmaf(gy + 1.0f, sh, -0.5f);
+    }
+}
+
+/* One output pixel o (C channels) sampled at (ix, iy) of src (w x h, row
+ * stride rs): nearest (round half to even) or bilinear (the four taps'
+ * weights from the floor, summed in fused multiply-adds, rounded half to
+ * even), zeros outside; C is a constant in each caller. */
+static inline __attribute__((always_inline)) void
+fl_t_sample(const uint8_t *src, size_t rs, int w, int h, const int C, int bilinear, float ix, float iy,
+            uint8_t *o)
+{
+    if (!bilinear) {
+        const float rx = nearbyintf(ix), ry = nearbyintf(iy);
+        if (rx >= 0.0f && rx < (float)w && ry >= 0.0f && ry < (float)h) {
+            const uint8_t *p = src + (size_t)ry * rs + (size_t)rx * (size_t)C;
+            for (int c = 0; c < C; c++)
+                o[c] = p[c];
+        } else {
+            for (int c = 0; c < C; c++)
+                o[c] = 0;
+        }
+        return;
+    }
+    const float fx = floorf(ix), fy = floorf(iy);
+    const float we = ix - fx, wn = iy - fy;   /* distances from the west and north taps */
+    const float e = 1.0f - we, s = 1.0f - wn;
+    const float wnw = s * e, wne = s * we, wsw = wn * e, wse = wn * we;
+    if (fx >= 0.0f && fx < (float)(w - 1) && fy >= 0.0f && fy < (float)(h - 1)) {   /* all four taps inside */
+        const uint8_t *p = src + (size_t)fy * rs + (size_t)fx * (size_t)C, *q = p + rs;
+        for (int c = 0; c < C; c++) {
+            float v = fmaf((float)p[C + c], wne, (float)p[c] * wnw);
+            v = fmaf((float)q[c], wsw, v);
+            v = fmaf((float)q[C + c], wse, v);
+            o[c] = (uint8_t)(int)nearbyintf(v);   /* in [0, 255]: a convex sum of bytes */
+        }
+        return;
+    }
+    /* far outside (or NaN, from an overflowing grid): any index whose four neighbours miss */
+    const int xw = !(fx >= -2.0f) ? -2 : fx > (float)w ? w : (int)fx;
+    const int yn = !(fy >= -2.0f) ? -2 : fy > (float)h ? h : (int)fy;
+    const int in_w = xw >= 0 && xw < w, in_e = xw + 1 >= 0 && xw + 1 < w;
+    const int in_n = yn >= 0 && yn < h, in_s = yn + 1 >= 0 && yn + 1 < h;
+    for (int c = 0; c < C; c++) {
+        const float vnw = in_n && in_w ? (float)src[(size_t)yn * rs + (size_t)xw * C + c] : 0.0f;
+        const float vne = in_n && in_e ? (float)src[(size_t)yn * rs + (size_t)(xw + 1) * C + c] : 0.0f;
+        const float vsw = in_s && in_w ? (float)src[(size_t)(yn + 1) * rs + (size_t)xw * C + c] : 0.0f;
+        const float vse = in_s && in_e ? (float)src[(size_t)(yn + 1) * rs + (size_t)(xw + 1) * C + c] : 0.0f;
+        float v = fmaf(vne, wne, vnw * wnw);
+        v = fmaf(vsw, wsw, v);
+        v = fmaf(vse, wse, v);
+        o[c] = fl_t_clamp_u8(nearbyintf(v));
+    }
+}
+
+#define FL_T_RUN 256
+
+/* The warp of src into img (w x h, C channels) for the inverse matrix m
+ * (output pixel centre -> input), nearest or bilinear, zeros outside. */
+FL_HOT_FMA static void
+fl_t_warp(const uint8_t *src, uint8_t *img, int w, int h, int C, const double m[6], int interp)
+{
+    const float t[6] = {(float)m[0], (float)m[1], (float)m[2], (float)m[3], (float)m[4], (float)m[5]};
+    const float hw = 0.5f * (float)w, hh = 0.5f * (float)h;   /* torch.tensor([0.5 * w, 0.5 * h]) */
+    const float r[6] = {t[0] / hw, t[1] / hw, t[2] / hw, t[3] / hh, t[4] / hh, t[5] / hh};
+    const float sw = (float)w / 2.0f, sh = (float)h / 2.0f;
+    const size_t rs = (size_t)w * (size_t)C;
+    const int bil = interp == FL_AUG_BILINEAR;
+    float ix[FL_T_RUN], iy[FL_T_RUN];
+    for (int oy = 0; oy < h; oy++) {
+        const float yb = fl_t_base(h, oy);
+        uint8_t *out = img + (size_t)oy * rs;
+        for (int x0 = 0; x0 < w; x0 += FL_T_RUN) {
+            const int n = w - x0 < FL_T_RUN ? w - x0 : FL_T_RUN;
+            fl_tgrid_run(r, w, x0, n, yb * r[1], yb * r[4], sw, sh, ix, iy);
+            uint8_t *o = out + (size_t)x0 * (size_t)C;
+            if (C == 3) {
+                for (int k = 0; k < n; k++)
+                    fl_t_sample(src, rs, w, h, 3, bil, ix[k], iy[k], o + 3 * k);
+            } else {
+                for (int k = 0; k < n; k++)
+                    fl_t_sample(src, rs, w, h, 1, bil, ix[k], iy[k], o + k);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Contract: augment_tensor.h. */
+int
+fl_aug_tensor_apply(int op, double magnitude, int interp, uint8_t *img, int w, int h, int channels, uint8_t *tmp,
+                    fl_err *err)
+{
+    const size_t npix = (size_t)w * (size_t)h, n = npix * (size_t)channels;
+    switch (op) {
+    case FL_AUG_T_SHEAR_X:
+    case FL_AUG_T_SHEAR_Y:
+    case FL_AUG_T_TRANSLATE_X:
+    case FL_AUG_T_TRANSLATE_Y:
+    case FL_AUG_T_ROTATE:
+    case FL_AUG_T_SHEAR_X_V2:
+    case FL_AUG_T_SHEAR_Y_V2:
+    case FL_AUG_T_TRANSLATE_X_V2:
+    case FL_AUG_T_TRANSLATE_Y_V2:
+    case FL_AUG_T_ROTATE_V2: {
+        if (interp != FL_AUG_NEAREST && interp != FL_AUG_BILINEAR) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: tensor op %d: interpolation %d (the tensor kernels take "
+                       "0 nearest or 1 bilinear)", op, interp);
+            return -1;
+        }
+        const int v2 = op >= FL_AUG_T_SHEAR_X_V2;
+        const int kind = v2 ? op - FL_AUG_T_SHEAR_X_V2 : op - FL_AUG_T_SHEAR_X;   /* 0..4: shx shy tx ty rot */
+        void (*inverse)(double, double, double, double, double, double, double, double *) =
+            v2 ? fl_t_inverse_affine_v2 : fl_aug_tv_inverse_affine;
+        double m[6];
+        if (kind <= 1) {
+            /* center=[0, 0] on a tensor: the centre offset (0 - w / 2, 0 - h / 2) */
+            double deg = atan(magnitude) * fl_aug_rad2deg;
+            inverse(0.0 - w * 0.5, 0.0 - h * 0.5, 0.0, 0.0, 0.0, kind == 0 ? deg : 0.0, kind == 1 ? deg : 0.0, m);
+        } else if (kind <= 3) {
+            double t = trunc(magnitude);   /* int(magnitude) */
+            if (!(fabs(t) < 2147483648.0)) {
+                fl_err_set(err, FL_ERR_INVALID, 0, "augment: tensor translate by %g pixels", magnitude);
+                return -1;
+            }
+            inverse(0.0, 0.0, 0.0, kind == 2 ? t : 0.0, kind == 3 ? t : 0.0, 0.0, 0.0, m);
+        } else if (!v2) {
+            inverse(0.0, 0.0, -magnitude, 0.0, 0.0, 0.0, 0.0, m);
+        } else {
+            double ang = fl_aug_py_mod(magnitude, 360.0);
+            if (ang == 0.0)
+                return 0;
+            const size_t rs = (size_t)w * (size_t)channels, C = (size_t)channels;
+            if (ang == 180.0 || ((ang == 90.0 || ang == 270.0) && w == h)) {   /* torch.rot90, exact */
+                memcpy(tmp, img, n);
+                for (int y = 0; y < h; y++)
+                    for (int x = 0; x < w; x++) {
+                        /* rot90(k=1, dims=(-2, -1)): out[y][x] = in[x][w-1-y]; k=3: in[h-1-x][y] */
+                        const uint8_t *s = ang == 180.0 ? tmp + (size_t)(h - 1 - y) * rs + (size_t)(w - 1 - x) * C
+                                           : ang == 90.0 ? tmp + (size_t)x * rs + (size_t)(w - 1 - y) * C
+                                                         : tmp + (size_t)(h - 1 - x) * rs + (size_t)y * C;
+                        memcpy(img + (size_t)y * rs + (size_t)x * C, s, C);
+                    }
+                return 0;
+            }
+            inverse(0.0, 0.0, -ang, 0.0, 0.0, 0.0, 0.0, m);
+        }
+        memcpy(tmp, img, n);
+        fl_t_warp(tmp, img, w, h, channels, m, interp);
+        return 0;
+    }
+
+    case FL_AUG_T_BRIGHTNESS:
+    case FL_AUG_T_COLOR:
+    case FL_AUG_T_COLOR_V2:
+    case FL_AUG_T_CONTRAST:
+    case FL_AUG_T_CONTRAST_V2:
+    case FL_AUG_T_SHARPNESS:
+    case FL_AUG_T_SHARPNESS_V2: {
+        const double ratio = 1.0 + magnitude;
+        if (!(ratio >= 0.0) || !isfinite((float)ratio) || !isfinite((float)(1.0 - ratio))) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: tensor op %d: factor 1 + %g is negative or beyond float "
+                       "range", op, magnitude);
+            return -1;
+        }
+        const float rf = (float)ratio, qf = (float)(1.0 - ratio);
+        const int v2 = op == FL_AUG_T_COLOR_V2 || op == FL_AUG_T_CONTRAST_V2 || op == FL_AUG_T_SHARPNESS_V2;
+        if (op == FL_AUG_T_BRIGHTNESS) {   /* blend with black: x * ratio */
+            uint8_t lut[256];
+            for (int v = 0; v < 256; v++)
+                lut[v] = fl_t_clamp_u8((float)v * rf);
+            for (size_t i = 0; i < n; i++)
+                img[i] = lut[img[i]];
+        } else if (op == FL_AUG_T_COLOR || op == FL_AUG_T_COLOR_V2) {
+            if (channels == 3)   /* an L image is returned as it is */
+                fl_t_color(img, npix, rf, qf, v2);
+        } else if (op == FL_AUG_T_CONTRAST || op == FL_AUG_T_CONTRAST_V2) {
+            const float mean = fl_t_gray_mean(img, npix, channels, v2);
+            uint8_t lut[256];
+            for (int v = 0; v < 256; v++)
+                lut[v] = fl_t_clamp_u8(v2 ? fmaf(mean, qf, (float)v * rf) : (float)v * rf + mean * qf);
+            for (size_t i = 0; i < n; i++)
+                img[i] = lut[img[i]];
+        } else if (w > 2 && h > 2) {   /* smaller images are returned as they are */
+            memcpy(tmp, img, n);
+            fl_t_sharpness(tmp, img, w, h, channels, rf, qf, v2);
+        }
+        return 0;
+    }
+
+    case FL_AUG_T_AUTOCONTRAST:
+    case FL_AUG_T_AUTOCONTRAST_V2:
+        fl_t_autocontrast(img, npix, channels, op == FL_AUG_T_AUTOCONTRAST_V2);
+        return 0;
+    }
+    fl_err_set(err, FL_ERR_INVALID, 0, "augment: %d is not a tensor op", op);
+    return -1;
+}
+
+/* Contract: augment.h. */
+void
+fl_augmix_accumulate(float *acc, const uint8_t *img, size_t n, float w, int first)
+{
+    if (first) {
+        for (size_t i = 0; i < n; i++)
+            acc[i] = w * (float)img[i];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            acc[i] = acc[i] + w * (float)img[i];
+    }
+}
+
+/* Contract: augment.h. */
+void
+fl_augmix_store(const float *acc, uint8_t *img, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        img[i] = fl_t_clamp_u8(acc[i]);
+}
