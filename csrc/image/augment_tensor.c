@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "image/augment.h"
+#include "image/imgops_internal.h" /* fl_use_avx2 */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 #define FL_HOT_FMA __attribute__((target_clones("fma", "default")))
@@ -49,10 +50,8 @@
 static inline uint8_t
 fl_t_clamp_u8(float v)
 {
-    if (!(v > 0.0f))   /* negatives, -0 and 0 */
-        return 0;
-    if (v >= 255.0f)
-        return 255;
+    v = v > 0.0f ? v : 0.0f;   /* negatives, -0 and NaN: 0 (selects, so loops vectorize) */
+    v = v < 255.0f ? v : 255.0f;
     return (uint8_t)(int)v;
 }
 
@@ -85,16 +84,25 @@ fl_t_gray_v2(int r, int g, int b)
 FL_HOT_FMA static void
 fl_t_color(uint8_t *img, size_t npix, float rf, float qf, int v2)
 {
-    for (size_t i = 0; i < npix; i++) {
-        uint8_t *p = img + 3 * i;
-        int r = p[0], g = p[1], b = p[2];
-        int l = v2 ? fl_t_gray_v2(r, g, b) : fl_t_gray_v1(r, g, b);
-        float gl = (float)l;
-        for (int c = 0; c < 3; c++) {
-            float x = (float)p[c];
-            p[c] = fl_t_clamp_u8(v2 ? fmaf(gl, qf, x * rf) : x * rf + gl * qf);
-        }
+#define FL_T_COLOR_LOOP(GRAY, BLEND)                                                                          \
+    for (size_t i = 0; i < npix; i++) {                                                                       \
+        uint8_t *p = img + 3 * i;                                                                             \
+        const float r = (float)p[0], g = (float)p[1], b = (float)p[2];                                        \
+        const float gl = (float)GRAY(p[0], p[1], p[2]);                                                       \
+        p[0] = fl_t_clamp_u8(BLEND(r));                                                                       \
+        p[1] = fl_t_clamp_u8(BLEND(g));                                                                       \
+        p[2] = fl_t_clamp_u8(BLEND(b));                                                                       \
     }
+#define FL_T_BLEND_V1(x) ((x) * rf + gl * qf)
+#define FL_T_BLEND_V2(x) fmaf(gl, qf, (x) * rf)
+    if (v2) {
+        FL_T_COLOR_LOOP(fl_t_gray_v2, FL_T_BLEND_V2)
+    } else {
+        FL_T_COLOR_LOOP(fl_t_gray_v1, FL_T_BLEND_V1)
+    }
+#undef FL_T_COLOR_LOOP
+#undef FL_T_BLEND_V1
+#undef FL_T_BLEND_V2
 }
 
 /* The mean torch.mean gives of the image's gray (v1: truncated, v2:
@@ -121,28 +129,55 @@ fl_t_gray_mean(const uint8_t *img, size_t npix, int channels, int v2)
 /* adjust_sharpness: the interior takes the blend with the rounded blur
  * (1 1 1 / 1 5 1 / 1 1 1) / 13; v1 blends the border with itself (two
  * rounded products need not give the byte back), v2 leaves it.  src: a copy
- * of img.  Needs w, h >= 3. */
+ * of img.  Needs w, h >= 3.  The blur's sum k is a whole number up to
+ * 3315, and k / 13 is never within 1/26 of a half, so rounding the float
+ * quotient (off by an ulp or two) gives round(k / 13) exactly. */
+static inline uint8_t
+fl_t_sharp_px(int x, int blur, float rf, float qf, int v2)
+{
+    return fl_t_clamp_u8(v2 ? fmaf((float)(blur - x), qf, (float)x) : (float)x * rf + (float)blur * qf);
+}
+
 FL_HOT_FMA static void
+fl_t_sharpness_row(const uint8_t *restrict up, const uint8_t *restrict md, const uint8_t *restrict dn,
+                   uint8_t *restrict out, size_t lo, size_t hi, const int C, float rf, float qf, int v2)
+{
+#define FL_T_SHARP_LOOP(V2)                                                                                   \
+    for (size_t i = lo; i < hi; i++) {                                                                        \
+        int k = up[i - C] + up[i] + up[i + C] + md[i - C] + 5 * md[i] + md[i + C] + dn[i - C] + dn[i] + dn[i + C]; \
+        int blur = (int)nearbyintf((float)k * (1.0f / 13.0f));                                                \
+        out[i] = fl_t_sharp_px(md[i], blur, rf, qf, V2);                                                      \
+    }
+    if (v2) {
+        FL_T_SHARP_LOOP(1)
+    } else {
+        FL_T_SHARP_LOOP(0)
+    }
+#undef FL_T_SHARP_LOOP
+}
+
+static void
 fl_t_sharpness(const uint8_t *src, uint8_t *img, int w, int h, int C, float rf, float qf, int v2)
 {
-    const size_t rs = (size_t)w * (size_t)C;
+    const size_t rs = (size_t)w * (size_t)C, c = (size_t)C;
     for (int y = 0; y < h; y++) {
         const uint8_t *md = src + (size_t)y * rs;
         uint8_t *out = img + (size_t)y * rs;
-        const int border_row = y == 0 || y == h - 1;
-        for (size_t i = 0; i < rs; i++) {
-            const int border = border_row || i < (size_t)C || i + (size_t)C >= rs;
-            const int x = md[i];
-            if (border) {
-                if (!v2)
-                    out[i] = fl_t_clamp_u8((float)x * rf + (float)x * qf);
-                continue;
-            }
-            const uint8_t *up = md - rs, *dn = md + rs;
-            int k = up[i - C] + up[i] + up[i + C] + md[i - C] + 5 * x + md[i + C] + dn[i - C] + dn[i] + dn[i + C];
-            int blur = (2 * k + 13) / 26;   /* round(k / 13): never a tie */
-            out[i] = fl_t_clamp_u8(v2 ? fmaf((float)(blur - x), qf, (float)x) : (float)x * rf + (float)blur * qf);
+        if (y == 0 || y == h - 1) {   /* border rows */
+            if (!v2)
+                for (size_t i = 0; i < rs; i++)
+                    out[i] = fl_t_sharp_px(md[i], md[i], rf, qf, 0);
+            continue;
         }
+        if (!v2)   /* the first and last pixel of the row */
+            for (size_t i = 0; i < c; i++) {
+                out[i] = fl_t_sharp_px(md[i], md[i], rf, qf, 0);
+                out[rs - c + i] = fl_t_sharp_px(md[rs - c + i], md[rs - c + i], rf, qf, 0);
+            }
+        if (C == 3)
+            fl_t_sharpness_row(md - rs, md, md + rs, out, 3, rs - 3, 3, rf, qf, v2);
+        else
+            fl_t_sharpness_row(md - rs, md, md + rs, out, 1, rs - 1, 1, rf, qf, v2);
     }
 }
 
@@ -288,6 +323,72 @@ fl_t_sample(const uint8_t *src, size_t rs, int w, int h, const int C, int biline
 
 #define FL_T_RUN 256
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+#include <immintrin.h>
+
+/* The bilinear samples of a run of n RGB output pixels, 8 at a time: the
+ * lane arithmetic of fl_t_sample's inside branch (the same float
+ * operations in the same order, _mm256_fmadd_ps being fmaf and the
+ * conversion rounding half to even), each tap one 32-bit gather of its 3
+ * bytes and the next one.  A group with a lane whose taps are not all
+ * inside goes through fl_t_sample.  Reads at most one byte past the last
+ * pixel of src (fl_aug_tmp_bytes' slack); needs rs * h < 2^31. */
+__attribute__((target("avx2,fma"))) static void
+fl_t_bilinear3_avx2(const uint8_t *src, size_t rs, int w, int h, const float *ix, const float *iy, int n,
+                    uint8_t *o)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 xlim = _mm256_set1_ps((float)(w - 1)), ylim = _mm256_set1_ps((float)(h - 1));
+    const __m256i vrs = _mm256_set1_epi32((int)rs), three = _mm256_set1_epi32(3), byte = _mm256_set1_epi32(0xFF);
+    const int *base = (const int *)(const void *)src;
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 x = _mm256_loadu_ps(ix + k), y = _mm256_loadu_ps(iy + k);
+        const __m256 fx = _mm256_floor_ps(x), fy = _mm256_floor_ps(y);
+        const __m256 in = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(fx, zero, _CMP_GE_OQ), _mm256_cmp_ps(fx, xlim, _CMP_LT_OQ)),
+                                        _mm256_and_ps(_mm256_cmp_ps(fy, zero, _CMP_GE_OQ), _mm256_cmp_ps(fy, ylim, _CMP_LT_OQ)));
+        if (_mm256_movemask_ps(in) != 0xFF) {
+            for (int j = k; j < k + 8; j++)
+                fl_t_sample(src, rs, w, h, 3, 1, ix[j], iy[j], o + 3 * (size_t)j);
+            continue;
+        }
+        const __m256 we = _mm256_sub_ps(x, fx), wn = _mm256_sub_ps(y, fy);
+        const __m256 e = _mm256_sub_ps(one, we), s = _mm256_sub_ps(one, wn);
+        const __m256 wnw = _mm256_mul_ps(s, e), wne = _mm256_mul_ps(s, we);
+        const __m256 wsw = _mm256_mul_ps(wn, e), wse = _mm256_mul_ps(wn, we);
+        const __m256i off = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_cvttps_epi32(fy), vrs),
+                                             _mm256_mullo_epi32(_mm256_cvttps_epi32(fx), three));
+        const __m256i tnw = _mm256_i32gather_epi32(base, off, 1);
+        const __m256i tne = _mm256_i32gather_epi32(base, _mm256_add_epi32(off, three), 1);
+        const __m256i tsw = _mm256_i32gather_epi32(base, _mm256_add_epi32(off, vrs), 1);
+        const __m256i tse = _mm256_i32gather_epi32(base, _mm256_add_epi32(_mm256_add_epi32(off, vrs), three), 1);
+        __m256i px = _mm256_setzero_si256();
+        for (int c = 0; c < 3; c++) {
+            const __m256 a = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(tnw, 8 * c), byte));
+            const __m256 b = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(tne, 8 * c), byte));
+            const __m256 cc = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(tsw, 8 * c), byte));
+            const __m256 d = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(tse, 8 * c), byte));
+            __m256 v = _mm256_fmadd_ps(b, wne, _mm256_mul_ps(a, wnw));
+            v = _mm256_fmadd_ps(cc, wsw, v);
+            v = _mm256_fmadd_ps(d, wse, v);
+            const __m256i r = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            px = _mm256_or_si256(px, _mm256_slli_epi32(r, 8 * c));   /* r in 0..255 */
+        }
+        uint32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)(void *)lanes, px);
+        uint8_t *q = o + 3 * (size_t)k;
+        for (int j = 0; j < 8; j++) {
+            q[3 * j] = (uint8_t)lanes[j];
+            q[3 * j + 1] = (uint8_t)(lanes[j] >> 8);
+            q[3 * j + 2] = (uint8_t)(lanes[j] >> 16);
+        }
+    }
+    for (; k < n; k++)
+        fl_t_sample(src, rs, w, h, 3, 1, ix[k], iy[k], o + 3 * (size_t)k);
+}
+#define FL_T_HAVE_AVX2 1
+#endif
+
 /* The warp of src into img (w x h, C channels) for the inverse matrix m
  * (output pixel centre -> input), nearest or bilinear, zeros outside. */
 FL_HOT_FMA static void
@@ -299,6 +400,12 @@ fl_t_warp(const uint8_t *src, uint8_t *img, int w, int h, int C, const double m[
     const float sw = (float)w / 2.0f, sh = (float)h / 2.0f;
     const size_t rs = (size_t)w * (size_t)C;
     const int bil = interp == FL_AUG_BILINEAR;
+#ifdef FL_T_HAVE_AVX2
+    const int simd = bil && C == 3 && fl_use_avx2() && __builtin_cpu_supports("fma")
+                     && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
+#else
+    const int simd = 0;
+#endif
     float ix[FL_T_RUN], iy[FL_T_RUN];
     for (int oy = 0; oy < h; oy++) {
         const float yb = fl_t_base(h, oy);
@@ -307,7 +414,11 @@ fl_t_warp(const uint8_t *src, uint8_t *img, int w, int h, int C, const double m[
             const int n = w - x0 < FL_T_RUN ? w - x0 : FL_T_RUN;
             fl_tgrid_run(r, w, x0, n, yb * r[1], yb * r[4], sw, sh, ix, iy);
             uint8_t *o = out + (size_t)x0 * (size_t)C;
-            if (C == 3) {
+            if (simd) {
+#ifdef FL_T_HAVE_AVX2
+                fl_t_bilinear3_avx2(src, rs, w, h, ix, iy, n, o);
+#endif
+            } else if (C == 3) {
                 for (int k = 0; k < n; k++)
                     fl_t_sample(src, rs, w, h, 3, bil, ix[k], iy[k], o + 3 * k);
             } else {
