@@ -1,5 +1,8 @@
-"""Per-op cost of the augmentation ops (csrc/image/augment.c: fl_aug_apply)
-against Pillow and torchvision's v2 tensor ops, one thread, one image.
+"""Per-op cost of the augmentation ops (csrc/image/augment.c and
+augment_tensor.c: fl_aug_apply) against Pillow and torchvision's v2 tensor
+ops, one thread, one image.  The "AugMix" rows are the tensor kernels
+AugMix runs (bit-exact with the v2 column's ops); the others are the Pillow
+ones (bit-exact with the PIL column's).
 
 Columns, each the best of --repeats timings of --n calls (the minimum: on a
 shared machine other load only ever adds time), in microseconds per image
@@ -56,6 +59,16 @@ OPS = [
     ("AutoContrast", 12, 0.0, 0),
     ("Equalize", 13, 0.0, 0),
     ("Invert", 14, 0.0, 0),
+    # AugMix's: torchvision's v2 tensor kernels (csrc/image/augment_tensor.c), whose reference is the v2 column
+    ("AugMix ShearX", 29, 0.3, 0),
+    ("AugMix ShearX/bilinear", 29, 0.3, 1),
+    ("AugMix TranslateX/bilinear", 31, 45.0, 1),
+    ("AugMix Rotate/bilinear", 33, 30.0, 1),
+    ("AugMix Brightness", 34, 0.5, 0),
+    ("AugMix Color", 36, 0.5, 0),
+    ("AugMix Contrast", 38, -0.5, 0),
+    ("AugMix Sharpness", 40, 0.5, 0),
+    ("AugMix AutoContrast", 42, 0.0, 0),
 ]
 
 HARNESS = r"""
@@ -126,6 +139,7 @@ def build_c(d: str, raw: bytes) -> tuple[str, str]:
     csrc = os.path.join(REPO, "csrc")
     cmd = [os.environ.get("CC", "gcc"), "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
            "-std=c11", "-D_GNU_SOURCE", "-fwrapv", "-I", csrc, c, os.path.join(csrc, "image", "augment.c"),
+           os.path.join(csrc, "image", "augment_tensor.c"), os.path.join(csrc, "image", "resample.c"),
            "-o", exe, "-lm"]
     subprocess.run(cmd, check=True)
     return exe, img
@@ -234,10 +248,10 @@ def main() -> None:
 
     print(f"augmentation ops, one thread, {w}x{h} RGB ({a.photo}), best of {a.repeats} x {a.n} calls, "
           f"us per image ({sysconfig.get_platform()}; C: the copy-in, {copy:.1f} us, subtracted)")
-    print(f"| {'op':<16} | {'C':>7} | {'_C':>7} | {'PIL':>7} | {'v2':>7} | {'PIL/C':>6} | {'v2/C':>6} |")
-    print(f"|{'-' * 18}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
+    print(f"| {'op':<26} | {'C':>7} | {'_C':>7} | {'PIL':>7} | {'v2':>7} | {'PIL/C':>6} | {'v2/C':>6} |")
+    print(f"|{'-' * 28}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
     for name, code, mag, interp in OPS:
-        base = name.split("/")[0]
+        base = name.split("/")[0].split()[-1]
         pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
         c = run_c(exe, img, w, h, a.n, a.repeats, [(code, mag, interp)])[(code, interp)]
         py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
@@ -245,7 +259,7 @@ def main() -> None:
         v = timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
         r1 = p / c if c > 0 else float("inf")
         r2 = v / c if c > 0 else float("inf")
-        print(f"| {name:<16} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")
+        print(f"| {name:<26} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")
     tmpdir.cleanup()
 
 

@@ -103,8 +103,8 @@ fl_blend1(int in1, int in2, float alpha)
     return (uint8_t)(int)t;
 }
 
-/* p[i] = lut[p[i]] for n bytes. */
-FL_HOT static void
+/* Contract: augment_internal.h. */
+FL_HOT void
 fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
 {
     size_t i = 0;
@@ -143,8 +143,8 @@ fl_solarize_bytes(uint8_t *p, size_t n, uint8_t k)
         p[i] = p[i] < k ? p[i] : (uint8_t)(255 - p[i]);
 }
 
-/* RGB pixels through three tables (lut: 3 x 256, channel-major). */
-FL_HOT static void
+/* Contract: augment_internal.h. */
+FL_HOT void
 fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
 {
     const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;

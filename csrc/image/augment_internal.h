@@ -38,4 +38,10 @@ double fl_aug_py_mod(double x, double m);
 void fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy,
                               double m[6]);
 
+/* augment.c: p[i] = lut[p[i]] for n bytes. */
+void fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut);
+
+/* augment.c: npix RGB pixels through three tables (lut: 3 x 256, channel-major). */
+void fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut);
+
 #endif

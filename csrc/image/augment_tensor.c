@@ -55,54 +55,54 @@ fl_t_clamp_u8(float v)
     return (uint8_t)(int)v;
 }
 
-/* v1 rgb_to_grayscale of one RGB pixel: (0.2989 r + 0.587 g) + 0.114 b in
- * float32, each product and sum rounded, truncated to uint8. */
-static inline int
-fl_t_gray_v1(int r, int g, int b)
-{
-    float s = 0.2989f * (float)r + 0.587f * (float)g;
-    s = s + 0.114f * (float)b;
-    return (int)s;
-}
-
-/* v2 _rgb_to_grayscale_image(preserve_dtype=False) then floor_:
- * r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114). */
-static inline int
-fl_t_gray_v2(int r, int g, int b)
-{
-    float s = (float)r * 0.2989f;
-    s = fmaf((float)g, 0.587f, s);
-    s = fmaf((float)b, 0.114f, s);
-    return (int)floorf(s);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Colour                                                                   */
 
 /* adjust_saturation, RGB: v1 blends with the truncated gray, two products
- * and a sum; v2 with the floored fused gray, fused. */
+ * and a sum; v2 with the floored fused gray, fused.  The grays: v1's
+ * rgb_to_grayscale is (0.2989 r + 0.587 g) + 0.114 b in float32, each
+ * product and sum rounded, truncated to uint8; v2's
+ * _rgb_to_grayscale_image(preserve_dtype=False) then floor_ is
+ * r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), two fused
+ * multiply-adds, floored.  A run of pixels at a
+ * time through planar float rows, so the arithmetic runs in vector lanes. */
+#define FL_T_RUN_PX 256
 FL_HOT_FMA static void
 fl_t_color(uint8_t *img, size_t npix, float rf, float qf, int v2)
 {
-#define FL_T_COLOR_LOOP(GRAY, BLEND)                                                                          \
-    for (size_t i = 0; i < npix; i++) {                                                                       \
-        uint8_t *p = img + 3 * i;                                                                             \
-        const float r = (float)p[0], g = (float)p[1], b = (float)p[2];                                        \
-        const float gl = (float)GRAY(p[0], p[1], p[2]);                                                       \
-        p[0] = fl_t_clamp_u8(BLEND(r));                                                                       \
-        p[1] = fl_t_clamp_u8(BLEND(g));                                                                       \
-        p[2] = fl_t_clamp_u8(BLEND(b));                                                                       \
+    float r[FL_T_RUN_PX], g[FL_T_RUN_PX], b[FL_T_RUN_PX], l[FL_T_RUN_PX];
+    for (size_t i0 = 0; i0 < npix; i0 += FL_T_RUN_PX) {
+        const size_t n = npix - i0 < FL_T_RUN_PX ? npix - i0 : FL_T_RUN_PX;
+        uint8_t *p = img + 3 * i0;
+        for (size_t k = 0; k < n; k++) {
+            r[k] = (float)p[3 * k];
+            g[k] = (float)p[3 * k + 1];
+            b[k] = (float)p[3 * k + 2];
+        }
+        if (v2) {
+            for (size_t k = 0; k < n; k++)
+                l[k] = floorf(fmaf(b[k], 0.114f, fmaf(g[k], 0.587f, r[k] * 0.2989f)));
+            for (size_t k = 0; k < n; k++) {
+                r[k] = fmaf(l[k], qf, r[k] * rf);
+                g[k] = fmaf(l[k], qf, g[k] * rf);
+                b[k] = fmaf(l[k], qf, b[k] * rf);
+            }
+        } else {
+            for (size_t k = 0; k < n; k++)
+                l[k] = (float)(int)((0.2989f * r[k] + 0.587f * g[k]) + 0.114f * b[k]);
+            for (size_t k = 0; k < n; k++) {
+                const float m = l[k] * qf;
+                r[k] = r[k] * rf + m;
+                g[k] = g[k] * rf + m;
+                b[k] = b[k] * rf + m;
+            }
+        }
+        for (size_t k = 0; k < n; k++) {
+            p[3 * k] = fl_t_clamp_u8(r[k]);
+            p[3 * k + 1] = fl_t_clamp_u8(g[k]);
+            p[3 * k + 2] = fl_t_clamp_u8(b[k]);
+        }
     }
-#define FL_T_BLEND_V1(x) ((x) * rf + gl * qf)
-#define FL_T_BLEND_V2(x) fmaf(gl, qf, (x) * rf)
-    if (v2) {
-        FL_T_COLOR_LOOP(fl_t_gray_v2, FL_T_BLEND_V2)
-    } else {
-        FL_T_COLOR_LOOP(fl_t_gray_v1, FL_T_BLEND_V1)
-    }
-#undef FL_T_COLOR_LOOP
-#undef FL_T_BLEND_V1
-#undef FL_T_BLEND_V2
 }
 
 /* The mean torch.mean gives of the image's gray (v1: truncated, v2:
@@ -110,17 +110,32 @@ fl_t_color(uint8_t *img, size_t npix, float rf, float qf, int v2)
  * float32 divided by the count as float32.  Exact for sums below 2^24
  * (every image up to 65,793 pixels); above, torch's float32 summation
  * rounds and the last bit may differ. */
-static float
+FL_HOT_FMA static float
 fl_t_gray_mean(const uint8_t *img, size_t npix, int channels, int v2)
 {
     uint64_t sum = 0;
     if (channels == 1) {
         for (size_t i = 0; i < npix; i++)
             sum += img[i];
-    } else {
-        for (size_t i = 0; i < npix; i++) {
-            const uint8_t *p = img + 3 * i;
-            sum += (uint64_t)(v2 ? fl_t_gray_v2(p[0], p[1], p[2]) : fl_t_gray_v1(p[0], p[1], p[2]));
+    } else {   /* a run at a time through planar float rows, as fl_t_color */
+        float r[FL_T_RUN_PX], g[FL_T_RUN_PX], b[FL_T_RUN_PX];
+        for (size_t i0 = 0; i0 < npix; i0 += FL_T_RUN_PX) {
+            const size_t n = npix - i0 < FL_T_RUN_PX ? npix - i0 : FL_T_RUN_PX;
+            const uint8_t *p = img + 3 * i0;
+            for (size_t k = 0; k < n; k++) {
+                r[k] = (float)p[3 * k];
+                g[k] = (float)p[3 * k + 1];
+                b[k] = (float)p[3 * k + 2];
+            }
+            uint32_t part = 0;   /* at most 256 grays of at most 255 */
+            if (v2) {
+                for (size_t k = 0; k < n; k++)
+                    part += (uint32_t)(int)floorf(fmaf(b[k], 0.114f, fmaf(g[k], 0.587f, r[k] * 0.2989f)));
+            } else {
+                for (size_t k = 0; k < n; k++)
+                    part += (uint32_t)(int)((0.2989f * r[k] + 0.587f * g[k]) + 0.114f * b[k]);
+            }
+            sum += part;
         }
     }
     return (float)sum / (float)npix;
@@ -205,9 +220,10 @@ fl_t_autocontrast(uint8_t *img, size_t npix, int C, int v2)
             lut[c][v] = fl_t_clamp_u8(out);
         }
     }
-    for (size_t i = 0; i < npix; i++)
-        for (int c = 0; c < C; c++)
-            img[i * (size_t)C + (size_t)c] = lut[c][img[i * (size_t)C + (size_t)c]];
+    if (C == 3)
+        fl_lut_apply3(img, npix, &lut[0][0]);
+    else
+        fl_lut_apply1(img, npix, lut[0]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -514,8 +530,7 @@ fl_aug_tensor_apply(int op, double magnitude, int interp, uint8_t *img, int w, i
             uint8_t lut[256];
             for (int v = 0; v < 256; v++)
                 lut[v] = fl_t_clamp_u8((float)v * rf);
-            for (size_t i = 0; i < n; i++)
-                img[i] = lut[img[i]];
+            fl_lut_apply1(img, n, lut);
         } else if (op == FL_AUG_T_COLOR || op == FL_AUG_T_COLOR_V2) {
             if (channels == 3)   /* an L image is returned as it is */
                 fl_t_color(img, npix, rf, qf, v2);
@@ -524,8 +539,7 @@ fl_aug_tensor_apply(int op, double magnitude, int interp, uint8_t *img, int w, i
             uint8_t lut[256];
             for (int v = 0; v < 256; v++)
                 lut[v] = fl_t_clamp_u8(v2 ? fmaf(mean, qf, (float)v * rf) : (float)v * rf + mean * qf);
-            for (size_t i = 0; i < n; i++)
-                img[i] = lut[img[i]];
+            fl_lut_apply1(img, n, lut);
         } else if (w > 2 && h > 2) {   /* smaller images are returned as they are */
             memcpy(tmp, img, n);
             fl_t_sharpness(tmp, img, w, h, channels, rf, qf, v2);
