@@ -248,7 +248,8 @@ class NativeImageDataset(_Dataset):
     def plan(self, index, width, height, epoch=0, seed=0):
         """The random decisions for one sample: crop box, resized size, window,
         filter (interp: 0 bilinear, 1 bicubic), flip, vflip, policy ops (a RandomRotation first),
-        gray (RandomGrayscale), erase box."""
+        AugMix's weights and chain lengths (mix: None, or {w0, w, len}; the chains' ops are the
+        last entries of aug), gray (RandomGrayscale), erase box."""
         return self._native.plan(int(index), int(width), int(height), int(epoch), int(seed))
 
     # -- batch post-processing ---------------------------------------------------

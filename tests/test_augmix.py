@@ -378,3 +378,36 @@ def test_augmix_settings_it_cannot_run_stay_in_python():
         spec, rest, desc = compile_transform([T.CenterCrop(224), aug, T.PILToTensor()])
         assert rest is not None and "AugMix" in desc.split("python")[1], desc
         assert "policy" not in spec
+
+
+# ---- in the loader ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mod", [T, v2], ids=["v1", "v2"])
+def test_imagefolder_runs_augmix_natively_and_matches_the_replay(tmp_path, mod):
+    """The preset's objects, unchanged, through fastloader.ImageFolder and its
+    DataLoader: no Python per sample, the same batches for num_workers 0 and
+    2, and each sample the replay of its plan through torchvision."""
+    import fastloader
+    from PIL import Image
+    from fastloader.tools.sample import make_sample
+
+    root = tmp_path / "train"
+    make_sample(str(root), n=16, classes=2, seed=3, progress=False, processes=1)
+    aug = mod.AugMix(interpolation=BILINEAR)
+    crop = mod.RandomResizedCrop(64, antialias=True)
+    tf = mod.Compose([crop, aug, mod.PILToTensor()])
+    ds = fastloader.ImageFolder(str(root), transform=tf)
+    assert ds.pipeline_description.endswith("python: nothing"), ds.pipeline_description
+    seed = 23
+    batches = [list(fastloader.DataLoader(ds, batch_size=8, num_workers=nw, seed=seed)) for nw in (0, 2)]
+    for (xa, ya), (xb, yb) in zip(*batches):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    images = torch.cat([x for x, _ in batches[0]])
+    for i, (path, _label) in enumerate(ds.samples):
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+        plan = ds.plan(i, im.width, im.height, 0, seed)
+        x, y, w, h = plan["box"]
+        base = np.asarray(im.crop((x, y, x + w, y + h)).resize((64, 64), Image.Resampling.BILINEAR))
+        ref = _replay(base, plan, aug, mod is v2, BILINEAR)
+        assert np.array_equal(images[i].permute(1, 2, 0).numpy(), ref), i
