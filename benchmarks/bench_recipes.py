@@ -190,6 +190,11 @@ RECIPES["timm-train-aa-original"] = ("timm create_transform(is_training, AutoAug
                                      "bicubic)", ("timm", dict(_TIMM_TRAIN, auto_augment="original",
                                                                interpolation="bicubic")), False)
 RECIPES["timm-eval"] = ("timm create_transform(is_training=False)", ("timm", dict(is_training=False)), False)
+RECIPES["timm-train-default"] = ("timm create_transform(is_training=True), its defaults: RRC + flip + "
+                                 "ColorJitter(0.4, 0.4, 0.4)", ("timm", dict(is_training=True)), False)
+RECIPES["tv-colour-v2"] = ("torchvision v2 Compose: RRC + flip + RandomApply(ColorJitter(0.4, 0.4, 0.4, 0.1), "
+                           "p=0.8) + RandomGrayscale(0.2) + ToImage + ToDtype + Normalize (SimCLR's colour "
+                           "distortion)", ("colour", {}), False)
 RECIPES["tv-aerial-v1"] = ("torchvision v1 Compose: RRC + hflip + vflip + RandomRotation(15) + RandomGrayscale(0.1) "
                            "+ ToTensor + Normalize (an aerial / medical style recipe)", ("aerial", {}), False)
 RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)",
@@ -237,6 +242,14 @@ def make_transform(recipe, crop_size, impl=None):
         return T.Compose([T.RandomResizedCrop(crop_size), T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
                           T.RandomRotation(15), T.RandomGrayscale(0.1), T.ToTensor(),
                           T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    if kind == "colour":
+        import torch
+        from torchvision.transforms import v2
+
+        return v2.Compose([v2.RandomResizedCrop(crop_size), v2.RandomHorizontalFlip(),
+                           v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), v2.RandomGrayscale(0.2),
+                           v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                           v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
     import timm.data
 
     if impl == "torch":

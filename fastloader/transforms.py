@@ -45,6 +45,7 @@ from .worker_info import tls
 
 __all__ = [
     "CenterCrop",
+    "ColorJitter",
     "Compose",
     "Grayscale",
     "NativeTransform",
@@ -205,6 +206,47 @@ class RandomVerticalFlip(_WithProbability):
 class RandomGrayscale(_WithProbability):
     def __init__(self, p: float = 0.1) -> None:   # torchvision's default
         super().__init__(p)
+
+
+class ColorJitter(Transform):
+    """torchvision's ColorJitter (brightness, contrast, saturation: a factor
+    range ``[max(0, 1 - x), 1 + x]`` for a number x, or ``(lo, hi)``; hue:
+    ``[-x, x]`` or ``(lo, hi)`` within [-0.5, 0.5]; 0 leaves that adjustment
+    out), applied on the uint8 image in a random order per sample."""
+
+    def __init__(self, brightness: Any = 0, contrast: Any = 0, saturation: Any = 0, hue: Any = 0) -> None:
+        self.brightness = self._range(brightness, "brightness", 1.0, (0.0, float("inf")), True)
+        self.contrast = self._range(contrast, "contrast", 1.0, (0.0, float("inf")), True)
+        self.saturation = self._range(saturation, "saturation", 1.0, (0.0, float("inf")), True)
+        self.hue = self._range(hue, "hue", 0.0, (-0.5, 0.5), False)
+
+    @staticmethod
+    def _range(value: Any, name: str, center: float, bound: tuple, clip: bool) -> tuple[float, float] | None:
+        """torchvision's _check_input: a number x -> [center - x, center + x]
+        (clipped at 0 for the factors), a pair as given; None when it is
+        [center, center]."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise ValueError(f"ColorJitter: if {name} is a single number, it must be non negative")
+            lo, hi = center - float(value), center + float(value)
+            if clip:
+                lo = max(lo, 0.0)
+        elif isinstance(value, (tuple, list)) and len(value) == 2:
+            lo, hi = float(value[0]), float(value[1])
+        else:
+            raise TypeError(f"ColorJitter: {name} should be a single number or a pair, got {value!r}")
+        if not bound[0] <= lo <= hi <= bound[1]:
+            raise ValueError(f"ColorJitter: {name} values should be between {bound} and increasing, "
+                             f"got {(lo, hi)}")
+        return None if lo == hi == center else (lo, hi)
+
+    def _torchvision(self):
+        from torchvision.transforms import v2
+        return v2.ColorJitter(self.brightness, self.contrast, self.saturation, self.hue)
+
+    def _args(self):
+        return ", ".join(f"{k}={getattr(self, k)}" for k in ("brightness", "contrast", "saturation", "hue")
+                         if getattr(self, k) is not None)
 
 
 class Grayscale(Transform):
@@ -422,6 +464,13 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("random_gray", dict(p=float(t.p)))
     if name == "RandomRotation" and not ours:
         return ("rotate", dict(obj=t))
+    if name == "ColorJitter":
+        return _jitter_desc(t, 1.0)
+    if name == "RandomApply" and not ours:   # RandomApply([ColorJitter(...)], p), as timm and SimCLR use it
+        inner = list(getattr(t, "transforms", []))
+        if len(inner) == 1 and _is_torchvision(inner[0]) and type(inner[0]).__name__ == "ColorJitter":
+            return _jitter_desc(inner[0], float(t.p))
+        return None
     if name == "ToTensor":
         return ("to_tensor", {})
     if name in ("PILToTensor", "ToImage"):
@@ -446,6 +495,31 @@ def _describe(t: Any) -> tuple[str, dict] | None:
     if name == "Normalize":
         return ("normalize", dict(mean=[float(m) for m in t.mean], std=[float(s) for s in t.std]))
     return None
+
+
+def _jitter_desc(t: Any, p: float) -> tuple[str, dict] | None:
+    """("jitter", {p, and the (lo, hi) of each adjustment present}) for a
+    torchvision v1/v2 (or fastloader) ColorJitter applied with probability
+    p, or None when its ranges are not what the native op takes."""
+    ranges = {}
+    for key in ("brightness", "contrast", "saturation", "hue"):
+        r = getattr(t, key, None)
+        if r is None:
+            continue
+        try:
+            lo, hi = (float(v) for v in r)
+        except (TypeError, ValueError):
+            return None
+        bound = (-0.5, 0.5) if key == "hue" else (0.0, float("inf"))
+        if not bound[0] <= lo <= hi <= bound[1]:
+            return None
+        ranges[key] = (lo, hi)
+    if not 0.0 <= p <= 1.0:
+        return None
+    return ("jitter", dict(p=p, ranges=ranges))
+
+
+_JITTER_AFTER_FLIPS, _JITTER_BEFORE_POLICY, _JITTER_AFTER_POLICY = 0, 1, 2   # imgops.h FL_JITTER_*
 
 
 # csrc/image/augment.h FL_AUG_*, by torchvision's op names
@@ -869,12 +943,28 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
     spec["flip_p"] = flips.get("flip_p", 0.0)
     if flips.get("vflip_p", 0.0) > 0:   # the key only when there is one (older specs draw as before)
         spec["vflip_p"] = flips["vflip_p"]
+    jitter_seen = False
+
+    def take_jitter(where: int) -> None:
+        """A ColorJitter at this place of the Compose (one a spec): into the
+        spec when it does anything, consumed either way."""
+        nonlocal pos, jitter_seen
+        if jitter_seen or kind(pos) != "jitter" or not spec["out_h"]:
+            return
+        j = descs[pos][1]
+        if j["p"] > 0 and j["ranges"]:
+            spec["jitter"] = dict(p=j["p"], pos=where, **j["ranges"])
+        jitter_seen = True
+        pos += 1
+
+    take_jitter(_JITTER_AFTER_FLIPS)
     rot = None
     if kind(pos) == "rotate" and spec["out_h"]:
         rot = _rotation_spec(descs[pos][1]["obj"], spec["out_channels"])
         if rot is not None:
             spec.update(rot)
             pos += 1
+    take_jitter(_JITTER_BEFORE_POLICY)
     if kind(pos) == "policy" and spec["out_h"]:
         p = descs[pos][1]
         timm = p.get("timm")
@@ -887,6 +977,8 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             if pol:
                 spec["policy"] = pol
             pos += 1
+    if spec.get("policy", {}).get("kind") != "augmix":   # after AugMix it stays in Python (imgops.h FL_JITTER_AFTER_POLICY)
+        take_jitter(_JITTER_AFTER_POLICY)
     if kind(pos) == "random_gray":   # on the finished uint8 image, after the policy
         if descs[pos][1]["p"] > 0:
             spec["gray_p"] = descs[pos][1]["p"]

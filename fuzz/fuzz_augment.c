@@ -336,6 +336,7 @@ magnitude_for(int op, fz_bytes *p)
         case FL_AUG_AFFINE_TRANSLATE_X: case FL_AUG_AFFINE_TRANSLATE_Y: return -80.0 + 160.0 * u;
         case FL_AUG_BRIGHTNESS_FACTOR: case FL_AUG_COLOR_FACTOR: case FL_AUG_CONTRAST_FACTOR:
         case FL_AUG_SHARPNESS_FACTOR: return -0.2 + 2.4 * u;
+        case FL_AUG_HUE: return -0.6 + 1.2 * u;
         default: return -1.2 + 2.4 * u;
         }
     }
@@ -365,6 +366,56 @@ check_table_op(const uint8_t *in, const uint8_t *out, size_t npix, int c, const 
             else if (map[b][v] != o)
                 FZ_FAIL("%s: channel %d maps byte %d to both %d and %d", what, b, v, map[b][v], o);
         }
+}
+
+/* Hue against a plain transcription of Pillow's rgb2hsv / hsv2rgb (libm's
+ * fmod and round, the divisions per pixel), which the op's shortcuts (the
+ * fmod as a subtraction, its own rounding, the per-call tables) must equal;
+ * and what HSV promises: V, the largest channel, unchanged. */
+static void
+check_hue(const uint8_t *orig, const uint8_t *img, size_t npix, double factor)
+{
+    const int shift = (int)trunc(factor * 255.0) & 255;
+    for (size_t k = 0; k < npix; k++) {
+        const uint8_t *o = orig + 3 * k, *q = img + 3 * k;
+        int r = o[0], g = o[1], b = o[2];
+        int mx = r > g ? (r > b ? r : b) : (g > b ? g : b), mn = r < g ? (r < b ? r : b) : (g < b ? g : b);
+        int uh = 0, us = 0;
+        if (mx != mn) {
+            float cr = (float)(mx - mn), s = cr / (float)mx;
+            float rc = (float)(mx - r) / cr, gc = (float)(mx - g) / cr, bc = (float)(mx - b) / cr, h;
+            if (r == mx)
+                h = bc - gc;
+            else if (g == mx)
+                h = 2.0 + rc - bc;
+            else
+                h = 4.0 + gc - rc;
+            h = fmod(h / 6.0 + 1.0, 1.0);
+            uh = (int)(h * 255.0);
+            us = (int)(s * 255.0);
+            uh = uh < 0 ? 0 : uh > 255 ? 255 : uh;
+            us = us < 0 ? 0 : us > 255 ? 255 : us;
+        }
+        uh = (uh + shift) & 255;
+        int want[3] = {mx, mx, mx};
+        if (us != 0) {
+            int i = (int)floor((float)uh * 6.0 / 255.0);
+            float f = (float)uh * 6.0 / 255.0 - (float)i, fs = (float)us / 255.0;
+            int p = (int)round((float)mx * (1.0 - fs)), qq = (int)round((float)mx * (1.0 - fs * f));
+            int t = (int)round((float)mx * (1.0 - fs * (1.0 - f)));
+            static const int pick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3}, {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
+            const int vals[4] = {mx, p, qq, t};   /* v, p, q, t */
+            for (int c = 0; c < 3; c++)
+                want[c] = vals[pick[i % 6][c]];
+        }
+        for (int c = 0; c < 3; c++)
+            if (q[c] != want[c])
+                FZ_FAIL("Hue %.17g on (%d, %d, %d): (%d, %d, %d), the transcription's (%d, %d, %d)", factor, r, g, b,
+                        q[0], q[1], q[2], want[0], want[1], want[2]);
+        int omx = q[0] > q[1] ? (q[0] > q[2] ? q[0] : q[2]) : (q[1] > q[2] ? q[1] : q[2]);
+        if (omx != mx)
+            FZ_FAIL("Hue changed V: (%d, %d, %d) -> (%d, %d, %d)", r, g, b, q[0], q[1], q[2]);
+    }
 }
 
 int
@@ -495,6 +546,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case FL_AUG_COLOR_FACTOR:
         if (channels == 1 && memcmp(img, orig, n) != 0)
             FZ_FAIL("Color (factor) changed a one-channel image");
+        break;
+    case FL_AUG_HUE:
+        if (channels == 1 && memcmp(img, orig, n) != 0)
+            FZ_FAIL("Hue changed a one-channel image");
+        if (channels == 3)
+            check_hue(orig, img, npix, mag);
         break;
     case FL_AUG_BRIGHTNESS: case FL_AUG_CONTRAST: case FL_AUG_SOLARIZE: case FL_AUG_AUTOCONTRAST:
     case FL_AUG_EQUALIZE: case FL_AUG_BRIGHTNESS_FACTOR: case FL_AUG_CONTRAST_FACTOR:

@@ -645,6 +645,36 @@ build_policy(const uint8_t *params, size_t n, fl_tspec *t)
     }
 }
 
+/* A ColorJitter (maybe in RandomApply) at one of its three places, from
+ * the 4 bytes before the policy's 12 (no sequential reader gets that far):
+ * each adjustment present or not, its range from the ones the recipes use
+ * or, now and then, one fl_tspec_check must refuse. */
+static void
+build_jitter(const uint8_t *params, size_t n, fl_tspec *t)
+{
+    static const double lo[8] = {0.6, 0.0, 0.9, 1.0, 0.2, 0.0, 2.5, -0.1};
+    static const double hi[8] = {1.4, 2.0, 1.1, 1.0, 0.2, 0.0, 1.0, 3.0};   /* 6 and 7: refused */
+    static const double hue[8] = {0.1, 0.5, 0.02, 0.0, 0.25, 0.4999, 0.6, -0.1};   /* 6: out of range, 7: lo > hi */
+    if (n < FZ_RENDER_PARAMS)
+        return;
+    const uint8_t *b = params + FZ_RENDER_PARAMS - 16;
+    if (!(b[0] & 1))
+        return;
+    fl_jitter *J = &t->jitter;
+    J->p = (b[0] & 2) ? 1.0 : (double)(b[0] >> 2) / 63.0;
+    J->pos = b[1] % 4;   /* 3: refused */
+    for (int k = 0; k < 3; k++) {
+        J->has[k] = (b[2] >> k) & 1;
+        int r = (b[3] >> (2 * k)) & 7;
+        J->lo[k] = lo[r];
+        J->hi[k] = hi[r];
+    }
+    J->has[FL_JITTER_HUE] = (b[2] >> 3) & 1;
+    const int r = (b[2] >> 4) & 7;
+    J->lo[FL_JITTER_HUE] = r == 7 ? 0.1 : -hue[r];
+    J->hi[FL_JITTER_HUE] = hue[r];
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -657,6 +687,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fl_tspec t;
     build_spec(&p, &t);
     build_policy(p.p, p.n, &t);
+    build_jitter(p.p, p.n, &t);
     if (t.rotate && t.policy.rounds > 0)   /* one fill for the augmented render (fl_tspec_check) */
         memcpy(t.rot_fill, t.policy.fill, sizeof t.rot_fill);
     fl_err ferr = {0};

@@ -414,6 +414,46 @@ fl_erase_from_pydict(PyObject *v, fl_erase *e)
     return 0;
 }
 
+/* The "jitter" dict (p, pos, and any of brightness / contrast / saturation /
+ * hue as a (lo, hi) pair of floats) -> J.  Returns 0 or -1 with an
+ * exception. */
+static int
+fl_jitter_from_pydict(PyObject *v, fl_jitter *J)
+{
+    static const char *const names[4] = {"brightness", "contrast", "saturation", "hue"};
+    memset(J, 0, sizeof *J);
+    if (!PyDict_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "transform spec: 'jitter' must be a dict");
+        return -1;
+    }
+    PyObject *p = PyDict_GetItemString(v, "p"), *pos = PyDict_GetItemString(v, "pos");
+    if (p == NULL || pos == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'jitter' needs 'p' and 'pos'");
+        return -1;
+    }
+    if (fl_get_double(p, "jitter.p", &J->p) < 0 || fl_get_int(pos, "jitter.pos", &J->pos) < 0)
+        return -1;
+    Py_ssize_t known = 2;
+    for (int k = 0; k < 4; k++) {
+        PyObject *r = PyDict_GetItemString(v, names[k]);
+        if (r == NULL)
+            continue;
+        known++;
+        if (!PyArg_ParseTuple(r, "dd", &J->lo[k], &J->hi[k])) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "transform spec: 'jitter.%s' must be a pair of floats", names[k]);
+            return -1;
+        }
+        J->has[k] = 1;
+    }
+    if (PyDict_Size(v) != known) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'jitter' has keys other than p, pos, brightness, "
+                                          "contrast, saturation and hue");
+        return -1;
+    }
+    return 0;
+}
+
 int
 fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 {
@@ -467,6 +507,8 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
             rc = fl_policy_from_pydict(value, &t.policy);
         else if (strcmp(k, "erase") == 0)
             rc = fl_erase_from_pydict(value, &t.erase);
+        else if (strcmp(k, "jitter") == 0)
+            rc = fl_jitter_from_pydict(value, &t.jitter);
         else if (strcmp(k, "rot_fill") == 0) {
             rc = PyArg_ParseTuple(value, "iii", &t.rot_fill[0], &t.rot_fill[1], &t.rot_fill[2]) ? 0 : -1;
             if (rc < 0) {

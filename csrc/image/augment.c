@@ -286,6 +286,106 @@ fl_color_rows(uint8_t *img, int w, int h, float alpha, uint8_t *deg)
     }
 }
 
+/* Hue (torchvision's adjust_hue on a PIL image): convert("HSV"), the H
+ * band shifted as uint8, then convert("RGB").  Pillow's two conversions
+ * (Convert.c, colorsys's formulas) mix float and double steps; each is
+ * reproduced here in its precision and order, so the bytes are Pillow's:
+ *   to HSV   span = max - min; s = span / max and the three (max - c) / span
+ *            in float; the hue sum in float (red max) or double (2 or 4 +
+ *            ..., stored as float); h = fmod(h / 6 + 1, 1) in double, stored
+ *            as float; H and S = (int)(x * 255.0), V = max.
+ *   to RGB   i = floor(H * 6 / 255), f = H * 6 / 255 - i (double, stored as
+ *            float), fs = S / 255 (double, stored as float); p, q, t =
+ *            round(V * (1 - fs), V * (1 - fs * f), V * (1 - fs * (1 - f))),
+ *            fs * f a float product, the rest double; a gray (S 0) keeps V.
+ * The round trip is not the identity even for a shift of 0 (H and S are
+ * truncated to bytes), which is why it always runs.  The per-H and per-S
+ * factors are tables made once per call. */
+typedef struct {
+    int i[256];          /* floor(H * 6 / 255): the sextant, 0..6 */
+    float f[256];        /* its remainder */
+    float fs[256];       /* S / 255 */
+} fl_hsv_tables;
+
+static void
+fl_hsv_tables_init(fl_hsv_tables *T)
+{
+    for (int k = 0; k < 256; k++) {
+        double x = (double)(float)k * 6.0 / 255.0;
+        T->i[k] = (int)floor(x);
+        T->f[k] = (float)(x - (double)(float)T->i[k]);
+        T->fs[k] = (float)((double)(float)k / 255.0);
+    }
+}
+
+/* One pixel's H and S as Pillow's rgb2hsv gives them (V is the max).
+ * Needs max > min.  Pure. */
+static inline void
+fl_pil_hue_sat(int r, int g, int b, int mx, int mn, int *hue, int *sat)
+{
+    const float span = (float)(mx - mn);
+    const float s = span / (float)mx;
+    const float rc = (float)(mx - r) / span, gc = (float)(mx - g) / span, bc = (float)(mx - b) / span;
+    float h;
+    if (r == mx)
+        h = bc - gc;
+    else if (g == mx)
+        h = (float)(2.0 + rc - bc);
+    else
+        h = (float)(4.0 + gc - rc);
+    /* fmod(h / 6 + 1, 1): the sum lies in [5/6, 11/6], where fmod is x or x - 1, both exact */
+    const double x = h / 6.0 + 1.0;
+    h = (float)(x >= 1.0 ? x - 1.0 : x);
+    const int hi = (int)(h * 255.0), si = (int)(s * 255.0);
+    *hue = hi < 0 ? 0 : hi > 255 ? 255 : hi;
+    *sat = si < 0 ? 0 : si > 255 ? 255 : si;
+}
+
+/* round(v * k) (half away from zero) for Pillow's p, q, t; 0 <= k <= 1
+ * here, so 0 <= v * k <= 255: the truncation is the floor, and the
+ * remainder y - floor(y) is exact. */
+static inline uint8_t
+fl_hsv_round(int v, double k)
+{
+    const double y = (double)(float)v * k;
+    const int fl = (int)y;
+    return (uint8_t)(fl + (y - (double)fl >= 0.5));
+}
+
+/* adjust_hue on npix packed RGB pixels with H shifted by `shift` (mod 256). */
+static void
+fl_hue_pixels(uint8_t *img, size_t npix, int shift, const fl_hsv_tables *T)
+{
+    for (size_t k = 0; k < npix; k++) {
+        uint8_t *q = img + 3 * k;
+        const int r = q[0], g = q[1], b = q[2];
+        const int mx = r > g ? (r > b ? r : b) : (g > b ? g : b);
+        const int mn = r < g ? (r < b ? r : b) : (g < b ? g : b);
+        if (mx == mn)   /* H = S = 0: back to (v, v, v), the pixel itself */
+            continue;
+        int hue, sat;
+        fl_pil_hue_sat(r, g, b, mx, mn, &hue, &sat);
+        if (sat == 0) {
+            q[0] = q[1] = q[2] = (uint8_t)mx;
+            continue;
+        }
+        hue = (hue + shift) & 255;
+        const float fs = T->fs[sat], f = T->f[hue];
+        const uint8_t v = (uint8_t)mx;
+        const uint8_t p8 = fl_hsv_round(mx, 1.0 - fs);
+        const uint8_t q8 = fl_hsv_round(mx, 1.0 - fs * f);
+        const uint8_t t8 = fl_hsv_round(mx, 1.0 - fs * (1.0 - f));
+        switch (T->i[hue] % 6) {
+        case 0: q[0] = v, q[1] = t8, q[2] = p8; break;
+        case 1: q[0] = q8, q[1] = v, q[2] = p8; break;
+        case 2: q[0] = p8, q[1] = v, q[2] = t8; break;
+        case 3: q[0] = p8, q[1] = q8, q[2] = v; break;
+        case 4: q[0] = t8, q[1] = p8, q[2] = v; break;
+        default: q[0] = v, q[1] = p8, q[2] = q8; break;
+        }
+    }
+}
+
 /* ImageEnhance.Sharpness: ImageFilter.SMOOTH (ImagingFilter3x3, kernel
  * (1 1 1 / 1 5 1 / 1 1 1) / 13 in float, +0.5 before truncation, rows y+1,
  * y, y-1 summed in that order, each as (left + centre) + right) blended with
@@ -1024,7 +1124,7 @@ static const char *const fl_aug_names[FL_AUG_NOPS] = {
     "ShearX (tensor, v2)", "ShearY (tensor, v2)", "TranslateX (tensor, v2)", "TranslateY (tensor, v2)",
     "Rotate (tensor, v2)", "Brightness (tensor)", "Color (tensor)", "Color (tensor, v2)", "Contrast (tensor)",
     "Contrast (tensor, v2)", "Sharpness (tensor)", "Sharpness (tensor, v2)", "AutoContrast (tensor)",
-    "AutoContrast (tensor, v2)",
+    "AutoContrast (tensor, v2)", "Hue",
 };
 
 /* Contract: augment.h. */
@@ -1061,7 +1161,7 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     }
     if (fill == NULL)
         fill = zeros;
-    if (op >= FL_AUG_T_SHEAR_X)   /* torchvision's tensor kernels: fill None, zeros */
+    if (op >= FL_AUG_T_SHEAR_X && op <= FL_AUG_T_AUTOCONTRAST_V2)   /* torchvision's tensor kernels: fill None, zeros */
         return fl_aug_tensor_apply(op, magnitude, interp, img, w, h, channels, tmp, err);
 
     size_t npix = (size_t)w * (size_t)h, n = npix * (size_t)channels;
@@ -1200,6 +1300,20 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_INVERT:
         fl_invert_bytes(img, n);
         return 0;
+
+    case FL_AUG_HUE: {
+        if (!(magnitude >= -0.5 && magnitude <= 0.5)) {   /* adjust_hue raises ValueError there */
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: Hue: factor %g is not in [-0.5, 0.5]", magnitude);
+            return -1;
+        }
+        if (channels == 1)   /* adjust_hue returns an L image as it is */
+            return 0;
+        fl_hsv_tables T;
+        fl_hsv_tables_init(&T);
+        /* np.int32(hue_factor * 255).astype(np.uint8): truncated toward zero, then mod 256 */
+        fl_hue_pixels(img, npix, (int)trunc(magnitude * 255.0) & 255, &T);
+        return 0;
+    }
 
     case FL_AUG_SOLARIZE_ADD: {   /* timm's table: i < 128 ? min(255, i + add) : i */
         double add_d = trunc(magnitude);

@@ -76,7 +76,10 @@ enum {
     FL_AUG_T_AUTOCONTRAST_V2 = 42,
     /* (the tensor Posterize, Solarize, Equalize and Invert give Pillow's
      * bytes: FL_AUG_POSTERIZE etc. serve both) */
-    FL_AUG_NOPS = 43
+    FL_AUG_HUE = 43,            /* torchvision's adjust_hue(pil, magnitude), magnitude in [-0.5, 0.5]: Pillow's
+                                   convert("HSV"), H += int(magnitude * 255) mod 256, convert("RGB"); an L image
+                                   is returned as it is */
+    FL_AUG_NOPS = 44
 };
 
 /* Resampling of the geometric ops: Pillow's NEAREST, BILINEAR and BICUBIC
@@ -104,7 +107,8 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * by the caller, not aliasing tmp.  tmp: caller-owned, 8-byte aligned scratch of
  * fl_aug_tmp_bytes(w, h, channels) bytes; its contents on return are
  * unspecified.  Nothing is allocated.
- * Magnitudes: any finite value; Posterize needs int(magnitude) in 0..8 (0
+ * Magnitudes: any finite value; Hue within [-0.5, 0.5] (torchvision's
+ * check); Posterize needs int(magnitude) in 0..8 (0
  * gives zeros, as torchvision's tensor op; Pillow's ImageOps.posterize
  * refuses 0, so _apply_op on a PIL image raises there), SolarizeAdd
  * int(magnitude) in 0..255, the enhance ops a factor (1 + magnitude, or

@@ -70,7 +70,8 @@ enum {
 #define FL_POLICY_MAX_STEPS 2
 #define FL_POLICY_MAX_ROUNDS 8
 #define FL_AUGMIX_MAX_OPS 32    /* AugMix: ops over all chains (width x the deepest chain) */
-#define FL_PLAN_MAX_AUG (FL_AUGMIX_MAX_OPS + 1)   /* the most of any policy, + RandomRotation's */
+#define FL_PLAN_MAX_AUG (FL_AUGMIX_MAX_OPS + 1 + 4)   /* the most of any policy, + RandomRotation's and
+                                                         ColorJitter's */
 
 /* fl_policy.kind */
 enum {
@@ -173,6 +174,28 @@ typedef struct {
     int min_count, max_count;        /* boxes per erased sample; 0 means 1 */
 } fl_erase;
 
+/* ColorJitter (torchvision v1 and v2 on the PIL image; timm's color jitter
+ * is torchvision's), maybe inside RandomApply(p).  Per sample: with
+ * probability p (no draw when p is 1), a uniformly random order of the four
+ * adjustments (torch.randperm(4)), then each present factor uniform in
+ * [lo, hi], rounded to float32 as torch's uniform_ on a float tensor gives
+ * it, drawn in the order brightness, contrast, saturation, hue; applied in
+ * the drawn order as augment.h's FL_AUG_BRIGHTNESS_FACTOR,
+ * FL_AUG_CONTRAST_FACTOR, FL_AUG_COLOR_FACTOR and FL_AUG_HUE.  `pos` is
+ * where it stands among the other uint8 steps (one ColorJitter a spec). */
+enum { FL_JITTER_BRIGHTNESS = 0, FL_JITTER_CONTRAST = 1, FL_JITTER_SATURATION = 2, FL_JITTER_HUE = 3 };
+enum {
+    FL_JITTER_AFTER_FLIPS = 0,    /* right after the flips, before RandomRotation and the policy */
+    FL_JITTER_BEFORE_POLICY = 1,  /* after RandomRotation, before the policy */
+    FL_JITTER_AFTER_POLICY = 2    /* after the policy (not AugMix), before RandomGrayscale */
+};
+typedef struct {
+    double p;                 /* RandomApply's probability; 0 = no ColorJitter */
+    int has[4];               /* FL_JITTER_*: the adjustment is present (torchvision's None otherwise) */
+    double lo[4], hi[4];      /* its factor's range: >= 0 for the first three, within [-0.5, 0.5] for hue */
+    int pos;                  /* FL_JITTER_AFTER_FLIPS, _BEFORE_POLICY or _AFTER_POLICY */
+} fl_jitter;
+
 typedef struct {
     int geom;                 /* FL_GEOM_* */
     int out_h, out_w;         /* final sample size (RRC size; or crop size; or resize size if no crop).
@@ -201,6 +224,7 @@ typedef struct {
     int normalize; float mean[3], std[3];   /* (x - mean) / std in float32; float dtypes only */
     int layout;               /* FL_LAYOUT_* */
     fl_policy policy;         /* policy.rounds 0 = none; needs a fixed output size */
+    fl_jitter jitter;         /* jitter.p 0 = none; needs a fixed output size */
     fl_erase erase;           /* erase.p 0 = none; float dtypes, or uint8 with whole values in 0..255 */
 } fl_tspec;
 
@@ -245,8 +269,10 @@ int fl_tspec_check(const fl_tspec *t, fl_err *err);
  * included, drawing from fl_rng keyed (seed, epoch, index): geometry first,
  * then the filter (one draw, only for FL_INTERP_RANDOM: bilinear or bicubic
  * with probability 1/2 each, as timm's random.choice; otherwise plan->interp
- * is the spec's), then the flip, then the policy's ops (fl_policy), then
- * RandomErasing's box on the sample's output size.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
+ * is the spec's), then the flips, then in the Compose's order a ColorJitter
+ * (fl_jitter, at its pos), RandomRotation's angle and the policy's ops
+ * (fl_policy), then RandomGrayscale, then RandomErasing's box on the
+ * sample's output size; each only when the spec has it.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
  * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
  * natural output size that differs from a nonzero t->out_w x t->out_h). */
 int fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t epoch, uint64_t index,

@@ -59,7 +59,7 @@ fl_augmix_op_ok(int op, double m, int is_signed)
                    || (op >= FL_AUG_T_TRANSLATE_X_V2 && op <= FL_AUG_T_TRANSLATE_Y_V2)) {
             if (!(fabs(trunc(m)) < 2147483648.0))
                 return 0;
-        } else if (!(op >= FL_AUG_T_SHEAR_X && op < FL_AUG_NOPS) && op != FL_AUG_SOLARIZE && op != FL_AUG_EQUALIZE) {
+        } else if (!(op >= FL_AUG_T_SHEAR_X && op <= FL_AUG_T_AUTOCONTRAST_V2) && op != FL_AUG_SOLARIZE && op != FL_AUG_EQUALIZE) {
             return 0;
         }
     }
@@ -217,6 +217,37 @@ fl_erase_check(const fl_tspec *t, fl_err *err)
 #undef FAIL
 }
 
+/* The ColorJitter half of fl_tspec_check.  Returns 0, or -1 with err filled
+ * (FL_ERR_INVALID, naming the field). */
+static int
+fl_jitter_check(const fl_tspec *t, fl_err *err)
+{
+#define FAIL(...) do { fl_err_set(err, FL_ERR_INVALID, 0, __VA_ARGS__); return -1; } while (0)
+    static const char *const names[4] = {"brightness", "contrast", "saturation", "hue"};
+    const fl_jitter *J = &t->jitter;
+    if (J->p == 0.0)
+        return 0;
+    if (!fl_finite(J->p) || J->p < 0 || J->p > 1)
+        FAIL("jitter.p: %g is not a probability", J->p);
+    if (t->out_w <= 0 || t->out_h <= 0)
+        FAIL("jitter: needs a fixed output size (out_h/out_w)");
+    if (J->pos < FL_JITTER_AFTER_FLIPS || J->pos > FL_JITTER_AFTER_POLICY)
+        FAIL("jitter.pos: unknown position %d (0 after the flips, 1 before the policy, 2 after it)", J->pos);
+    if (J->pos == FL_JITTER_AFTER_POLICY && t->policy.rounds > 0 && t->policy.kind == FL_POLICY_AUGMIX)
+        FAIL("jitter.pos: not after AugMix (its chains' ops end the op list)");
+    for (int k = 0; k < 4; k++) {
+        if (J->has[k] != 0 && J->has[k] != 1)
+            FAIL("jitter.%s: presence %d is not 0 or 1", names[k], J->has[k]);
+        if (!J->has[k])
+            continue;
+        const double lo = k == FL_JITTER_HUE ? -0.5 : 0.0, hi = k == FL_JITTER_HUE ? 0.5 : 1e30;
+        if (!fl_finite(J->lo[k]) || !fl_finite(J->hi[k]) || J->lo[k] > J->hi[k] || J->lo[k] < lo || J->hi[k] > hi)
+            FAIL("jitter.%s: [%g, %g] is not a range within [%g, %g]", names[k], J->lo[k], J->hi[k], lo, hi);
+    }
+    return 0;
+#undef FAIL
+}
+
 /* Contract: imgops.h. */
 int
 fl_tspec_check(const fl_tspec *t, fl_err *err)
@@ -297,7 +328,7 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
                 FAIL("rot_fill: differs from policy.fill (the augmented render has one fill)");
         }
     }
-    if (fl_policy_check(t, err) < 0 || fl_erase_check(t, err) < 0)
+    if (fl_policy_check(t, err) < 0 || fl_jitter_check(t, err) < 0 || fl_erase_check(t, err) < 0)
         return -1;
     if (t->normalize) {
         if (t->dtype == FL_DT_U8)
@@ -438,6 +469,37 @@ fl_augmix_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
             p->naug++;
         }
     }
+}
+
+/* One sample's ColorJitter ops (imgops.h fl_jitter: RandomApply's draw,
+ * the order, then the factors), written to op / mag (room for 4).  Returns
+ * how many.  t checked. */
+static int
+fl_jitter_draw(const fl_jitter *J, fl_rng *rng, int *op, double *mag)
+{
+    static const int ops[4] = {FL_AUG_BRIGHTNESS_FACTOR, FL_AUG_CONTRAST_FACTOR, FL_AUG_COLOR_FACTOR, FL_AUG_HUE};
+    if (J->p < 1.0 && !(fl_rng_uniform(rng, 0.0, 1.0) < J->p))
+        return 0;
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 3; i > 0; i--) {   /* Fisher-Yates: each of the 24 orders with probability 1/24 */
+        int j = (int)fl_rng_below(rng, (uint64_t)i + 1);
+        int tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    double factor[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 4; k++)
+        if (J->has[k])
+            factor[k] = (double)(float)fl_rng_uniform(rng, J->lo[k], J->hi[k]);
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!J->has[order[i]])
+            continue;
+        op[n] = ops[order[i]];
+        mag[n] = factor[order[i]];
+        n++;
+    }
+    return n;
 }
 
 /* timm's _randomly_negate: -v with probability 1/2. */
@@ -723,9 +785,23 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
     /* drawn only when the spec has one, so specs without it keep their draws */
     if (t->vflip_p > 0)
         p.vflip = fl_rng_uniform(&rng, 0.0, 1.0) < t->vflip_p;
-    /* RandomRotation's angle, drawn before the policy (the Compose's order);
-     * its op goes first in the list, which the policy draws fill from 0 */
-    double angle = t->rotate ? fl_rng_uniform(&rng, t->rot_lo, t->rot_hi) : 0.0;
+    /* In the Compose's order: a ColorJitter right after the flips,
+     * RandomRotation's angle, a ColorJitter before the policy, the policy,
+     * a ColorJitter after it.  The policy draws fill the op list from 0;
+     * what comes before it is put in front of them afterwards. */
+    const fl_jitter *J = &t->jitter;
+    int pre_op[6], npre = 0, jit_op[4] = {0}, njit = 0;
+    double pre_mag[6], jit_mag[4] = {0};
+    if (J->p > 0 && J->pos == FL_JITTER_AFTER_FLIPS) {
+        npre = fl_jitter_draw(J, &rng, pre_op, pre_mag);
+    }
+    if (t->rotate) {
+        pre_op[npre] = FL_AUG_ROTATE;
+        pre_mag[npre] = fl_rng_uniform(&rng, t->rot_lo, t->rot_hi);
+        npre++;
+    }
+    if (J->p > 0 && J->pos == FL_JITTER_BEFORE_POLICY)
+        npre += fl_jitter_draw(J, &rng, pre_op + npre, pre_mag + npre);
     if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_RA)
         fl_timm_ra_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AA)
@@ -734,14 +810,27 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         fl_augmix_draw(&t->policy, &rng, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
-    if (t->rotate) {   /* FL_PLAN_MAX_AUG has room for it past the policy's most */
-        memmove(p.aug_op + 1, p.aug_op, (size_t)p.naug * sizeof p.aug_op[0]);
-        memmove(p.aug_mag + 1, p.aug_mag, (size_t)p.naug * sizeof p.aug_mag[0]);
-        memmove(p.aug_interp + 1, p.aug_interp, (size_t)p.naug * sizeof p.aug_interp[0]);
-        p.aug_op[0] = FL_AUG_ROTATE;
-        p.aug_mag[0] = angle;
-        p.aug_interp[0] = t->rot_interp;
-        p.naug++;
+    if (J->p > 0 && J->pos == FL_JITTER_AFTER_POLICY)
+        njit = fl_jitter_draw(J, &rng, jit_op, jit_mag);
+    /* FL_PLAN_MAX_AUG has room for these past the policy's most: a rotation and one ColorJitter */
+    if (npre > 0) {
+        memmove(p.aug_op + npre, p.aug_op, (size_t)p.naug * sizeof p.aug_op[0]);
+        memmove(p.aug_mag + npre, p.aug_mag, (size_t)p.naug * sizeof p.aug_mag[0]);
+        memmove(p.aug_interp + npre, p.aug_interp, (size_t)p.naug * sizeof p.aug_interp[0]);
+        for (int i = 0; i < npre; i++) {
+            p.aug_op[i] = pre_op[i];
+            p.aug_mag[i] = pre_mag[i];
+            p.aug_interp[i] = pre_op[i] == FL_AUG_ROTATE ? t->rot_interp : FL_AUG_NEAREST;
+        }
+        p.naug += npre;
+    }
+    if (J->p > 0 && J->pos == FL_JITTER_AFTER_POLICY) {
+        for (int i = 0; i < njit; i++) {
+            p.aug_op[p.naug] = jit_op[i];
+            p.aug_mag[p.naug] = jit_mag[i];
+            p.aug_interp[p.naug] = FL_AUG_NEAREST;
+            p.naug++;
+        }
     }
     /* after the policy's draws, in the Compose's order; only when the spec has one */
     if (t->gray_p > 0)

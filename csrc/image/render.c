@@ -622,6 +622,7 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     u.scale_to_unit = FL_SCALE_NONE;
     u.normalize = 0;
     memset(&u.policy, 0, sizeof u.policy);
+    memset(&u.jitter, 0, sizeof u.jitter);
     memset(&u.erase, 0, sizeof u.erase);
     fl_plan g = *plan;
     g.naug = 0;
