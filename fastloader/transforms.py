@@ -412,7 +412,7 @@ def _describe(t: Any) -> tuple[str, dict] | None:
             return ("to_tensor", {})
         if name == "RandomErasing":      # timm.data.random_erasing, per sample (a 3-d tensor)
             return ("erase", dict(obj=t, v2=False, timm=True))
-        if name in ("RandAugment", "AutoAugment"):   # timm.data.auto_augment's, of AugmentOps on the PIL image
+        if name in ("RandAugment", "AutoAugment", "AugMixAugment"):   # timm.data.auto_augment's, of AugmentOps
             return ("policy", dict(obj=t, v2=False, timm=name))
         if name == "RandomResizedCropAndInterpolation":   # torchvision's get_params, then resized_crop
             interp = _timm_interp_code(t.interpolation)
@@ -808,6 +808,31 @@ def _timm_aa_spec(t: Any, channels: int) -> dict | None:
     return dict(kind="timm_aa", rounds=1, interp=interp, fill=fill, ops=ops, subs=subs)
 
 
+def _timm_augmix_spec(t: Any, channels: int) -> dict | None:
+    """The fl_policy dict (kind "timm_augmix") for timm's AugMixAugment
+    (``augment_and_mix_transform``, ``auto_augment="augmix-..."``): its
+    AugmentOps read as _timm_ra_spec reads them, width, depth and alpha.
+    None when it cannot run natively: the blended mode, a gray image, an op
+    it does not know, more chains or ops than the C tables hold."""
+    import sys
+    ops_in = list(getattr(t, "ops", None) or [])
+    if channels != 3 or getattr(t, "blended", True) or not 1 <= len(ops_in) <= _POLICY_MAX_OPS:
+        return None
+    try:
+        width, depth, alpha = int(t.width), int(t.depth), float(t.alpha)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not 1 <= width <= _POLICY_MAX_ROUNDS or (depth if depth > 0 else 3) * width > _AUGMIX_MAX_OPS:
+        return None
+    if not 0.0 < alpha < 1e6:
+        return None
+    got = _timm_ops(ops_in, sys.modules.get(type(t).__module__), channels)
+    if got is None:
+        return None
+    ops, interp, fill = got
+    return dict(kind="timm_augmix", rounds=width, depth=depth, alpha=alpha, interp=interp, fill=fill, ops=ops)
+
+
 def _erase_spec(t: Any, v2: bool, channels: int, dtype: str, timm: bool = False) -> dict | None:
     """The fl_erase dict for a torchvision v1/v2 (or, timm=True, timm) RandomErasing on the
     finished sample, or None when it cannot run natively."""
@@ -970,6 +995,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
         timm = p.get("timm")
         pol = (_timm_ra_spec(p["obj"], spec["out_channels"]) if timm == "RandAugment" else
                _timm_aa_spec(p["obj"], spec["out_channels"]) if timm == "AutoAugment" else
+               _timm_augmix_spec(p["obj"], spec["out_channels"]) if timm == "AugMixAugment" else
                _policy_spec(p["obj"], p["v2"], spec["out_h"], spec["out_w"], spec["out_channels"]))
         if pol is not None and rot is not None and tuple(pol.get("fill", rot["rot_fill"])) != rot["rot_fill"]:
             pol = None   # one fill for the augmented render: a policy with another stays in Python
@@ -977,7 +1003,7 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             if pol:
                 spec["policy"] = pol
             pos += 1
-    if spec.get("policy", {}).get("kind") != "augmix":   # after AugMix it stays in Python (imgops.h FL_JITTER_AFTER_POLICY)
+    if spec.get("policy", {}).get("kind") not in ("augmix", "timm_augmix"):   # after AugMix: Python (FL_JITTER_AFTER_POLICY)
         take_jitter(_JITTER_AFTER_POLICY)
     if kind(pos) == "random_gray":   # on the finished uint8 image, after the policy
         if descs[pos][1]["p"] > 0:

@@ -630,6 +630,16 @@ build_policy(const uint8_t *params, size_t n, fl_tspec *t)
         }
         return;
     }
+    if ((b[0] & 0x40) && (b[11] & 0x40)) {   /* timm's AugMix instead: chains of the same ops, mixed and blended */
+        static const double alphas[4] = {1.0, 0.3, 1e-3, 50.0};
+        P->kind = FL_POLICY_TIMM_AUGMIX;
+        P->has_weights = 0;
+        P->depth = (int)(b[11] % 5) - 1;   /* -1 and 0: 1..3 a chain */
+        P->alpha = b[11] & 0x20 ? alphas[(b[11] >> 3) % 4] : -1.0;   /* -1: refused */
+        if (P->alpha < 0 && (b[11] & 0x10))
+            P->alpha = 1.0;
+        return;
+    }
     if (b[0] & 0x40) {   /* timm's AutoAugment instead: sub-policies of 1..2 of these ops (index ntimm refused) */
         P->kind = FL_POLICY_TIMM_AA;
         P->has_weights = 0;

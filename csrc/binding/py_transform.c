@@ -145,7 +145,7 @@ fl_timm_ops_from_py(PyObject *ops, int max, fl_policy *P)
     return 0;
 }
 
-/* The timm half of fl_policy_from_pydict (kind "timm_ra" or "timm_aa"):
+/* The timm half of fl_policy_from_pydict (kind "timm_ra", "timm_aa" or "timm_augmix"):
  *   rounds: int, interp: int (augment.h, FL_AUG_RANDOM allowed), fill: 3 ints,
  *   ops: the AugmentOps (fl_timm_ops_from_py);
  *   timm_ra: weights: None or one float per op;
@@ -231,7 +231,8 @@ fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, P
 }
 
 /* d["policy"] (a dict) -> t->policy:
- *   kind: "torchvision" (the default), "timm_ra" or "timm_aa" (fl_timm_policy_from_pydict),
+ *   kind: "torchvision" (the default), "timm_ra", "timm_aa" or "timm_augmix" (fl_timm_policy_from_pydict;
+ *         timm_augmix also takes depth and alpha), "augmix",
  *   rounds: int, interp: int (augment.h), fill: 3 ints,
  *   ops: [(op code, signed, [magnitudes...]), ...],
  *   subs: [[(op index, bin or -1, p), ...], ...]
@@ -262,14 +263,25 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
             P->kind = FL_POLICY_TIMM_AA;
         else if (PyUnicode_CompareWithASCIIString(kind, "augmix") == 0)
             P->kind = FL_POLICY_AUGMIX;
+        else if (PyUnicode_CompareWithASCIIString(kind, "timm_augmix") == 0)
+            P->kind = FL_POLICY_TIMM_AUGMIX;
         else if (PyUnicode_CompareWithASCIIString(kind, "torchvision") != 0) {
             PyErr_Format(PyExc_ValueError,
-                         "transform spec: 'policy.kind' %R is not 'torchvision', 'timm_ra', 'timm_aa' or 'augmix'",
-                         kind);
+                         "transform spec: 'policy.kind' %R is not 'torchvision', 'timm_ra', 'timm_aa', 'augmix' or "
+                         "'timm_augmix'", kind);
             return -1;
         }
     }
-    if (P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA)
+    if (P->kind == FL_POLICY_TIMM_AUGMIX) {   /* timm's ops, and AugMix's depth and alpha */
+        PyObject *depth = PyDict_GetItemString(v, "depth"), *alpha = PyDict_GetItemString(v, "alpha");
+        if (depth == NULL || alpha == NULL) {
+            PyErr_SetString(PyExc_ValueError, "transform spec: a timm AugMix 'policy' needs 'depth' and 'alpha'");
+            return -1;
+        }
+        if (fl_get_int(depth, "policy.depth", &P->depth) < 0 || fl_get_double(alpha, "policy.alpha", &P->alpha) < 0)
+            return -1;
+    }
+    if (P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA || P->kind == FL_POLICY_TIMM_AUGMIX)
         return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, subs, P);
     const int augmix = P->kind == FL_POLICY_AUGMIX;
     if (rounds == NULL || ops == NULL || (subs == NULL && !augmix)) {
@@ -631,7 +643,8 @@ fl_plan_to_dict(const fl_plan *p)
             PyList_SET_ITEM(ll, i, b);
         }
         Py_DECREF(mix);
-        mix = wl != NULL && ll != NULL ? Py_BuildValue("{s:d,s:O,s:O}", "w0", (double)p->mix_w0, "w", wl, "len", ll)
+        mix = wl != NULL && ll != NULL ? Py_BuildValue("{s:d,s:O,s:O,s:O}", "w0", (double)p->mix_w0, "w", wl, "len",
+                                                       ll, "timm", p->mix_timm ? Py_True : Py_False)
                                        : NULL;
         Py_XDECREF(wl);
         Py_XDECREF(ll);
@@ -826,6 +839,11 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
         }
         p->mix_w0 = (float)w0d;
         p->mix_chains = (int)n;
+        PyObject *timm = PyDict_GetItemString(mix, "timm");   /* optional: torchvision's mix by default */
+        int is_timm = timm != NULL ? PyObject_IsTrue(timm) : 0;
+        if (is_timm < 0)
+            return -1;
+        p->mix_timm = is_timm;
     }
     return 0;
 }

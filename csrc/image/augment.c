@@ -265,6 +265,18 @@ fl_blend_row(const uint8_t *restrict deg, uint8_t *restrict img, size_t n, float
     }
 }
 
+/* Contract: augment.h.  The clip of fl_blend_row: |alpha| is clamped to
+ * FL_BLEND_ALPHA_MAX as fl_aug_apply does (the same bytes past it). */
+void
+fl_aug_blend(uint8_t *img, const uint8_t *other, size_t n, float alpha)
+{
+    alpha = alpha > FL_BLEND_ALPHA_MAX ? FL_BLEND_ALPHA_MAX : alpha < -FL_BLEND_ALPHA_MAX ? -FL_BLEND_ALPHA_MAX : alpha;
+    for (size_t i = 0; i < n; i++) {
+        float t = (float)img[i] + alpha * (float)((int)other[i] - (int)img[i]);
+        img[i] = fl_clip_int((int32_t)t);
+    }
+}
+
 /* ImageEnhance.Color on RGB pixels: the degenerate is convert("L") then
  * convert("RGB"), i.e. (l, l, l); blended row by row through a row of
  * (l, l, l) in deg (3 * w bytes). */

@@ -131,4 +131,10 @@ void fl_augmix_accumulate(float *acc, const uint8_t *img, size_t n, float w, int
  * stays within them but for rounding).  No GIL; re-entrant. */
 void fl_augmix_store(const float *acc, uint8_t *img, size_t n);
 
+/* Image.blend(image, other, alpha) in place: img[i] = ImagingBlend's
+ * (uint8)(img[i] + alpha * (other[i] - img[i])) in float, clipped to
+ * 0..255 (outside [0, 1] alpha extrapolates, as Pillow's).  n bytes; img
+ * and other caller-owned, not aliasing.  No GIL; re-entrant. */
+void fl_aug_blend(uint8_t *img, const uint8_t *other, size_t n, float alpha);
+
 #endif

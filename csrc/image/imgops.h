@@ -83,7 +83,7 @@ enum {
     FL_POLICY_TIMM_AA = 2,/* timm's AutoAugment (original, v0 and their r forms): per sample one of the nsub
                              sub-policies uniformly (random.choice), each of its steps the AugmentOp
                              timm[step.op] drawn as an AugmentOp; rounds 1 */
-    FL_POLICY_AUGMIX = 3  /* torchvision's AugMix (v1 and v2): per sample the weights, m ~ Dirichlet(alpha,
+    FL_POLICY_AUGMIX = 3, /* torchvision's AugMix (v1 and v2): per sample the weights, m ~ Dirichlet(alpha,
                              alpha) and w ~ Dirichlet(alpha x rounds) * m[1]; then `rounds` chains
                              (mixture_width) of `depth` ops each (1..3 uniformly when depth <= 0), each op
                              one of ops[] uniformly, its magnitude one of its nbins (severity) bins
@@ -91,6 +91,12 @@ enum {
                              m[0] * image + sum of w[i] * chain i's image, in float32, truncated.  The ops
                              are tensor ops (augment.h FL_AUG_T_*, and Posterize, Solarize, Equalize);
                              subs unused */
+    FL_POLICY_TIMM_AUGMIX = 4 /* timm's AugMixAugment (augmix-*, not blended): per sample the chain weights
+                             w ~ Dirichlet(alpha x rounds) and m ~ Beta(alpha, alpha), each in float32;
+                             then `rounds` chains of `depth` ops (1..3 uniformly when depth <= 0), each
+                             one of the AugmentOps timm[0..ntimm-1] uniformly with replacement, drawn as
+                             an AugmentOp; the image is Image.blend(image, mix, m), mix the float32 sum
+                             of w[i] * chain i clipped and truncated to uint8 */
 };
 #define FL_POLICY_MAX_TIMM 64
 
@@ -248,6 +254,9 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int mix_chains;                   /* AugMix: its chains (0: none).  The last mix_len[0] + ... of the aug
                                          ops are the chains' ops, chain by chain, each applied to a copy of
                                          the image the ops before them give */
+    int mix_timm;                     /* 0: torchvision's mix (mix_w0 the image's weight); 1: timm's
+                                         (the chains' weighted sum alone, then blended into the image with
+                                         alpha mix_w0); a timm chain may have 0 ops (an AugmentOp's prob) */
     int mix_len[FL_POLICY_MAX_ROUNDS];
     float mix_w0;                     /* the original's weight, m[0] */
     float mix_w[FL_POLICY_MAX_ROUNDS];/* chain i's weight, w[i] * m[1] in float32 */

@@ -80,10 +80,10 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
     if (t->out_w <= 0 || t->out_h <= 0)
         FAIL("policy: needs a fixed output size (out_h/out_w)");
     if (P->kind != FL_POLICY_TV && P->kind != FL_POLICY_TIMM_RA && P->kind != FL_POLICY_TIMM_AA
-        && P->kind != FL_POLICY_AUGMIX)
-        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment, 2 timm AutoAugment, 3 AugMix)",
-             P->kind);
-    const int timm = P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA;
+        && P->kind != FL_POLICY_AUGMIX && P->kind != FL_POLICY_TIMM_AUGMIX)
+        FAIL("policy.kind: unknown kind %d (0 torchvision, 1 timm RandAugment, 2 timm AutoAugment, 3 AugMix, "
+             "4 timm AugMix)", P->kind);
+    const int timm = P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA || P->kind == FL_POLICY_TIMM_AUGMIX;
     if (P->interp != FL_AUG_NEAREST && P->interp != FL_AUG_BILINEAR
         && !(timm && (P->interp == FL_AUG_BICUBIC || P->interp == FL_AUG_RANDOM)))
         FAIL("policy.interp: unknown resampling %d", P->interp);
@@ -108,6 +108,16 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
                 FAIL("policy.ops[%d]: magnitude %g, std %g, max %g or hparam %g out of range", i, o->m, o->mstd,
                      o->mmax, o->hparam);
         }
+    }
+    if (P->kind == FL_POLICY_TIMM_AUGMIX) {
+        if (P->ntimm > FL_POLICY_MAX_OPS)
+            FAIL("policy.ops: %d ops, not 1..%d", P->ntimm, FL_POLICY_MAX_OPS);
+        const int deepest = P->depth > 0 ? P->depth : 3;
+        if (deepest > FL_AUGMIX_MAX_OPS / P->rounds)
+            FAIL("policy.depth: %d chains of up to %d ops exceed %d ops", P->rounds, deepest, FL_AUGMIX_MAX_OPS);
+        if (!fl_finite(P->alpha) || !(P->alpha > 0) || !(P->alpha < 1e6))
+            FAIL("policy.alpha: %g is not in (0, 1e6)", P->alpha);
+        return 0;
     }
     if (P->kind == FL_POLICY_TIMM_RA) {
         if (P->nops != P->ntimm || P->nops > FL_POLICY_MAX_OPS)
@@ -233,7 +243,8 @@ fl_jitter_check(const fl_tspec *t, fl_err *err)
         FAIL("jitter: needs a fixed output size (out_h/out_w)");
     if (J->pos < FL_JITTER_AFTER_FLIPS || J->pos > FL_JITTER_AFTER_POLICY)
         FAIL("jitter.pos: unknown position %d (0 after the flips, 1 before the policy, 2 after it)", J->pos);
-    if (J->pos == FL_JITTER_AFTER_POLICY && t->policy.rounds > 0 && t->policy.kind == FL_POLICY_AUGMIX)
+    if (J->pos == FL_JITTER_AFTER_POLICY && t->policy.rounds > 0
+        && (t->policy.kind == FL_POLICY_AUGMIX || t->policy.kind == FL_POLICY_TIMM_AUGMIX))
         FAIL("jitter.pos: not after AugMix (its chains' ops end the op list)");
     for (int k = 0; k < 4; k++) {
         if (J->has[k] != 0 && J->has[k] != 1)
@@ -640,6 +651,34 @@ fl_timm_aa_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
         fl_timm_op_draw(&P->timm[P->sub[s][k].op], P->interp, rng, w, h, p);
 }
 
+/* One sample's timm AugMix (imgops.h FL_POLICY_TIMM_AUGMIX, in
+ * AugMixAugment.__call__'s order: the Dirichlet weights, Beta's m, then
+ * chain by chain its depth and each AugmentOp with its own draws), the
+ * chains' ops appended to p->aug_op / aug_mag.  t checked. */
+static void
+fl_timm_augmix_draw(const fl_policy *P, fl_rng *rng, int w, int h, fl_plan *p)
+{
+    double g[FL_POLICY_MAX_ROUNDS], total = 0.0;
+    for (int i = 0; i < P->rounds; i++) {
+        g[i] = fl_rng_gamma(rng, P->alpha);
+        total += g[i];
+    }
+    const double b0 = fl_rng_gamma(rng, P->alpha), b1 = fl_rng_gamma(rng, P->alpha);
+    /* np.float32 of numpy's draws; sums that underflow (tiny alpha) split evenly */
+    p->mix_w0 = b0 + b1 > 0 ? (float)(b0 / (b0 + b1)) : 0.5f;
+    for (int i = 0; i < P->rounds; i++)
+        p->mix_w[i] = total > 0 ? (float)(g[i] / total) : (float)(1.0 / P->rounds);
+    p->mix_chains = P->rounds;
+    p->mix_timm = 1;
+    for (int i = 0; i < P->rounds; i++) {
+        const int depth = P->depth > 0 ? P->depth : 1 + (int)fl_rng_below(rng, 3);   /* randint(1, 4) */
+        const int before = p->naug;
+        for (int k = 0; k < depth; k++)
+            fl_timm_op_draw(&P->timm[fl_rng_below(rng, (uint64_t)P->ntimm)], P->interp, rng, w, h, p);
+        p->mix_len[i] = p->naug - before;
+    }
+}
+
 /* RandomErasing on the sample's out_w x out_h (torchvision's v1 get_params /
  * v2 make_params, and timm's RandomErasing._erase, which generalises it to
  * several boxes): apply with probability p; the box count uniform in
@@ -808,6 +847,8 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         fl_timm_aa_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_AUGMIX)
         fl_augmix_draw(&t->policy, &rng, &p);
+    else if (t->policy.rounds > 0 && t->policy.kind == FL_POLICY_TIMM_AUGMIX)
+        fl_timm_augmix_draw(&t->policy, &rng, p.out_w, p.out_h, &p);
     else if (t->policy.rounds > 0)
         fl_policy_draw(&t->policy, &rng, &p);
     if (J->p > 0 && J->pos == FL_JITTER_AFTER_POLICY)

@@ -546,7 +546,7 @@ fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int
         return -1;
     }
     for (int c = 0; c < plan->mix_chains; c++) {
-        if (plan->mix_len[c] < 1 || plan->mix_len[c] > plan->naug - chained) {
+        if (plan->mix_len[c] < !plan->mix_timm || plan->mix_len[c] > plan->naug - chained) {
             fl_err_set(err, FL_ERR_INVALID, 0, "render: AugMix chain %d has %d ops, beyond the plan's", c,
                        plan->mix_len[c]);
             return -1;
@@ -562,16 +562,24 @@ fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int
     const size_t n = (size_t)w * h * C, n8 = (n + 7) & ~(size_t)7;
     float *acc = (float *)(void *)mix;
     uint8_t *chain = mix + n8 * sizeof(float);
-    fl_augmix_accumulate(acc, img, n, plan->mix_w0, 1);
+    /* torchvision: acc = m0 * image + sum w_i * chain_i; timm: acc = sum w_i * chain_i
+     * (np.zeros + ..., the first sum exact), then blended into the image */
+    if (!plan->mix_timm)
+        fl_augmix_accumulate(acc, img, n, plan->mix_w0, 1);
     for (int c = 0, i = first; c < plan->mix_chains; c++) {
         memcpy(chain, img, n);
         for (int k = 0; k < plan->mix_len[c]; k++, i++)
             if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, chain, w, h, C, tmp,
                              err) < 0)
                 return -1;
-        fl_augmix_accumulate(acc, chain, n, plan->mix_w[c], 0);
+        fl_augmix_accumulate(acc, chain, n, plan->mix_w[c], plan->mix_timm && c == 0);
     }
-    fl_augmix_store(acc, img, n);
+    if (!plan->mix_timm) {
+        fl_augmix_store(acc, img, n);
+        return 0;
+    }
+    fl_augmix_store(acc, chain, n);   /* np.clip(mixed, 0, 255).astype(uint8) */
+    fl_aug_blend(img, chain, n, plan->mix_w0);
     return 0;
 }
 
