@@ -464,6 +464,8 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("random_gray", dict(p=float(t.p)))
     if name == "RandomRotation" and not ours:
         return ("rotate", dict(obj=t))
+    if name == "RandomAffine" and not ours:
+        return ("affine", dict(obj=t, v2=v2))
     if name == "ColorJitter":
         return _jitter_desc(t, 1.0)
     if name == "RandomApply" and not ours:   # RandomApply([ColorJitter(...)], p), as timm and SimCLR use it
@@ -571,6 +573,34 @@ def _rotation_spec(t: Any, channels: int) -> dict | None:
         return None
     lo, hi = (float(d) for d in t.degrees)
     return dict(rotate=1, rot_lo=lo, rot_hi=hi, rot_interp=interp, rot_fill=fill)
+
+
+def _affine_spec(t: Any, v2: bool, channels: int) -> dict | None:
+    """The spec keys (rotate 2 or 3, rot_*, aff_*) for a torchvision v1/v2
+    RandomAffine acting on the PIL image, or None when the native op cannot
+    run it exactly: an interpolation other than nearest, bilinear or
+    bicubic (Pillow's transform filters), a fill that is not uint8."""
+    value = getattr(t.interpolation, "value", t.interpolation)
+    interp = {"nearest": 0, 0: 0, "bilinear": 1, 2: 1, "bicubic": 2, 3: 2}.get(value)
+    fill = _pil_fill(t.fill, channels)
+    if interp is None or fill is None:
+        return None
+    try:
+        lo, hi = (float(d) for d in t.degrees)
+        out = dict(rotate=3 if v2 else 2, rot_lo=lo, rot_hi=hi, rot_interp=interp, rot_fill=fill)
+        if t.translate is not None:
+            out.update(aff_tx=float(t.translate[0]), aff_ty=float(t.translate[1]))
+        if t.scale is not None:
+            out.update(aff_scale_lo=float(t.scale[0]), aff_scale_hi=float(t.scale[1]))
+        if t.shear is not None:
+            out["aff_shear"] = [float(v) for v in t.shear]
+            if len(out["aff_shear"]) not in (2, 4):
+                return None
+        if t.center is not None:
+            out.update(aff_center=1, aff_cx=float(t.center[0]), aff_cy=float(t.center[1]))
+    except (TypeError, ValueError, IndexError):
+        return None
+    return out
 
 
 # csrc/image/augment.h: the tensor kernels AugMix runs (v1 code, v2 code), by torchvision's op names;
@@ -984,8 +1014,10 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
 
     take_jitter(_JITTER_AFTER_FLIPS)
     rot = None
-    if kind(pos) == "rotate" and spec["out_h"]:
-        rot = _rotation_spec(descs[pos][1]["obj"], spec["out_channels"])
+    if kind(pos) in ("rotate", "affine") and spec["out_h"]:
+        d = descs[pos][1]
+        rot = (_rotation_spec(d["obj"], spec["out_channels"]) if kind(pos) == "rotate" else
+               _affine_spec(d["obj"], d["v2"], spec["out_channels"]))
         if rot is not None:
             spec.update(rot)
             pos += 1

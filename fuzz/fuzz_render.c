@@ -685,6 +685,36 @@ build_jitter(const uint8_t *params, size_t n, fl_tspec *t)
     J->hi[FL_JITTER_HUE] = hue[r];
 }
 
+/* A RandomAffine (v1 or v2 matrix) in RandomRotation's place, from the 4
+ * bytes before the ColorJitter's: translate, scale, 2 or 4 shears, a
+ * centre, bicubic; sometimes a range fl_tspec_check must refuse. */
+static void
+build_affine(const uint8_t *params, size_t n, fl_tspec *t)
+{
+    static const double fr[8] = {0.0, 0.1, 0.3, 1.0, 0.05, 0.5, 1.5, -0.1};   /* 6, 7: refused */
+    static const double sc[8][2] = {{0, 0}, {0.8, 1.2}, {0.5, 2.0}, {1.0, 1.0}, {0.05, 0.1}, {3.0, 8.0},
+                                    {0.0, 1.0}, {1.2, 0.8}};   /* 6, 7: refused */
+    if (n < FZ_RENDER_PARAMS || !t->rotate)
+        return;
+    const uint8_t *b = params + FZ_RENDER_PARAMS - 20;
+    if (!(b[0] & 1))
+        return;
+    t->rotate = (b[0] & 2) ? FL_ROT_AFFINE_V2 : FL_ROT_AFFINE;
+    t->rot_interp = (b[0] >> 2) % 3;
+    t->aff_tx = fr[b[1] % 8];
+    t->aff_ty = fr[(b[1] >> 3) % 8];
+    t->aff_scale_lo = sc[b[2] % 8][0];
+    t->aff_scale_hi = sc[b[2] % 8][1];
+    t->aff_nshear = (b[2] >> 3) % 3 * 2;
+    for (int k = 0; k < 4; k++)
+        t->aff_shear[k] = (k % 2 ? 1.0 : -1.0) * (double)((b[3] >> (2 * k)) & 3) * 15.0;
+    if (b[0] & 0x10) {
+        t->aff_center = 1;
+        t->aff_cx = (double)(int8_t)b[3];
+        t->aff_cy = (double)(b[1] % 64) - 8.5;
+    }
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -698,6 +728,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     build_spec(&p, &t);
     build_policy(p.p, p.n, &t);
     build_jitter(p.p, p.n, &t);
+    build_affine(p.p, p.n, &t);
     if (t.rotate && t.policy.rounds > 0)   /* one fill for the augmented render (fl_tspec_check) */
         memcpy(t.rot_fill, t.policy.fill, sizeof t.rot_fill);
     fl_err ferr = {0};

@@ -91,7 +91,7 @@ def test_what_stays_in_python_and_spec_checks():
     assert "rotate" not in spec and rest is not None
     base = dict(geom="rrc", out_h=16, out_w=16, rotate=1, rot_lo=-1.0, rot_hi=1.0, rot_interp=0, rot_fill=(0, 0, 0))
     for key, val, msg in (("rot_lo", 5.0, "rot_lo"), ("rot_interp", 2, "rot_interp"), ("rot_fill", (0, 0, 300), "rot_fill"),
-                          ("rotate", 3, "rotate")):
+                          ("rotate", 4, "rotate")):
         with pytest.raises(ValueError, match=msg):
             _C._plan_sample(dict(base, **{key: val}), 100, 100, 0, 0, 0)
     with pytest.raises(ValueError, match="fixed output size"):

@@ -25,6 +25,7 @@
 
 #include <string.h>
 
+#include "image/augment.h"
 #include "image/imgops.h"
 #include "binding/py_transform.h"
 
@@ -528,6 +529,20 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
                 PyErr_SetString(PyExc_ValueError, "transform spec: 'rot_fill' must be a tuple of 3 ints");
             }
         }
+        else if (strcmp(k, "aff_shear") == 0) {   /* 2 or 4 floats: the x range, then the y range */
+            PyObject *seq = PySequence_Fast(value, "");
+            Py_ssize_t ns = seq ? PySequence_Fast_GET_SIZE(seq) : -1;
+            rc = 0;
+            if (ns != 2 && ns != 4) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "transform spec: 'aff_shear' must be 2 or 4 floats");
+                rc = -1;
+            }
+            for (Py_ssize_t i = 0; rc == 0 && i < ns; i++)
+                rc = fl_get_double(PySequence_Fast_GET_ITEM(seq, i), k, &t.aff_shear[i]);
+            Py_XDECREF(seq);
+            t.aff_nshear = rc == 0 ? (int)ns : 0;
+        }
         else if (strcmp(k, "mean") == 0)
             rc = nmean = fl_get_floats3(value, k, t.mean);
         else if (strcmp(k, "std") == 0)
@@ -551,6 +566,13 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
         DBL_FIELD(rot_lo);
         DBL_FIELD(rot_hi);
         INT_FIELD(rot_interp);
+        DBL_FIELD(aff_tx);
+        DBL_FIELD(aff_ty);
+        DBL_FIELD(aff_scale_lo);
+        DBL_FIELD(aff_scale_hi);
+        INT_FIELD(aff_center);
+        DBL_FIELD(aff_cx);
+        DBL_FIELD(aff_cy);
         INT_FIELD(interp);
         INT_FIELD(out_channels);
         INT_FIELD(scale_to_unit);
@@ -655,13 +677,26 @@ fl_plan_to_dict(const fl_plan *p)
         Py_DECREF(erase);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K,s:N}", "box", p->box_x,
+    int has_affine = 0;   /* RandomAffine's parameters, when an op takes them */
+    for (int i = 0; i < p->naug; i++)
+        has_affine |= p->aug_op[i] == FL_AUG_TV_AFFINE || p->aug_op[i] == FL_AUG_TV_AFFINE_V2;
+    PyObject *affine = has_affine ? Py_BuildValue("(dddddddd)", p->aff[0], p->aff[1], p->aff[2], p->aff[3],
+                                                  p->aff[4], p->aff[5], p->aff[6], p->aff[7])
+                                  : Py_NewRef(Py_None);
+    if (affine == NULL) {
+        Py_DECREF(aug);
+        Py_DECREF(aug_interp);
+        Py_DECREF(erase);
+        Py_DECREF(mix);
+        return NULL;
+    }
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K,s:N,s:N}", "box", p->box_x,
                          p->box_y,
                          p->box_w, p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
                          p->flip ? Py_True : Py_False, "vflip", p->vflip ? Py_True : Py_False, "gray",
                          p->gray ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
                          "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key, "mix",
-                         mix);
+                         mix, "affine", affine);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -809,6 +844,14 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
         p->erase_key = PyLong_AsUnsignedLongLongMask(key);
         if (PyErr_Occurred())
             return -1;
+    }
+    PyObject *affine = PyDict_GetItemString(d, "affine");
+    if (affine != NULL && affine != Py_None
+        && !PyArg_ParseTuple(affine, "dddddddd", &p->aff[0], &p->aff[1], &p->aff[2], &p->aff[3], &p->aff[4],
+                             &p->aff[5], &p->aff[6], &p->aff[7])) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "plan: 'affine' must be None or 8 floats");
+        return -1;
     }
     PyObject *mix = PyDict_GetItemString(d, "mix");
     if (mix != NULL && mix != Py_None) {   /* AugMix: {"w0": float, "w": [float, ...], "len": [int, ...]} */

@@ -982,23 +982,46 @@ fl_affine(const uint8_t *src, uint8_t *img, int w, int h, int c, const double a[
 
 /* Contract: augment_internal.h. */
 void
-fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy, double m[6])
+fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale, double shx,
+                         double shy, double m[6])
 {
     double rot = angle * fl_aug_deg2rad, sx = shx * fl_aug_deg2rad, sy = shy * fl_aug_deg2rad;
     double a = cos(rot - sy) / cos(sy);
     double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
     double c = sin(rot - sy) / cos(sy);
     double d = -sin(rot - sy) * tan(sx) / cos(sy) + cos(rot);
-    m[0] = d;
-    m[1] = -b;
-    m[2] = 0.0;
-    m[3] = -c;
-    m[4] = a;
-    m[5] = 0.0;
+    m[0] = d / scale;   /* [x / scale for x in matrix] (x / 1.0 is x) */
+    m[1] = -b / scale;
+    m[2] = 0.0 / scale;
+    m[3] = -c / scale;
+    m[4] = a / scale;
+    m[5] = 0.0 / scale;
     m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty);
     m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty);
     m[2] += cx;
     m[5] += cy;
+}
+
+/* Contract: augment_internal.h. */
+void
+fl_aug_tv2_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale, double shx,
+                          double shy, double m[6])
+{
+    double rot = angle * fl_aug_deg2rad, sx = shx * fl_aug_deg2rad, sy = shy * fl_aug_deg2rad;
+    double cos_sy = cos(sy), tan_sx = tan(sx), rot_minus_sy = rot - sy;
+    double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
+    double a = cos(rot_minus_sy) / cos_sy;
+    double b = -(a * tan_sx + sin(rot));
+    double c = sin(rot_minus_sy) / cos_sy;
+    double d = cos(rot) - c * tan_sx;
+    m[0] = d / scale;
+    m[1] = -b / scale;
+    m[2] = 0.0;
+    m[3] = -c / scale;
+    m[4] = a / scale;
+    m[5] = 0.0;
+    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
 }
 
 /* Image.rotate(angle) without expand, centre or translate: the transposes
@@ -1136,8 +1159,42 @@ static const char *const fl_aug_names[FL_AUG_NOPS] = {
     "ShearX (tensor, v2)", "ShearY (tensor, v2)", "TranslateX (tensor, v2)", "TranslateY (tensor, v2)",
     "Rotate (tensor, v2)", "Brightness (tensor)", "Color (tensor)", "Color (tensor, v2)", "Contrast (tensor)",
     "Contrast (tensor, v2)", "Sharpness (tensor)", "Sharpness (tensor, v2)", "AutoContrast (tensor)",
-    "AutoContrast (tensor, v2)", "Hue",
+    "AutoContrast (tensor, v2)", "Hue", "RandomAffine", "RandomAffine (v2)",
 };
+
+/* Contract: augment.h. */
+int
+fl_aug_affine(const double prm[8], int v2, int interp, const uint8_t *fill, uint8_t *img, int w, int h,
+              int channels, uint8_t *tmp, fl_err *err)
+{
+    static const uint8_t zeros[3] = {0, 0, 0};
+    if (interp != FL_AUG_NEAREST && interp != FL_AUG_BILINEAR && interp != FL_AUG_BICUBIC) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: RandomAffine: unknown interpolation %d", interp);
+        return -1;
+    }
+    if (channels != 1 && channels != 3) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: RandomAffine: %d channels (1 or 3 supported)", channels);
+        return -1;
+    }
+    if (w <= 0 || h <= 0 || w > FL_MAX_DIM || h > FL_MAX_DIM || img == NULL || tmp == NULL || prm == NULL) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: RandomAffine: image size %d x %d or no buffer", w, h);
+        return -1;
+    }
+    for (int k = 0; k < 8; k++) {
+        if (!isfinite(prm[k]) || (k == 3 && !(prm[k] > 0.0))) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: RandomAffine: parameter %d is %g", k, prm[k]);
+            return -1;
+        }
+    }
+    double m[6];
+    (v2 ? fl_aug_tv2_inverse_affine : fl_aug_tv_inverse_affine)(prm[6], prm[7], prm[0], prm[1], prm[2], prm[3],
+                                                                 prm[4], prm[5], m);
+    const size_t n = (size_t)w * (size_t)h * (size_t)channels;
+    int *xintab = (int *)(void *)(tmp + ((n + 7) & ~(size_t)7));
+    memcpy(tmp, img, n);
+    fl_affine(tmp, img, w, h, channels, m, interp, fill ? fill : zeros, xintab);
+    return 0;
+}
 
 /* Contract: augment.h. */
 int
@@ -1208,12 +1265,12 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
         }
         if (op == FL_AUG_SHEAR_X || op == FL_AUG_SHEAR_Y) {
             double deg = atan(magnitude) * fl_aug_rad2deg;   /* math.degrees(math.atan(magnitude)) */
-            fl_aug_tv_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, op == FL_AUG_SHEAR_X ? deg : 0.0,
+            fl_aug_tv_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, 1.0, op == FL_AUG_SHEAR_X ? deg : 0.0,
                                  op == FL_AUG_SHEAR_Y ? deg : 0.0, m);
         } else {
             double t = trunc(magnitude);   /* int(magnitude) */
             fl_aug_tv_inverse_affine(w * 0.5, h * 0.5, 0.0, op == FL_AUG_TRANSLATE_X ? t : 0.0,
-                                 op == FL_AUG_TRANSLATE_Y ? t : 0.0, 0.0, 0.0, m);
+                                     op == FL_AUG_TRANSLATE_Y ? t : 0.0, 1.0, 0.0, 0.0, m);
         }
         fl_affine(tmp, img, w, h, channels, m, interp, fill, xintab);
         return 0;
@@ -1312,6 +1369,11 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_INVERT:
         fl_invert_bytes(img, n);
         return 0;
+
+    case FL_AUG_TV_AFFINE:
+    case FL_AUG_TV_AFFINE_V2:
+        fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s takes its parameters through fl_aug_affine", name);
+        return -1;
 
     case FL_AUG_HUE: {
         if (!(magnitude >= -0.5 && magnitude <= 0.5)) {   /* adjust_hue raises ValueError there */

@@ -79,7 +79,11 @@ enum {
     FL_AUG_HUE = 43,            /* torchvision's adjust_hue(pil, magnitude), magnitude in [-0.5, 0.5]: Pillow's
                                    convert("HSV"), H += int(magnitude * 255) mod 256, convert("RGB"); an L image
                                    is returned as it is */
-    FL_AUG_NOPS = 44
+    FL_AUG_TV_AFFINE = 44,      /* torchvision's F.affine(pil, angle, translate, scale, shear, center)
+                                   (RandomAffine), v1's inverse matrix: through fl_aug_affine, whose
+                                   parameters one magnitude cannot hold; fl_aug_apply refuses it */
+    FL_AUG_TV_AFFINE_V2 = 45,   /* the same with v2's matrix (its operation order) */
+    FL_AUG_NOPS = 46
 };
 
 /* Resampling of the geometric ops: Pillow's NEAREST, BILINEAR and BICUBIC
@@ -119,6 +123,19 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * or out of the op's range).  On error img is unchanged. */
 int fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t *img, int w, int h,
                  int channels, uint8_t *tmp, fl_err *err);
+
+/* torchvision's affine(pil_image, angle, [tx, ty], scale, [shx, shy],
+ * interpolation, fill, center=[cx, cy]) in place: Image.transform(AFFINE)
+ * of _get_inverse_affine_matrix (v1's operation order, or v2's when v2 is
+ * set), with Pillow's NEAREST, BILINEAR or BICUBIC transform filter and
+ * fill, as fl_aug_apply's geometric ops.  prm: angle (degrees), tx, ty
+ * (pixels), scale (> 0), shx, shy (degrees), cx, cy (RandomAffine's
+ * default centre is (w * 0.5, h * 0.5)).  img, tmp, fill, interp and the
+ * error contract as fl_aug_apply (FL_ERR_INVALID also for a parameter that
+ * is not finite or a scale that is not positive).  No GIL; re-entrant on
+ * distinct buffers. */
+int fl_aug_affine(const double prm[8], int v2, int interp, const uint8_t *fill, uint8_t *img, int w, int h,
+                  int channels, uint8_t *tmp, fl_err *err);
 
 /* AugMix's mix (torchvision's AugMix.forward), in float32 as torch computes
  * it: with first set, acc[i] = w * img[i]; otherwise acc[i] += w * img[i]

@@ -33,10 +33,17 @@ extern const double fl_aug_deg2rad, fl_aug_rad2deg;
 double fl_aug_py_mod(double x, double m);
 
 /* augment.c: torchvision.transforms.functional._get_inverse_affine_matrix
- * (v1) with scale 1, in CPython's double arithmetic and operation order,
- * into m (6 coefficients). */
-void fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double shx, double shy,
-                              double m[6]);
+ * (v1) for center (cx, cy), angle and shears in degrees, the translation
+ * and scale > 0, in CPython's double arithmetic and operation order, into m
+ * (6 coefficients).  Pure. */
+void fl_aug_tv_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale, double shx,
+                              double shy, double m[6]);
+
+/* augment.c: the same matrix as torchvision.transforms.v2.functional's
+ * _get_inverse_affine_matrix computes it (its cached terms: another
+ * operation order, so other last bits).  Pure. */
+void fl_aug_tv2_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale, double shx,
+                               double shy, double m[6]);
 
 /* augment.c: p[i] = lut[p[i]] for n bytes. */
 void fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut);

@@ -229,30 +229,6 @@ fl_t_autocontrast(uint8_t *img, size_t npix, int C, int v2)
 /* ------------------------------------------------------------------------ */
 /* Geometry: F.affine / F.rotate on the tensor                              */
 
-/* torchvision.transforms.v2.functional._geometry._get_inverse_affine_matrix
- * with scale 1, in CPython's double arithmetic and operation order (v1's,
- * a different order of the same formula, is fl_aug_tv_inverse_affine). */
-static void
-fl_t_inverse_affine_v2(double cx, double cy, double angle, double tx, double ty, double shx, double shy,
-                       double m[6])
-{
-    double rot = angle * fl_aug_deg2rad, sx = shx * fl_aug_deg2rad, sy = shy * fl_aug_deg2rad;
-    double cos_sy = cos(sy), tan_sx = tan(sx), rot_minus_sy = rot - sy;
-    double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
-    double a = cos(rot_minus_sy) / cos_sy;
-    double b = -(a * tan_sx + sin(rot));
-    double c = sin(rot_minus_sy) / cos_sy;
-    double d = cos(rot) - c * tan_sx;
-    m[0] = d / 1.0;
-    m[1] = -b / 1.0;
-    m[2] = 0.0;
-    m[3] = -c / 1.0;
-    m[4] = a / 1.0;
-    m[5] = 0.0;
-    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
-    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
-}
-
 /* _gen_affine_grid's base coordinates, torch.linspace(-n / 2 + 0.5,
  * n / 2 - 0.5, n): steps of exactly 1 from a whole or half number, so
  * every element is exact in float32 whichever way ATen's kernel forms it
@@ -471,22 +447,23 @@ fl_aug_tensor_apply(int op, double magnitude, int interp, uint8_t *img, int w, i
         }
         const int v2 = op >= FL_AUG_T_SHEAR_X_V2;
         const int kind = v2 ? op - FL_AUG_T_SHEAR_X_V2 : op - FL_AUG_T_SHEAR_X;   /* 0..4: shx shy tx ty rot */
-        void (*inverse)(double, double, double, double, double, double, double, double *) =
-            v2 ? fl_t_inverse_affine_v2 : fl_aug_tv_inverse_affine;
+        void (*inverse)(double, double, double, double, double, double, double, double, double *) =
+            v2 ? fl_aug_tv2_inverse_affine : fl_aug_tv_inverse_affine;
         double m[6];
         if (kind <= 1) {
             /* center=[0, 0] on a tensor: the centre offset (0 - w / 2, 0 - h / 2) */
             double deg = atan(magnitude) * fl_aug_rad2deg;
-            inverse(0.0 - w * 0.5, 0.0 - h * 0.5, 0.0, 0.0, 0.0, kind == 0 ? deg : 0.0, kind == 1 ? deg : 0.0, m);
+            inverse(0.0 - w * 0.5, 0.0 - h * 0.5, 0.0, 0.0, 0.0, 1.0, kind == 0 ? deg : 0.0, kind == 1 ? deg : 0.0,
+                    m);
         } else if (kind <= 3) {
             double t = trunc(magnitude);   /* int(magnitude) */
             if (!(fabs(t) < 2147483648.0)) {
                 fl_err_set(err, FL_ERR_INVALID, 0, "augment: tensor translate by %g pixels", magnitude);
                 return -1;
             }
-            inverse(0.0, 0.0, 0.0, kind == 2 ? t : 0.0, kind == 3 ? t : 0.0, 0.0, 0.0, m);
+            inverse(0.0, 0.0, 0.0, kind == 2 ? t : 0.0, kind == 3 ? t : 0.0, 1.0, 0.0, 0.0, m);
         } else if (!v2) {
-            inverse(0.0, 0.0, -magnitude, 0.0, 0.0, 0.0, 0.0, m);
+            inverse(0.0, 0.0, -magnitude, 0.0, 0.0, 1.0, 0.0, 0.0, m);
         } else {
             double ang = fl_aug_py_mod(magnitude, 360.0);
             if (ang == 0.0)
@@ -504,7 +481,7 @@ fl_aug_tensor_apply(int op, double magnitude, int interp, uint8_t *img, int w, i
                     }
                 return 0;
             }
-            inverse(0.0, 0.0, -ang, 0.0, 0.0, 0.0, 0.0, m);
+            inverse(0.0, 0.0, -ang, 0.0, 0.0, 1.0, 0.0, 0.0, m);
         }
         memcpy(tmp, img, n);
         fl_t_warp(tmp, img, w, h, channels, m, interp);

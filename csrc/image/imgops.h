@@ -32,6 +32,8 @@
 #include "core/err.h"
 
 enum { FL_DT_U8 = 0, FL_DT_F16 = 1, FL_DT_BF16 = 2, FL_DT_F32 = 3 };
+/* fl_tspec.rotate: the random geometric step after the flips */
+enum { FL_ROT_NONE = 0, FL_ROT_ROTATION = 1, FL_ROT_AFFINE = 2, FL_ROT_AFFINE_V2 = 3 };
 enum { FL_LAYOUT_CHW = 0, FL_LAYOUT_HWC = 1 };
 enum { FL_GEOM_NONE = 0, FL_GEOM_RRC = 1, FL_GEOM_RESIZE_CROP = 2 };
 /* fl_tspec.interp: the filter of the crop/resize (RandomResizedCrop,
@@ -216,13 +218,24 @@ typedef struct {
     double vflip_p;           /* RandomVerticalFlip(p), after the horizontal one (flips commute); 0 = none */
     double gray_p;            /* RandomGrayscale(p) after the geometry, flips and policy (3 channels: Pillow's
                                  convert("L") copied to all three); 0 = none */
-    int rotate;               /* RandomRotation after the flips, before the policy: 1 = on (needs a fixed
-                                 output size); the angle uniform in [rot_lo, rot_hi] degrees, applied as
-                                 augment.h FL_AUG_ROTATE with rot_interp (FL_AUG_NEAREST / BILINEAR) and
-                                 rot_fill (equal to policy.fill when there is a policy too) */
+    int rotate;               /* after the flips, before the policy (needs a fixed output size), with
+                                 rot_interp and rot_fill (equal to policy.fill when there is a policy too):
+                                 FL_ROT_ROTATION: RandomRotation, the angle uniform in [rot_lo, rot_hi]
+                                 degrees, applied as augment.h FL_AUG_ROTATE (nearest or bilinear);
+                                 FL_ROT_AFFINE / FL_ROT_AFFINE_V2: RandomAffine, its parameters drawn as its
+                                 get_params draws them (each a float32 value; the angle in [rot_lo, rot_hi],
+                                 tx = round(U(-aff_tx * w, aff_tx * w)), ty likewise, the scale and shears
+                                 when given), applied by augment.h fl_aug_affine (nearest, bilinear or
+                                 bicubic) about (w / 2, h / 2) or the given centre */
     double rot_lo, rot_hi;
     int rot_interp;
     int rot_fill[3];
+    double aff_tx, aff_ty;    /* RandomAffine's translate: fractions of the width and height (0: none) */
+    double aff_scale_lo, aff_scale_hi;   /* its scale range, or 0, 0: scale 1 */
+    int aff_nshear;           /* 0 (no shear), 2 (x only: aff_shear[0..1]) or 4 (x, then y) */
+    double aff_shear[4];
+    int aff_center;           /* 1: about (aff_cx, aff_cy) instead of the image's centre */
+    double aff_cx, aff_cy;
     int interp;               /* FL_INTERP_*: the resize's filter (0, bilinear, by default) */
     int out_channels;         /* 1 or 3 */
     int dtype;                /* FL_DT_* */
@@ -247,6 +260,8 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
     int gray;                         /* RandomGrayscale's draw: the finished uint8 window (after the policy
                                          ops, before the dtype conversion) made gray, luma in every channel */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
+    double aff[8];                    /* RandomAffine's draw (the FL_AUG_TV_AFFINE* op of aug): angle, tx, ty,
+                                         scale, shx, shy, and the centre cx, cy (fl_aug_affine's prm) */
     int naug;                         /* policy ops to apply, in order (identity ops are left out) */
     int aug_op[FL_PLAN_MAX_AUG];      /* augment.h FL_AUG_* */
     double aug_mag[FL_PLAN_MAX_AUG];

@@ -322,16 +322,39 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
         FAIL("gray_p: %g is not a probability", t->gray_p);
     if (t->interp < FL_INTERP_BILINEAR || t->interp > FL_INTERP_RANDOM)
         FAIL("interp: unknown interpolation %d (0 bilinear, 1 bicubic, 2 random)", t->interp);
-    if (t->rotate != 0 && t->rotate != 1)
-        FAIL("rotate: %d is not 0 or 1", t->rotate);
+    if (t->rotate < FL_ROT_NONE || t->rotate > FL_ROT_AFFINE_V2)
+        FAIL("rotate: %d is not 0 (none), 1 (RandomRotation), 2 or 3 (RandomAffine, v1 or v2)", t->rotate);
     if (t->rotate) {
+        const int affine = t->rotate != FL_ROT_ROTATION;
         if (t->out_w <= 0 || t->out_h <= 0)
             FAIL("rotate: needs a fixed output size (out_h/out_w)");
         if (!fl_finite(t->rot_lo) || !fl_finite(t->rot_hi) || t->rot_lo > t->rot_hi || fabs(t->rot_lo) > 1e6
             || fabs(t->rot_hi) > 1e6)
             FAIL("rot_lo/rot_hi: [%g, %g] is not a range of degrees", t->rot_lo, t->rot_hi);
-        if (t->rot_interp != FL_AUG_NEAREST && t->rot_interp != FL_AUG_BILINEAR)
-            FAIL("rot_interp: %d is not nearest (0) or bilinear (1)", t->rot_interp);
+        if (t->rot_interp != FL_AUG_NEAREST && t->rot_interp != FL_AUG_BILINEAR
+            && !(affine && t->rot_interp == FL_AUG_BICUBIC))
+            FAIL("rot_interp: %d is not nearest (0) or bilinear (1)%s", t->rot_interp, affine ? " or bicubic (2)" : "");
+        if (affine) {
+            if (!fl_finite(t->aff_tx) || !fl_finite(t->aff_ty) || t->aff_tx < 0 || t->aff_tx > 1 || t->aff_ty < 0
+                || t->aff_ty > 1)
+                FAIL("aff_tx/aff_ty: (%g, %g) are not fractions in [0, 1]", t->aff_tx, t->aff_ty);
+            if (!fl_finite(t->aff_scale_lo) || !fl_finite(t->aff_scale_hi) || t->aff_scale_lo > t->aff_scale_hi
+                || (t->aff_scale_hi != 0.0 && !(t->aff_scale_lo > 0.0)) || t->aff_scale_hi > 1e6)
+                FAIL("aff_scale_lo/aff_scale_hi: [%g, %g] is not a range of positive scales", t->aff_scale_lo,
+                     t->aff_scale_hi);
+            if (t->aff_nshear != 0 && t->aff_nshear != 2 && t->aff_nshear != 4)
+                FAIL("aff_nshear: %d is not 0, 2 or 4", t->aff_nshear);
+            for (int k = 0; k < t->aff_nshear; k += 2)
+                if (!fl_finite(t->aff_shear[k]) || !fl_finite(t->aff_shear[k + 1])
+                    || t->aff_shear[k] > t->aff_shear[k + 1] || fabs(t->aff_shear[k]) > 1e6
+                    || fabs(t->aff_shear[k + 1]) > 1e6)
+                    FAIL("aff_shear: [%g, %g] is not a range of degrees", t->aff_shear[k], t->aff_shear[k + 1]);
+            if (t->aff_center != 0 && t->aff_center != 1)
+                FAIL("aff_center: %d is not 0 or 1", t->aff_center);
+            if (t->aff_center && (!fl_finite(t->aff_cx) || !fl_finite(t->aff_cy) || fabs(t->aff_cx) > 1e9
+                                  || fabs(t->aff_cy) > 1e9))
+                FAIL("aff_cx/aff_cy: (%g, %g) is not a centre", t->aff_cx, t->aff_cy);
+        }
         for (int c = 0; c < 3; c++) {
             if (t->rot_fill[c] < 0 || t->rot_fill[c] > 255)
                 FAIL("rot_fill: %d is not in 0..255", t->rot_fill[c]);
@@ -480,6 +503,28 @@ fl_augmix_draw(const fl_policy *P, fl_rng *rng, fl_plan *p)
             p->naug++;
         }
     }
+}
+
+/* RandomAffine's get_params (torchvision v1 and v2 alike) for a w x h
+ * image, into prm (fl_aug_affine's order): each draw a float32 value, as
+ * torch's uniform_ on a float tensor gives it; the translations
+ * round(U(-f * w, f * w)) half to even (Python's round), drawn only when
+ * the spec has them, as the scale and shears.  t checked. */
+static void
+fl_affine_draw(const fl_tspec *t, fl_rng *rng, int w, int h, double prm[8])
+{
+    prm[0] = (double)(float)fl_rng_uniform(rng, t->rot_lo, t->rot_hi);
+    prm[1] = prm[2] = 0.0;
+    if (t->aff_tx > 0 || t->aff_ty > 0) {
+        const double mx = t->aff_tx * w, my = t->aff_ty * h;
+        prm[1] = fl_round_half_even((double)(float)fl_rng_uniform(rng, -mx, mx));
+        prm[2] = fl_round_half_even((double)(float)fl_rng_uniform(rng, -my, my));
+    }
+    prm[3] = t->aff_scale_hi > 0 ? (double)(float)fl_rng_uniform(rng, t->aff_scale_lo, t->aff_scale_hi) : 1.0;
+    prm[4] = t->aff_nshear >= 2 ? (double)(float)fl_rng_uniform(rng, t->aff_shear[0], t->aff_shear[1]) : 0.0;
+    prm[5] = t->aff_nshear == 4 ? (double)(float)fl_rng_uniform(rng, t->aff_shear[2], t->aff_shear[3]) : 0.0;
+    prm[6] = t->aff_center ? t->aff_cx : w * 0.5;
+    prm[7] = t->aff_center ? t->aff_cy : h * 0.5;
 }
 
 /* One sample's ColorJitter ops (imgops.h fl_jitter: RandomApply's draw,
@@ -834,9 +879,14 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
     if (J->p > 0 && J->pos == FL_JITTER_AFTER_FLIPS) {
         npre = fl_jitter_draw(J, &rng, pre_op, pre_mag);
     }
-    if (t->rotate) {
+    if (t->rotate == FL_ROT_ROTATION) {
         pre_op[npre] = FL_AUG_ROTATE;
         pre_mag[npre] = fl_rng_uniform(&rng, t->rot_lo, t->rot_hi);
+        npre++;
+    } else if (t->rotate) {
+        fl_affine_draw(t, &rng, p.out_w, p.out_h, p.aff);
+        pre_op[npre] = t->rotate == FL_ROT_AFFINE_V2 ? FL_AUG_TV_AFFINE_V2 : FL_AUG_TV_AFFINE;
+        pre_mag[npre] = 0.0;
         npre++;
     }
     if (J->p > 0 && J->pos == FL_JITTER_BEFORE_POLICY)
@@ -861,7 +911,9 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
         for (int i = 0; i < npre; i++) {
             p.aug_op[i] = pre_op[i];
             p.aug_mag[i] = pre_mag[i];
-            p.aug_interp[i] = pre_op[i] == FL_AUG_ROTATE ? t->rot_interp : FL_AUG_NEAREST;
+            const int geometric = pre_op[i] == FL_AUG_ROTATE || pre_op[i] == FL_AUG_TV_AFFINE
+                                  || pre_op[i] == FL_AUG_TV_AFFINE_V2;
+            p.aug_interp[i] = geometric ? t->rot_interp : FL_AUG_NEAREST;
         }
         p.naug += npre;
     }

@@ -528,6 +528,18 @@ fl_render_fused(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void
     return 0;
 }
 
+/* Op i of the plan on img: fl_aug_apply, or fl_aug_affine with the plan's
+ * RandomAffine parameters.  Returns 0, or -1 with err filled. */
+static int
+fl_render_op(const fl_plan *plan, int i, const uint8_t *fill, uint8_t *img, int w, int h, int C, uint8_t *tmp,
+             fl_err *err)
+{
+    const int op = plan->aug_op[i];
+    if (op == FL_AUG_TV_AFFINE || op == FL_AUG_TV_AFFINE_V2)
+        return fl_aug_affine(plan->aff, op == FL_AUG_TV_AFFINE_V2, plan->aug_interp[i], fill, img, w, h, C, tmp, err);
+    return fl_aug_apply(op, plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err);
+}
+
 /* The plan's ops on the w x h uint8 HWC image img (C channels), in place:
  * the ops before the AugMix chains in order, then, for an AugMix plan,
  * each chain on a copy of that image, mixed in float32 with the plan's
@@ -555,7 +567,7 @@ fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int
     }
     const int first = plan->naug - chained;
     for (int i = 0; i < first; i++)
-        if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, img, w, h, C, tmp, err) < 0)
+        if (fl_render_op(plan, i, fill, img, w, h, C, tmp, err) < 0)
             return -1;
     if (plan->mix_chains == 0)
         return 0;
@@ -569,8 +581,7 @@ fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int
     for (int c = 0, i = first; c < plan->mix_chains; c++) {
         memcpy(chain, img, n);
         for (int k = 0; k < plan->mix_len[c]; k++, i++)
-            if (fl_aug_apply(plan->aug_op[i], plan->aug_mag[i], plan->aug_interp[i], fill, chain, w, h, C, tmp,
-                             err) < 0)
+            if (fl_render_op(plan, i, fill, chain, w, h, C, tmp, err) < 0)
                 return -1;
         fl_augmix_accumulate(acc, chain, n, plan->mix_w[c], plan->mix_timm && c == 0);
     }
