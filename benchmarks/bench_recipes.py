@@ -192,6 +192,9 @@ RECIPES["timm-train-aa-original"] = ("timm create_transform(is_training, AutoAug
 RECIPES["timm-train-augmix"] = ("timm create_transform(is_training, augmix-m5-w4-d2, re 0.25 pixel, bilinear)",
                                 ("timm", dict(_TIMM_TRAIN, auto_augment="augmix-m5-w4-d2",
                                               interpolation="bilinear")), False)
+RECIPES["timm-train-3a"] = ("timm create_transform(is_training, 3a (DeiT III): Solarize / Desaturate / "
+                            "GaussianBlurRand, then ColorJitter(0.4))", ("timm", dict(is_training=True,
+                                                                                  auto_augment="3a")), False)
 RECIPES["timm-eval"] = ("timm create_transform(is_training=False)", ("timm", dict(is_training=False)), False)
 RECIPES["timm-train-default"] = ("timm create_transform(is_training=True), its defaults: RRC + flip + "
                                  "ColorJitter(0.4, 0.4, 0.4)", ("timm", dict(is_training=True)), False)

@@ -727,6 +727,7 @@ _TIMM_OPS = {
     "Contrast": (22, 2), "ContrastIncreasing": (22, 3), "Sharpness": (23, 2), "SharpnessIncreasing": (23, 3),
     "ShearX": (16, 4), "ShearY": (17, 4), "TranslateX": (18, 5), "TranslateY": (19, 5),
     "TranslateXRel": (18, 6), "TranslateYRel": (19, 6),
+    "Desaturate": (21, 13), "GaussianBlur": (46, 14), "GaussianBlurRand": (46, 15),   # the 3a ops
 }
 _TIMM_GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 _AUG_BICUBIC, _AUG_RANDOM = 2, 3   # augment.h FL_AUG_BICUBIC, FL_AUG_RANDOM
@@ -787,7 +788,7 @@ def _timm_ra_spec(t: Any, channels: int) -> dict | None:
     each op's name, prob, magnitude, magnitude_std, magnitude_max and
     hparams, the resample and fillcolor they pass Pillow, num_layers and
     choice_weights.  None when it cannot run natively: an op it does not
-    know (Desaturate, GaussianBlur*), an op whose functions are not timm's
+    know, an op whose functions are not timm's
     own for its name, geometric ops that disagree on filter or fill, a gray
     image, more layers or ops than the C tables hold."""
     import sys
@@ -814,10 +815,10 @@ def _timm_ra_spec(t: Any, channels: int) -> dict | None:
 def _timm_aa_spec(t: Any, channels: int) -> dict | None:
     """The fl_policy dict (kind "timm_aa") for timm's AutoAugment (the
     "original", "v0", "originalr" and "v0r" policies): its sub-policies of
-    AugmentOps, each op read as _timm_ra_spec reads them; None when one op
-    cannot run natively (the "3a" policy's Desaturate and GaussianBlurRand),
-    or the policy is larger than the C tables (32 sub-policies of 1..2 ops,
-    64 ops)."""
+    AugmentOps, each op read as _timm_ra_spec reads them (the "3a" policy's
+    Solarize, Desaturate and GaussianBlurRand too); None when one op cannot
+    run natively, or the policy is larger than the C tables (32 sub-policies
+    of 1..2 ops, 64 ops)."""
     import sys
     policy = list(getattr(t, "policy", None) or [])
     if channels != 3 or not 1 <= len(policy) <= _POLICY_MAX_SUB:

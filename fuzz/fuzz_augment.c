@@ -337,6 +337,7 @@ magnitude_for(int op, fz_bytes *p)
         case FL_AUG_BRIGHTNESS_FACTOR: case FL_AUG_COLOR_FACTOR: case FL_AUG_CONTRAST_FACTOR:
         case FL_AUG_SHARPNESS_FACTOR: return -0.2 + 2.4 * u;
         case FL_AUG_HUE: return -0.6 + 1.2 * u;
+        case FL_AUG_GAUSSIAN_BLUR: return -1.0 + 9.0 * u;
         default: return -1.2 + 2.4 * u;
         }
     }
@@ -547,6 +548,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (channels == 1 && memcmp(img, orig, n) != 0)
             FZ_FAIL("Color (factor) changed a one-channel image");
         break;
+    case FL_AUG_GAUSSIAN_BLUR: {   /* a weighted mean: a constant image stays as it is */
+        int constant = 1;
+        for (size_t i = channels; i < n && constant; i++)
+            constant = orig[i] == orig[i % channels];
+        if (constant && memcmp(img, orig, n) != 0)
+            FZ_FAIL("GaussianBlur %g changed a constant %dx%dx%d image", mag, w, h, channels);
+        break;
+    }
     case FL_AUG_HUE:
         if (channels == 1 && memcmp(img, orig, n) != 0)
             FZ_FAIL("Hue changed a one-channel image");

@@ -290,7 +290,7 @@ def _img(shape=(8, 9, 3)):
     return np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("code", [-1, 46, 1000])   # 46: FL_AUG_NOPS
+@pytest.mark.parametrize("code", [-1, 47, 1000])   # 47: FL_AUG_NOPS
 def test_unknown_op_is_a_value_error(code):
     with pytest.raises(ValueError, match="unknown op"):
         _C._augment_op(code, 0.0, _img())

@@ -47,7 +47,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CODE_FN = {12: timm_aa.auto_contrast, 13: timm_aa.equalize, 14: timm_aa.invert, 5: timm_aa.rotate,
            10: timm_aa.posterize, 11: timm_aa.solarize, 15: timm_aa.solarize_add, 20: timm_aa.brightness,
            21: timm_aa.color, 22: timm_aa.contrast, 23: timm_aa.sharpness, 16: timm_aa.shear_x,
-           17: timm_aa.shear_y, 18: timm_aa.translate_x_abs, 19: timm_aa.translate_y_abs}
+           17: timm_aa.shear_y, 18: timm_aa.translate_x_abs, 19: timm_aa.translate_y_abs,
+           46: timm_aa.gaussian_blur}
 
 
 def timm_apply(im, code, arg, interp, fill):
@@ -158,7 +159,12 @@ def test_create_transform_rand_runs_natively(aa, interpolation):
 
 
 def test_unknown_timm_op_stays_in_python_and_is_named():
+    """Every op name of timm's NAME_TO_OP runs natively now; an AugmentOp
+    whose function is not timm's own for its name (a patched op) keeps the
+    whole policy in Python."""
+    assert set(timm_aa.NAME_TO_OP) <= set(_TIMM_OPS)
     ops = timm_aa.rand_augment_ops(9, hparams=dict(HPARAMS), transforms=["Rotate", "GaussianBlurRand"])
+    ops[1].aug_fn = lambda img, *args, **kw: img
     ra = timm_aa.RandAugment(ops, 2)
     spec, rest, desc = compile_transform(_compose_with(ra))
     assert "policy" not in spec and rest is not None

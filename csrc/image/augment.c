@@ -398,6 +398,129 @@ fl_hue_pixels(uint8_t *img, size_t npix, int shift, const fl_hsv_tables *T)
     }
 }
 
+/* GaussianBlur: Pillow's ImageFilter.GaussianBlur(radius), BoxBlur.c:
+ * three passes of an "extended" box blur (a box of fractional radius) along
+ * x, then three along y, each in 8.24 fixed point with the edge pixel
+ * repeated.  The box radius comes from _gaussian_blur_radius's float and
+ * double steps; every pass is integer arithmetic, so the bytes are
+ * Pillow's.  Pillow blurs y by transposing the image and blurring its
+ * rows; here a pass runs along the rows of an image whose columns are its
+ * independent lines (the x passes on a transposed copy), which is the same
+ * arithmetic per line and keeps the inner loop on contiguous bytes. */
+
+/* _gaussian_blur_radius: the box radius of `passes` boxes for a Gaussian
+ * of standard deviation `radius`.  Pure. */
+static float
+fl_pil_box_radius(float radius, int passes)
+{
+    const float sigma2 = radius * radius / passes;
+    const float L = (float)sqrt(12.0 * sigma2 + 1.0);   /* the box length */
+    const float l = (float)floor((L - 1.0) / 2.0);      /* its integer radius */
+    float a = (2 * l + 1) * (l * (l + 1) - 3 * sigma2);
+    a /= 6 * (sigma2 - (l + 1) * (l + 1));
+    return l + a;
+}
+
+/* One box pass of radius fradius (> 0) along the len rows of src, each row
+ * `lines` bytes of independent lines, into dst (not aliasing src), as
+ * ImagingHorizontalBoxBlur computes each line.  acc: room for `cap`
+ * accumulators; the lines go in chunks of cap. */
+FL_HOT static void
+fl_box_pass(const uint8_t *restrict src, uint8_t *restrict dst, int len, size_t lines, float fradius,
+            uint32_t *restrict acc, size_t cap)
+{
+    const int r = (int)fradius;
+    const uint32_t ww = (uint32_t)((float)(1u << 24) / (fradius * 2 + 1));
+    const uint32_t fw = ((1u << 24) - (uint32_t)(r * 2 + 1) * ww) / 2;
+    const int last = len - 1;
+    const int edgeA = r + 1 < len ? r + 1 : len, edgeB = len - r - 1 > 0 ? len - r - 1 : 0;
+    for (size_t j0 = 0; j0 < lines; j0 += cap) {
+        const size_t nl = lines - j0 < cap ? lines - j0 : cap;
+        const uint8_t *in = src + j0;
+        uint8_t *out = dst + j0;
+#define FL_IN(i) (in + (size_t)(i) * lines)
+#define FL_OUT(i) (out + (size_t)(i) * lines)
+        if (r == 0) {   /* ImagingLineBoxBlurZero8: the pixel at weight ww, its two neighbours at fw */
+            for (int x = 0; x <= last; x++) {
+                const uint8_t *c = FL_IN(x < edgeA ? 0 : x < edgeB ? x : last);
+                const uint8_t *lft = FL_IN(x < edgeA ? 0 : x - 1), *rgt = FL_IN(x < edgeB ? x + 1 : last);
+                uint8_t *o = FL_OUT(x);
+                for (size_t k = 0; k < nl; k++)
+                    o[k] = (uint8_t)((c[k] * ww + (uint32_t)(lft[k] + rgt[k]) * fw + (1u << 23)) >> 24);
+            }
+            continue;
+        }
+        /* the window of pixel -1: the first pixel r + 1 times, then pixels 0..r - 1 (the last one repeated
+           when the line is shorter) */
+        for (size_t k = 0; k < nl; k++)
+            acc[k] = (uint32_t)in[k] * (uint32_t)(r + 1);
+        int x;
+        for (x = 0; x < edgeA - 1; x++) {
+            const uint8_t *p = FL_IN(x);
+            for (size_t k = 0; k < nl; k++)
+                acc[k] += p[k];
+        }
+        for (size_t k = 0; k < nl; k++)
+            acc[k] += (uint32_t)FL_IN(last)[k] * (uint32_t)(r - edgeA + 1);
+        /* pixel x: the window moves by one (sub, add), and the fractional ends (far_l, far_r) weigh fw */
+        for (x = 0; x <= last; x++) {
+            /* Pillow's three loops of either branch (edgeA <= edgeB or not) in one rule */
+            const int sub = x < edgeA ? 0 : x - r - 1, add = x < edgeB ? x + r : last;
+            const int far_r = x < edgeB ? x + r + 1 : last;
+            const uint8_t *ps = FL_IN(sub), *pa = FL_IN(add), *pl = FL_IN(sub), *pr = FL_IN(far_r);
+            uint8_t *o = FL_OUT(x);
+            for (size_t k = 0; k < nl; k++) {
+                acc[k] += (uint32_t)pa[k] - (uint32_t)ps[k];
+                const uint32_t bulk = acc[k] * ww + (uint32_t)(pl[k] + pr[k]) * fw;
+                o[k] = (uint8_t)((bulk + (1u << 23)) >> 24);
+            }
+        }
+#undef FL_IN
+#undef FL_OUT
+    }
+}
+
+/* img (h x w pixels of c bytes) -> t (w x h pixels): the pixel transpose.  Pure. */
+static void
+fl_transpose_px(const uint8_t *restrict img, uint8_t *restrict t, int w, int h, int c)
+{
+    if (c == 1) {
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                t[(size_t)x * h + y] = img[(size_t)y * w + x];
+        return;
+    }
+    for (int y = 0; y < h; y++) {
+        const uint8_t *s = img + (size_t)y * w * 3;
+        for (int x = 0; x < w; x++) {
+            uint8_t *d = t + ((size_t)x * h + y) * 3;
+            d[0] = s[3 * x];
+            d[1] = s[3 * x + 1];
+            d[2] = s[3 * x + 2];
+        }
+    }
+}
+
+/* ImageFilter.GaussianBlur(radius) on img in place (3 passes each way).
+ * tmp: n bytes and acc: cap accumulators, caller-owned. */
+static void
+fl_gaussian_blur(uint8_t *img, uint8_t *tmp, int w, int h, int c, float radius, uint32_t *acc, size_t cap)
+{
+    const float box = fl_pil_box_radius(radius, 3);
+    if (box == 0.0f)
+        return;
+    /* x: transpose, three passes along what were the columns, transpose back */
+    fl_transpose_px(img, tmp, w, h, c);
+    fl_box_pass(tmp, img, w, (size_t)h * c, box, acc, cap);
+    fl_box_pass(img, tmp, w, (size_t)h * c, box, acc, cap);
+    fl_box_pass(tmp, img, w, (size_t)h * c, box, acc, cap);
+    fl_transpose_px(img, tmp, h, w, c);
+    /* y: three passes along the rows */
+    fl_box_pass(tmp, img, h, (size_t)w * c, box, acc, cap);
+    fl_box_pass(img, tmp, h, (size_t)w * c, box, acc, cap);
+    fl_box_pass(tmp, img, h, (size_t)w * c, box, acc, cap);
+}
+
 /* ImageEnhance.Sharpness: ImageFilter.SMOOTH (ImagingFilter3x3, kernel
  * (1 1 1 / 1 5 1 / 1 1 1) / 13 in float, +0.5 before truncation, rows y+1,
  * y, y-1 summed in that order, each as (left + centre) + right) blended with
@@ -1159,7 +1282,7 @@ static const char *const fl_aug_names[FL_AUG_NOPS] = {
     "ShearX (tensor, v2)", "ShearY (tensor, v2)", "TranslateX (tensor, v2)", "TranslateY (tensor, v2)",
     "Rotate (tensor, v2)", "Brightness (tensor)", "Color (tensor)", "Color (tensor, v2)", "Contrast (tensor)",
     "Contrast (tensor, v2)", "Sharpness (tensor)", "Sharpness (tensor, v2)", "AutoContrast (tensor)",
-    "AutoContrast (tensor, v2)", "Hue", "RandomAffine", "RandomAffine (v2)",
+    "AutoContrast (tensor, v2)", "Hue", "RandomAffine", "RandomAffine (v2)", "GaussianBlur (Pillow)",
 };
 
 /* Contract: augment.h. */
@@ -1374,6 +1497,17 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
     case FL_AUG_TV_AFFINE_V2:
         fl_err_set(err, FL_ERR_INVALID, 0, "augment: %s takes its parameters through fl_aug_affine", name);
         return -1;
+
+    case FL_AUG_GAUSSIAN_BLUR: {   /* Pillow takes the radius as a C float */
+        if (!(fabs(magnitude) <= 1e5)) {
+            fl_err_set(err, FL_ERR_INVALID, 0, "augment: GaussianBlur: radius %g is not within 1e5", magnitude);
+            return -1;
+        }
+        if (magnitude == 0.0)   /* ImageFilter.GaussianBlur(0) is a copy */
+            return 0;
+        fl_gaussian_blur(img, tmp, w, h, channels, (float)magnitude, (uint32_t *)(void *)xintab, (size_t)w);
+        return 0;
+    }
 
     case FL_AUG_HUE: {
         if (!(magnitude >= -0.5 && magnitude <= 0.5)) {   /* adjust_hue raises ValueError there */

@@ -83,7 +83,9 @@ enum {
                                    (RandomAffine), v1's inverse matrix: through fl_aug_affine, whose
                                    parameters one magnitude cannot hold; fl_aug_apply refuses it */
     FL_AUG_TV_AFFINE_V2 = 45,   /* the same with v2's matrix (its operation order) */
-    FL_AUG_NOPS = 46
+    FL_AUG_GAUSSIAN_BLUR = 46,  /* image.filter(ImageFilter.GaussianBlur(magnitude)): Pillow's three extended box
+                                   blurs each way (timm's GaussianBlur / GaussianBlurRand ops; 0: unchanged) */
+    FL_AUG_NOPS = 47
 };
 
 /* Resampling of the geometric ops: Pillow's NEAREST, BILINEAR and BICUBIC
@@ -112,7 +114,8 @@ size_t fl_aug_tmp_bytes(int w, int h, int channels);
  * fl_aug_tmp_bytes(w, h, channels) bytes; its contents on return are
  * unspecified.  Nothing is allocated.
  * Magnitudes: any finite value; Hue within [-0.5, 0.5] (torchvision's
- * check); Posterize needs int(magnitude) in 0..8 (0
+ * check); GaussianBlur's radius within 1e5 (its sign does not matter, as
+ * in Pillow); Posterize needs int(magnitude) in 0..8 (0
  * gives zeros, as torchvision's tensor op; Pillow's ImageOps.posterize
  * refuses 0, so _apply_op on a PIL image raises there), SolarizeAdd
  * int(magnitude) in 0..255, the enhance ops a factor (1 + magnitude, or

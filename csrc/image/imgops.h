@@ -118,7 +118,12 @@ enum {
     FL_LEVEL_SOLARIZE = 10,     /* min(256, int(m / 10 * 256)), the threshold */
     FL_LEVEL_SOLARIZE_INC = 11, /* 256 - min(256, int(m / 10 * 256)) */
     FL_LEVEL_SOLARIZE_ADD = 12, /* min(128, int(m / 10 * 110)), the addend */
-    FL_LEVEL_COUNT = 13
+    FL_LEVEL_DESATURATE = 13,   /* Desaturate: the Color factor min(1, max(0, 1 - clip(0.5 + 0.5 * m / 10,
+                                   0.5, 1))) */
+    FL_LEVEL_BLUR = 14,         /* GaussianBlur: the radius clip(0.1 + 1.9 * m / 10, 0.1, 2) */
+    FL_LEVEL_BLUR_RAND = 15,    /* GaussianBlurRand: the radius U(0.1, 2 * clip(m / 10, 0, 1)), drawn as
+                                   random.uniform draws it */
+    FL_LEVEL_COUNT = 16
 };
 
 typedef struct {

@@ -100,7 +100,9 @@ fl_policy_check(const fl_tspec *t, fl_err *err)
             if (o->level < 0 || o->level >= FL_LEVEL_COUNT)
                 FAIL("policy.ops[%d]: unknown level function %d", i, o->level);
             if ((o->op == FL_AUG_POSTERIZE) != (o->level >= FL_LEVEL_POSTERIZE && o->level <= FL_LEVEL_POSTERIZE_ORIG)
-                || (o->op == FL_AUG_SOLARIZE_ADD) != (o->level == FL_LEVEL_SOLARIZE_ADD))
+                || (o->op == FL_AUG_SOLARIZE_ADD) != (o->level == FL_LEVEL_SOLARIZE_ADD)
+                || (o->op == FL_AUG_GAUSSIAN_BLUR) != (o->level == FL_LEVEL_BLUR || o->level == FL_LEVEL_BLUR_RAND)
+                || (o->level == FL_LEVEL_DESATURATE && o->op != FL_AUG_COLOR_FACTOR))
                 FAIL("policy.ops[%d]: level function %d does not fit op %d", i, o->level, o->op);
             if (!fl_finite(o->prob) || o->prob < 0 || o->prob > 1)
                 FAIL("policy.ops[%d]: prob %g is not a probability", i, o->prob);
@@ -615,6 +617,22 @@ fl_timm_level(const fl_timm_op *o, double m, fl_rng *rng, int w, int h)
     case FL_LEVEL_SOLARIZE_ADD: {
         double v = trunc(q * 110);
         return v < 128 ? v : 128;
+    }
+    /* _minmax_level_to_arg: min + (max - min) * q, clamped to [min, max] */
+    case FL_LEVEL_DESATURATE: {
+        double v = 0.5 + (1.0 - 0.5) * q;
+        v = v > 1.0 ? 1.0 : v < 0.5 ? 0.5 : v;
+        v = 1.0 - v;   /* desaturate's min(1., max(0., 1. - factor)) */
+        return v < 0.0 ? 0.0 : v > 1.0 ? 1.0 : v;
+    }
+    case FL_LEVEL_BLUR: {
+        double v = 0.1 + (2.0 - 0.1) * q;
+        return v > 2.0 ? 2.0 : v < 0.1 ? 0.1 : v;
+    }
+    case FL_LEVEL_BLUR_RAND: {
+        double f = 0.0 + (1.0 - 0.0) * q;
+        f = f > 1.0 ? 1.0 : f < 0.0 ? 0.0 : f;
+        return 0.1 + (2.0 * f - 0.1) * fl_rng_uniform(rng, 0.0, 1.0);   /* random.uniform(0.1, 2.0 * f) */
     }
     }
     return 0.0;   /* FL_LEVEL_NONE */
