@@ -69,6 +69,9 @@ OPS = [
     ("AugMix Contrast", 38, -0.5, 0),
     ("AugMix Sharpness", 40, 0.5, 0),
     ("AugMix AutoContrast", 42, 0.0, 0),
+    # ColorJitter's hue and timm's 3a blur: Pillow's references (torchvision's adjust_hue on PIL; ImageFilter.GaussianBlur)
+    ("Hue", 43, 0.1, 0),
+    ("GaussianBlur", 46, 1.5, 0),
 ]
 
 HARNESS = r"""
@@ -213,7 +216,25 @@ def v2_op(F, InterpolationMode, t, name, mag, interp):
         return F.equalize(t)
     if name == "Invert":
         return F.invert(t)
+    if name == "Hue":
+        return F.adjust_hue(t, mag)
+    if name == "GaussianBlur":   # v2's is another algorithm (a float convolution), not this op's reference
+        return None
     raise ValueError(name)
+
+
+def pil_op(aa, pil, name, mag, interp):
+    """The Pillow reference of an op: _apply_op for the policies' ops,
+    torchvision's adjust_hue and Pillow's GaussianBlur filter for the others."""
+    if name == "Hue":
+        from torchvision.transforms import functional as TF
+
+        return TF.adjust_hue(pil, mag)
+    if name == "GaussianBlur":
+        from PIL import ImageFilter
+
+        return pil.filter(ImageFilter.GaussianBlur(mag))
+    return aa._apply_op(pil, name, mag, interp, None)
 
 
 def main() -> None:
@@ -255,8 +276,9 @@ def main() -> None:
         pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
         c = run_c(exe, img, w, h, a.n, a.repeats, [(code, mag, interp)])[(code, interp)]
         py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
-        p = timed(lambda: aa._apply_op(pil, base, mag, pil_interp, None), a.n, a.repeats)
-        v = timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
+        p = timed(lambda: pil_op(aa, pil, base, mag, pil_interp), a.n, a.repeats)
+        v = (timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
+             if base != "GaussianBlur" else float("nan"))
         r1 = p / c if c > 0 else float("inf")
         r2 = v / c if c > 0 else float("inf")
         print(f"| {name:<26} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")

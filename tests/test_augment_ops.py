@@ -265,12 +265,12 @@ def test_portable_loops_match_avx2():
     """FASTLOADER_NO_AVX2=1 (read once per process, hence the subprocess)
     runs the portable loops: the same bytes."""
     jobs = []
-    for code in range(24):   # the torchvision ops, then timm's (augment.h FL_AUG_SOLARIZE_ADD on)
+    for code in [*range(24), 43, 46]:   # the torchvision ops, timm's (FL_AUG_SOLARIZE_ADD on), Hue, GaussianBlur
         for shape in [(224, 224, 3), (61, 97, 3), (200, 31), (3, 3, 3), (40, 41)]:
             for interp in (0, 1, 2):
                 mag = {1: 0.3, 2: -0.4, 3: 17.0, 4: -9.0, 5: 33.0, 6: 0.6, 7: -0.7, 8: 0.8, 9: 0.9, 10: 3.0,
                        11: 100.0, 15: 50.0, 16: 0.25, 17: -0.2, 18: 13.7, 19: -8.2, 20: 1.4, 21: 0.3, 22: 1.7,
-                       23: 0.2}.get(code, 0.0)
+                       23: 0.2, 43: -0.21, 46: 1.7}.get(code, 0.0)
                 fill = [7, 8, 9][: shape[2] if len(shape) == 3 else 1]
                 jobs.append((code, mag, interp, fill, shape, code * 31 + len(jobs)))
     here = []

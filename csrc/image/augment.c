@@ -364,6 +364,117 @@ fl_hsv_round(int v, double k)
     return (uint8_t)(fl + (y - (double)fl >= 0.5));
 }
 
+#ifdef FL_AUG_X86
+/* fl_hue_pixels' arithmetic 8 pixels at a time: the same float and double
+ * operations per lane (AVX2 without FMA, so no contraction: the compiler
+ * may only emit what is written), the tables gathered, the sextant's
+ * outputs blended.  Returns the pixels done (a multiple of 8); the caller
+ * does the rest. */
+__attribute__((target("avx2"))) static size_t
+fl_hue_pixels_avx2(uint8_t *img, size_t npix, int shift, const fl_hsv_tables *T)
+{
+#define FL_LO_PD(x) _mm256_cvtps_pd(_mm256_castps256_ps128(x))
+#define FL_HI_PD(x) _mm256_cvtps_pd(_mm256_extractf128_ps((x), 1))
+#define FL_JOIN_PS(lo, hi) _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo))
+#define FL_JOIN_TRUNC(lo, hi) _mm256_set_m128i(_mm256_cvttpd_epi32(hi), _mm256_cvttpd_epi32(lo))
+    const __m256d one = _mm256_set1_pd(1.0), d255 = _mm256_set1_pd(255.0), half = _mm256_set1_pd(0.5);
+    const __m256i zero = _mm256_setzero_si256(), c255 = _mm256_set1_epi32(255), vshift = _mm256_set1_epi32(shift);
+    int32_t R[8], G[8], B[8];
+    size_t k = 0;
+    for (; k + 8 <= npix; k += 8) {
+        uint8_t *q = img + 3 * k;
+        for (int j = 0; j < 8; j++) {
+            R[j] = q[3 * j];
+            G[j] = q[3 * j + 1];
+            B[j] = q[3 * j + 2];
+        }
+        const __m256i r = _mm256_loadu_si256((const __m256i *)R), g = _mm256_loadu_si256((const __m256i *)G),
+                      b = _mm256_loadu_si256((const __m256i *)B);
+        const __m256i mx = _mm256_max_epi32(_mm256_max_epi32(r, g), b);
+        const __m256i mn = _mm256_min_epi32(_mm256_min_epi32(r, g), b);
+        /* to HSV (gray lanes, max == min, divide by zero here and are replaced below) */
+        const __m256 span = _mm256_cvtepi32_ps(_mm256_sub_epi32(mx, mn));
+        const __m256 sat = _mm256_div_ps(span, _mm256_cvtepi32_ps(mx));
+        const __m256 rc = _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(mx, r)), span);
+        const __m256 gc = _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(mx, g)), span);
+        const __m256 bc = _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(mx, b)), span);
+        const __m256 hr = _mm256_sub_ps(bc, gc);
+        const __m256d two = _mm256_set1_pd(2.0), four = _mm256_set1_pd(4.0);
+        const __m256 hg = FL_JOIN_PS(_mm256_sub_pd(_mm256_add_pd(two, FL_LO_PD(rc)), FL_LO_PD(bc)),
+                                     _mm256_sub_pd(_mm256_add_pd(two, FL_HI_PD(rc)), FL_HI_PD(bc)));
+        const __m256 hb = FL_JOIN_PS(_mm256_sub_pd(_mm256_add_pd(four, FL_LO_PD(gc)), FL_LO_PD(rc)),
+                                     _mm256_sub_pd(_mm256_add_pd(four, FL_HI_PD(gc)), FL_HI_PD(rc)));
+        const __m256i rmax = _mm256_cmpeq_epi32(r, mx), gmax = _mm256_andnot_si256(rmax, _mm256_cmpeq_epi32(g, mx));
+        __m256 h = _mm256_blendv_ps(hb, hg, _mm256_castsi256_ps(gmax));
+        h = _mm256_blendv_ps(h, hr, _mm256_castsi256_ps(rmax));
+        /* h / 6 + 1 in double, fmod'd into [0, 1) by one subtraction, stored as float, then * 255 */
+        __m256d xl = _mm256_add_pd(_mm256_div_pd(FL_LO_PD(h), _mm256_set1_pd(6.0)), one);
+        __m256d xh = _mm256_add_pd(_mm256_div_pd(FL_HI_PD(h), _mm256_set1_pd(6.0)), one);
+        xl = _mm256_blendv_pd(xl, _mm256_sub_pd(xl, one), _mm256_cmp_pd(xl, one, _CMP_GE_OQ));
+        xh = _mm256_blendv_pd(xh, _mm256_sub_pd(xh, one), _mm256_cmp_pd(xh, one, _CMP_GE_OQ));
+        const __m256 hf = FL_JOIN_PS(xl, xh);
+        __m256i uh = FL_JOIN_TRUNC(_mm256_mul_pd(FL_LO_PD(hf), d255), _mm256_mul_pd(FL_HI_PD(hf), d255));
+        __m256i us = FL_JOIN_TRUNC(_mm256_mul_pd(FL_LO_PD(sat), d255), _mm256_mul_pd(FL_HI_PD(sat), d255));
+        uh = _mm256_min_epi32(_mm256_max_epi32(uh, zero), c255);
+        us = _mm256_min_epi32(_mm256_max_epi32(us, zero), c255);
+        const __m256i flat = _mm256_or_si256(_mm256_cmpeq_epi32(mx, mn), _mm256_cmpeq_epi32(us, zero));
+        us = _mm256_andnot_si256(flat, us);   /* a valid table index in the flat lanes too */
+        /* back to RGB with H shifted */
+        const __m256i h2 = _mm256_and_si256(_mm256_add_epi32(_mm256_andnot_si256(flat, uh), vshift), c255);
+        const __m256i sext = _mm256_i32gather_epi32(T->i, h2, 4);
+        const __m256 f = _mm256_i32gather_ps(T->f, h2, 4), fs = _mm256_i32gather_ps(T->fs, us, 4);
+        const __m256 fsf = _mm256_mul_ps(fs, f);   /* fs * f: a float product */
+        __m256i out3[3];
+        {
+            const __m256d vl = _mm256_cvtepi32_pd(_mm256_castsi256_si128(mx));
+            const __m256d vh = _mm256_cvtepi32_pd(_mm256_extracti128_si256(mx, 1));
+            __m256d kl[3], kh[3];
+            kl[0] = _mm256_sub_pd(one, FL_LO_PD(fs));   /* p */
+            kh[0] = _mm256_sub_pd(one, FL_HI_PD(fs));
+            kl[1] = _mm256_sub_pd(one, FL_LO_PD(fsf));   /* q */
+            kh[1] = _mm256_sub_pd(one, FL_HI_PD(fsf));
+            kl[2] = _mm256_sub_pd(one, _mm256_mul_pd(FL_LO_PD(fs), _mm256_sub_pd(one, FL_LO_PD(f))));   /* t */
+            kh[2] = _mm256_sub_pd(one, _mm256_mul_pd(FL_HI_PD(fs), _mm256_sub_pd(one, FL_HI_PD(f))));
+            for (int m = 0; m < 3; m++) {   /* round half away from zero of a value in [0, 255] */
+                const __m256d yl = _mm256_mul_pd(vl, kl[m]), yh = _mm256_mul_pd(vh, kh[m]);
+                const __m256d tl = _mm256_round_pd(yl, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __m256d th = _mm256_round_pd(yh, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __m256d ul = _mm256_add_pd(tl, _mm256_and_pd(_mm256_cmp_pd(_mm256_sub_pd(yl, tl), half, _CMP_GE_OQ), one));
+                const __m256d uh2 = _mm256_add_pd(th, _mm256_and_pd(_mm256_cmp_pd(_mm256_sub_pd(yh, th), half, _CMP_GE_OQ), one));
+                out3[m] = FL_JOIN_TRUNC(ul, uh2);
+            }
+        }
+        const __m256i p = out3[0], qq = out3[1], t = out3[2];
+        /* i % 6 for i in 0..6 */
+        const __m256i sx = _mm256_andnot_si256(_mm256_cmpeq_epi32(sext, _mm256_set1_epi32(6)), sext);
+#define FL_IS(n) _mm256_cmpeq_epi32(sx, _mm256_set1_epi32(n))
+#define FL_SEL(a, bb, m) _mm256_blendv_epi8((a), (bb), (m))
+        /* R: v (0, 5), q (1), p (2, 3), t (4); G: t (0), v (1, 2), q (3), p (4, 5); B: p (0, 1), t (2), v (3, 4), q (5) */
+        __m256i ro = FL_SEL(FL_SEL(FL_SEL(mx, qq, FL_IS(1)), p, _mm256_or_si256(FL_IS(2), FL_IS(3))), t, FL_IS(4));
+        __m256i go = FL_SEL(FL_SEL(FL_SEL(p, t, FL_IS(0)), mx, _mm256_or_si256(FL_IS(1), FL_IS(2))), qq, FL_IS(3));
+        __m256i bo = FL_SEL(FL_SEL(FL_SEL(p, t, FL_IS(2)), mx, _mm256_or_si256(FL_IS(3), FL_IS(4))), qq, FL_IS(5));
+#undef FL_IS
+#undef FL_SEL
+        ro = _mm256_blendv_epi8(ro, mx, flat);
+        go = _mm256_blendv_epi8(go, mx, flat);
+        bo = _mm256_blendv_epi8(bo, mx, flat);
+        _mm256_storeu_si256((__m256i *)R, ro);
+        _mm256_storeu_si256((__m256i *)G, go);
+        _mm256_storeu_si256((__m256i *)B, bo);
+        for (int j = 0; j < 8; j++) {
+            q[3 * j] = (uint8_t)R[j];
+            q[3 * j + 1] = (uint8_t)G[j];
+            q[3 * j + 2] = (uint8_t)B[j];
+        }
+    }
+#undef FL_LO_PD
+#undef FL_HI_PD
+#undef FL_JOIN_PS
+#undef FL_JOIN_TRUNC
+    return k;
+}
+#endif
+
 /* adjust_hue on npix packed RGB pixels with H shifted by `shift` (mod 256). */
 static void
 fl_hue_pixels(uint8_t *img, size_t npix, int shift, const fl_hsv_tables *T)
@@ -1519,7 +1630,13 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
         fl_hsv_tables T;
         fl_hsv_tables_init(&T);
         /* np.int32(hue_factor * 255).astype(np.uint8): truncated toward zero, then mod 256 */
-        fl_hue_pixels(img, npix, (int)trunc(magnitude * 255.0) & 255, &T);
+        const int shift = (int)trunc(magnitude * 255.0) & 255;
+        size_t done = 0;
+#ifdef FL_AUG_X86
+        if (fl_use_avx2())
+            done = fl_hue_pixels_avx2(img, npix, shift, &T);
+#endif
+        fl_hue_pixels(img + 3 * done, npix - done, shift, &T);
         return 0;
     }
 
