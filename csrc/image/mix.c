@@ -402,18 +402,36 @@ timm_mix_pair(const timm_op *oi, const timm_op *oj, float *xi, float *xj, int C,
         }
         return;
     }
-    float ti[TIMM_CHUNK], tj[TIMM_CHUNK];
+    if (oi->op == 2 && oj->op == 2 && oi->yl == oj->yl && oi->yh == oj->yh && oi->xl == oj->xl
+        && oi->xh == oj->xh) {
+        /* one box for both ('batch', 'pair'): the two samples swap it */
+        for (int c = 0; c < C; c++)
+            for (int y = oi->yl; y < oi->yh; y++) {
+                float *restrict a = xi + ((size_t)c * H + y) * W, *restrict b = xj + ((size_t)c * H + y) * W;
+                for (int k = oi->xl; k < oi->xh; k++) {
+                    float t = a[k];
+                    a[k] = b[k];
+                    b[k] = t;
+                }
+            }
+        return;
+    }
+    float ti[TIMM_CHUNK];
+    /* the columns either sample changes in a row both change: all for MixUp, the box for CutMix */
+    int c0 = oi->op == 1 || oj->op == 1 ? 0 : (oi->xl < oj->xl ? oi->xl : oj->xl);
+    int c1 = oi->op == 1 || oj->op == 1 ? W : (oi->xh > oj->xh ? oi->xh : oj->xh);
     for (int c = 0; c < C; c++)
         for (int y = 0; y < H; y++) {
             int ui = timm_row_touched(oi, y), uj = timm_row_touched(oj, y);
             float *ri = xi + ((size_t)c * H + y) * W, *rj = xj + ((size_t)c * H + y) * W;
             if (ui && uj) {
-                for (int x0 = 0; x0 < W; x0 += TIMM_CHUNK) {
-                    int m = W - x0 < TIMM_CHUNK ? W - x0 : TIMM_CHUNK;
+                /* per chunk: i's originals aside, i in place from j's (still
+                 * the originals here), then j in place from the copy */
+                for (int x0 = c0; x0 < c1; x0 += TIMM_CHUNK) {
+                    int m = c1 - x0 < TIMM_CHUNK ? c1 - x0 : TIMM_CHUNK;
                     memcpy(ti, ri + x0, (size_t)m * sizeof(float));
-                    memcpy(tj, rj + x0, (size_t)m * sizeof(float));
-                    timm_seg(oi, ri + x0, ti, tj, x0, m);
-                    timm_seg(oj, rj + x0, tj, ti, x0, m);
+                    timm_seg(oi, ri + x0, ri + x0, rj + x0, x0, m);
+                    timm_seg(oj, rj + x0, rj + x0, ti, x0, m);
                 }
             } else if (ui) {
                 timm_seg(oi, ri, ri, rj, 0, W);   /* j's row is unchanged: its original */
