@@ -30,6 +30,7 @@ batch path; ``batch_transform`` keeps it there.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import warnings
 from typing import Any
@@ -74,12 +75,25 @@ def _timm_kind(t: Any) -> str | None:
 
 def _number(v: Any) -> float | None:
     """v as a float when it is a plain int or float (or a numpy one), else None."""
-    if isinstance(v, (int, float)) and not isinstance(v, complex):
+    if isinstance(v, (int, float)):
         return float(v)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(v, (np.integer, np.floating)):
         return float(v)
     return None
+
+
+def _numpy_major() -> int:
+    """numpy's major version (timm imports numpy, so it is loaded here)."""
+    global _NUMPY_MAJOR
+    if _NUMPY_MAJOR is None:
+        import numpy
+
+        _NUMPY_MAJOR = int(numpy.__version__.split(".")[0])
+    return _NUMPY_MAJOR
+
+
+_NUMPY_MAJOR: int | None = None
 
 
 def compile_timm_mixup(t: Any) -> tuple[dict | None, str]:
@@ -106,7 +120,7 @@ def compile_timm_mixup(t: Any) -> tuple[dict | None, str]:
         if not isinstance(mode, str) or mode not in _TIMM_MODES:
             return None, f"mode={mode!r} (native: 'batch', 'pair', 'elem')"
         nc = t.num_classes
-        if isinstance(nc, bool) or _number(nc) is None or nc != int(nc) or not 0 < int(nc) < 2 ** 31:
+        if isinstance(nc, bool) or not isinstance(nc, numbers.Integral) or not 0 < int(nc) < 2 ** 31:
             return None, f"num_classes={nc!r} (native: an int >= 1)"
         alphas = [_number(t.mixup_alpha), _number(t.cutmix_alpha)]
         if any(a is None or not abs(a) < 1e6 for a in alphas):
@@ -133,8 +147,7 @@ def compile_timm_mixup(t: Any) -> tuple[dict | None, str]:
         return None, f"an attribute of timm's Mixup is missing ({e})"
     if enabled and not (alphas[0] > 0.0 or alphas[1] > 0.0):
         return None, "neither mixup_alpha nor cutmix_alpha is > 0 (timm asserts when it mixes)"
-    np = sys.modules.get("numpy")
-    if mode != "batch" and minmax is None and np is not None and int(np.__version__.split(".")[0]) < 2:
+    if mode != "batch" and minmax is None and _numpy_major() < 2:
         return None, "numpy < 2 computes the per-element CutMix box from timm's float32 lam in float64"
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_default_dtype() != torch.float32:

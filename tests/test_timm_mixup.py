@@ -174,8 +174,7 @@ def _close(a, b, what):
                                 dict(mixup_alpha=2.0, cutmix_alpha=0.0, prob=0.9),
                                 dict(mixup_alpha=0.5, cutmix_minmax=(0.3, 0.9), switch_prob=0.6)])
 def test_draws_follow_timms_distributions(kw):
-    from scipy import stats
-
+    stats = pytest.importorskip("scipy.stats")
     m = Mixup(mode="elem", num_classes=3, **kw)
     np.random.seed(1234)
     t_mixed, t_cut, t_lam, t_area = _timm_elems(m, 4096)
@@ -212,8 +211,7 @@ def test_batch_mode_draws_follow_timms_distributions():
     for kind in (False, True):
         a = [p["lam_draw"][0] for p in ours if p["mixed"][0] and p["use_cutmix"][0] == kind]
         b = [lam for lam, c in theirs if lam != 1.0 and c == kind]
-        from scipy import stats
-
+        stats = pytest.importorskip("scipy.stats")
         assert stats.ks_2samp(a, b).pvalue > 1e-3, kind
         if kind:   # the box from a double lam (rand_bbox), against timm's own on its own lams
             np.random.seed(8)
@@ -365,9 +363,19 @@ def test_a_patched_instance_or_a_float16_batch_runs_in_python():
     assert stage.python_batches == 1 and compile_batch_transform(m)["kind"] == "timm"
 
 
-def test_fast_collate_mixup_is_refused_as_a_batch_transform():
+def test_fast_collate_mixup_is_refused_as_a_batch_transform_and_works_as_a_collate_fn(folder):
     with pytest.raises(TypeError, match="FastCollateMixup is a collate_fn.*timm.data.Mixup"):
         fastloader.DataLoader([0, 1], batch_transform=FastCollateMixup(num_classes=4))
+    from torchvision import transforms as T
+
+    ds = fastloader.ImageFolder(folder, transform=T.Compose([T.RandomResizedCrop(16), T.PILToTensor()]))
+    dl = fastloader.DataLoader(ds, batch_size=8, collate_fn=FastCollateMixup(num_classes=4))
+    with pytest.warns(PerformanceWarning, match="off its native batch path"):
+        batches = list(dl)
+    assert len(batches) == 4 and dl.stats()["path"] == "python"
+    for x, y in batches:   # timm's own: uint8 images, smoothed soft targets
+        assert x.dtype == torch.uint8 and x.shape == (8, 3, 16, 16) and y.shape == (8, 4)
+        assert torch.allclose(y.sum(1), torch.ones(8))
 
 
 def test_bad_input_gets_clear_errors():
