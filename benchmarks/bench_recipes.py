@@ -43,6 +43,12 @@ Recipes (``--list`` prints them):
            gets the same RandomChoice object as batch_transform= (its
            documented spelling: a custom collate_fn would take it off the
            native batch path), applied to each default-collated batch.
+  *+mixup  the timm-train-bicubic transform plus timm's Mixup with its
+           train.py defaults (mixup_alpha 0.8, cutmix_alpha 1.0, switch_prob
+           0.5, label_smoothing 0.1, mode 'batch'): torch gets it in the
+           collate_fn as above (timm's train.py calls it in its loop, on
+           the main process); fastloader gets the same Mixup object as
+           batch_transform=.
 
 Protocol (the shared harness, fastloader/tools/harness.py, as bench_images.py):
 every (recipe, loader, num_workers) runs in a fresh process; the two loaders
@@ -169,9 +175,21 @@ class MixUpCutMixCollate:
         return self.mixup_cutmix(*default_collate(batch))
 
 
+class TimmMixupCollate(MixUpCutMixCollate):
+    """timm's Mixup with its train.py defaults on each default-collated batch
+    (the same ``mixup_cutmix`` attribute, so both sides are built alike)."""
+
+    def __init__(self, num_classes):
+        from timm.data import Mixup
+
+        self.mixup_cutmix = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
+                                  label_smoothing=0.1, num_classes=num_classes)
+
+
 _TIMM_TRAIN = dict(is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel")
 
-# name -> (what it is, how it is built: ("tv", PresetTrain kwargs) | ("timm", create_transform kwargs), mixcut)
+# name -> (what it is, how it is built: ("tv", PresetTrain kwargs) | ("timm", create_transform kwargs),
+#          batch stage: False, True (torchvision MixUp/CutMix) or "timm" (timm Mixup))
 RECIPES = {}
 for _pol, _kw, _what in [("classic", {}, "RRC + flip"),
                          ("ta_wide-re0.1", dict(auto_augment_policy="ta_wide", random_erase_prob=0.1),
@@ -195,6 +213,9 @@ RECIPES["timm-train-augmix"] = ("timm create_transform(is_training, augmix-m5-w4
 RECIPES["timm-train-3a"] = ("timm create_transform(is_training, 3a (DeiT III): Solarize / Desaturate / "
                             "GaussianBlurRand, then ColorJitter(0.4))", ("timm", dict(is_training=True,
                                                                                   auto_augment="3a")), False)
+RECIPES["timm-train-bicubic+mixup"] = ("timm create_transform(is_training, rand-m9-mstd0.5-inc1, re 0.25 pixel, "
+                                       "bicubic) + timm Mixup(0.8 / 1.0, smoothing 0.1)",
+                                       ("timm", dict(_TIMM_TRAIN, interpolation="bicubic")), "timm")
 RECIPES["timm-eval"] = ("timm create_transform(is_training=False)", ("timm", dict(is_training=False)), False)
 RECIPES["timm-train-default"] = ("timm create_transform(is_training=True), its defaults: RRC + flip + "
                                  "ColorJitter(0.4, 0.4, 0.4)", ("timm", dict(is_training=True)), False)
@@ -301,7 +322,7 @@ def child(cfg):
             ds = holder["ds"] = DS(cfg["root"], transform=transform)
             kw = {}
             if mixcut:
-                collate = MixUpCutMixCollate(len(ds.classes))
+                collate = (TimmMixupCollate if mixcut == "timm" else MixUpCutMixCollate)(len(ds.classes))
                 kw = (dict(batch_transform=collate.mixup_cutmix) if impl == "fastloader"
                       else dict(collate_fn=collate))
             dl = holder["dl"] = DL(ds, batch_size=BATCH_SIZE, num_workers=cfg["workers"], shuffle=True, **kw)

@@ -715,6 +715,7 @@ class DataLoader(_Base, Generic[_T_co]):
             from .batch import BatchStage
 
             self._fl_batch_stage = BatchStage(batch_transform)
+            self._fl_batch_stage.check_loader(self)   # timm's Mixup and an odd batch size: said now
         self._fl_gil_warned = False
         self._fl_pin_warned = False
 

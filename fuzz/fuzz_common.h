@@ -1,7 +1,7 @@
 /* fuzz_common.h: helpers shared by the libFuzzer harnesses in fuzz/.
  *
  * Layout of the harnesses: one binary per target (fuzz_decode, fuzz_region,
- * fuzz_render, fuzz_augment, fuzz_tar, fuzz_codecs), each built with -fsanitize=fuzzer,address,undefined against
+ * fuzz_render, fuzz_augment, fuzz_mix, fuzz_tar, fuzz_codecs), each built with -fsanitize=fuzzer,address,undefined against
  * the real csrc/ sources (scripts/fuzz.sh).  Separate binaries rather than
  * one with a mode byte, so that each target keeps its own corpus and its
  * coverage feedback is not diluted by the others, and a crash file names the
@@ -18,6 +18,8 @@
  *   JPEG, and scripts/make_fuzz_corpus.py writes the seeds the same way.
  * - fuzz_augment: FZ_AUGMENT_PARAMS parameter bytes (op, magnitude,
  *   interpolation, channels, size, fill), then raw pixel bytes.
+ * - fuzz_mix: FZ_MIX_PARAMS parameter bytes (timm's Mixup or torchvision's
+ *   MixUp / CutMix, the batch shape, seed, the spec, labels), then pixel bytes.
  *
  * Findings: anything the sanitizers report, and every broken contract, which
  * the harness turns into abort() with a line on stderr ("FUZZ CONTRACT: ...")
@@ -46,6 +48,7 @@
 #define FZ_REGION_PARAMS 16
 #define FZ_RENDER_PARAMS 64
 #define FZ_AUGMENT_PARAMS 17
+#define FZ_MIX_PARAMS 32
 
 /* Report a broken contract and abort (libFuzzer saves the input). */
 #define FZ_FAIL(...)                                                   \

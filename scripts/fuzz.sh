@@ -5,8 +5,9 @@
 #
 #   SECONDS  total fuzzing time, split evenly over the targets (default 600:
 #            the 10-minute run recorded in docs/hardening.md; 60 is the CI smoke pass)
-#   TARGET   decode | region | render | render-noavx2 | augment | augment-noavx2 | tar | codecs
-#            (default: decode region render augment codecs; tar is fuzz/fuzz_tar.c,
+#   TARGET   decode | region | render | render-noavx2 | augment | augment-noavx2 | mix | tar | codecs
+#            (default: decode region render augment mix codecs; mix is fuzz/fuzz_mix.c,
+#            the batch stage (timm's Mixup, torchvision's MixUp / CutMix); tar is fuzz/fuzz_tar.c,
 #            the shard reader, run on request; codecs is fuzz/fuzz_codecs.c, the
 #            PNG and WebP decoders)
 #            render-noavx2 / augment-noavx2 are the render / augment binaries with
@@ -32,9 +33,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode region render augment codecs)
+[ ${#targets[@]} -gt 0 ] || targets=(decode region render augment mix codecs)
 for t in "${targets[@]}"; do
-    case $t in decode|region|render|render-noavx2|augment|augment-noavx2|tar|codecs) ;;
+    case $t in decode|region|render|render-noavx2|augment|augment-noavx2|mix|tar|codecs) ;;
         *) echo "fuzz: unknown target '$t'" >&2; exit 2 ;; esac
 done
 
@@ -128,10 +129,10 @@ for t in "${targets[@]}"; do
     b=${t%-noavx2}
     env=()
     case $t in *-noavx2) env=(FASTLOADER_NO_AVX2=1) ;; esac
-    # the JPEG targets' and the shard reader's dictionaries; augment's input is
-    # parameters and raw pixels, which no dictionary describes
+    # the JPEG targets' and the shard reader's dictionaries; augment's and mix's
+    # input is parameters and raw pixels, which no dictionary describes
     dict=()
-    case $b in tar) dict=(-dict=fuzz/tar.dict) ;; codecs) dict=(-dict=fuzz/codecs.dict) ;; augment) ;;
+    case $b in tar) dict=(-dict=fuzz/tar.dict) ;; codecs) dict=(-dict=fuzz/codecs.dict) ;; augment|mix) ;;
         *) dict=(-dict=fuzz/jpeg.dict) ;; esac
     mkdir -p "$B/corpus/$b"
     log="$B/fuzz-$t.log"

@@ -14,6 +14,10 @@ Writes
   OUTDIR/augment/*.bin  17 parameter bytes + raw pixels (fuzz/fuzz_augment.c): every
                         op, both interpolations of the geometric ones, 1 and 3
                         channels, realistic and special magnitudes
+  OUTDIR/mix/*.bin      32 parameter bytes + pixel bytes (fuzz/fuzz_mix.c): timm's
+                        Mixup in each mode (MixUp, CutMix, both, cutmix_minmax,
+                        smoothing, disabled, odd batch) and torchvision's MixUp,
+                        CutMix and RandomChoice, small and wide batches
   OUTDIR/tar/*.bin      a mode byte + a small shard (fuzz/fuzz_tar.c)
 Everything is deterministic (fixed seeds), so the corpus is the same on every
 machine.  Needs Pillow, and cjpeg / jpegtran from libjpeg-turbo-progs for the
@@ -267,6 +271,56 @@ def make_augment() -> dict[str, bytes]:
     return out
 
 
+MIX_PARAMS = 32   # fuzz/fuzz_common.h FZ_MIX_PARAMS
+
+
+def mix_params(api: int, n: int, c: int, h: int, w: int, classes: int, spec: bytes, bad_label: int = 0) -> bytes:
+    """fuzz/fuzz_mix.c's parameter block: api (bit 0 timm, bit 1 raw float
+    pixels), N, C, H, W (as dim_of reads them: 0..40, 251 -> 1, 252 -> 513,
+    253 -> 1000), classes - 1, seed, epoch, batch, the spec, the label byte."""
+    out = bytes([api, n, c, h, w, classes - 1]) + struct.pack(">IBH", 12345 + n * 7 + h, 1, 3 + w) + spec
+    out = out.ljust(MIX_PARAMS - 1, b"\0") + bytes([bad_label])
+    assert len(out) == MIX_PARAMS
+    return out
+
+
+def timm_spec(mixup: int, cutmix: int, *, minmax: tuple[int, int] | None = None, prob: int = 200,
+              switch: int = 100, mode: int = 0, correct: int = 1, enabled: int = 1, smoothing: int = 25) -> bytes:
+    """timm's Mixup in fuzz_mix.c's bytes: alphas in 1/40, minmax in 1/200,
+    probabilities in 1/200, smoothing in 1/250."""
+    lo, hi = minmax or (0, 0)
+    flags = (1 if correct else 0) | (0 if enabled else 2)
+    return bytes([mixup, cutmix, 1 if minmax else 0, lo, hi, prob, switch, mode, flags, smoothing])
+
+
+def make_mix() -> dict[str, bytes]:
+    out = {}
+    shapes = [(8, 3, 13, 17), (2, 1, 1, 5), (6, 2, 3, 252), (4, 1, 2, 253), (5, 3, 4, 4), (0, 3, 4, 4)]
+    timm = {
+        "mixup_cutmix": timm_spec(32, 40),
+        "mixup_only": timm_spec(8, 0, smoothing=0),
+        "cutmix_uncorrected": timm_spec(0, 20, correct=0),
+        "minmax": timm_spec(12, 40, minmax=(40, 160)),
+        "prob_switch": timm_spec(4, 4, prob=120, switch=60, smoothing=75),
+        "tiny_alpha": timm_spec(240 + 2, 240 + 9),
+        "disabled": timm_spec(32, 40, enabled=0),
+    }
+    rnd = random.Random(99)
+    for si, (n, c, h, w) in enumerate(shapes):
+        px = bytes(rnd.randrange(256) for _ in range(257))
+        for name, spec in timm.items():
+            for mode in range(3):
+                api = 1 | (2 if (si + mode) % 4 == 3 else 0)
+                out[f"timm_{name}_mode{mode}_{n}x{c}x{h}x{w}"] = mix_params(
+                    api, n, c, h, w, 5 + si, spec[:7] + bytes([mode]) + spec[8:]) + px
+        for name, spec in {"mixup": bytes([0, 0, 32, 200]), "cutmix": bytes([0, 1, 40, 200]),
+                           "choice": bytes([1, 0, 8, 60, 1, 40, 140])}.items():
+            out[f"tv_{name}_{n}x{c}x{h}x{w}"] = mix_params(2 * (si % 2), n, c, h, w, 4, spec) + px
+    out["timm_bad_label"] = mix_params(1, 4, 1, 5, 5, 3, timm["mixup_cutmix"], bad_label=0x81) + bytes(range(64))
+    out["tv_bad_label"] = mix_params(0, 4, 1, 5, 5, 3, bytes([0, 0, 32, 200]), bad_label=0x82) + bytes(range(64))
+    return out
+
+
 def make_tars() -> dict[str, bytes]:
     """Small shards in each tar dialect tar.c reads (trailing zero blocks cut:
     the reader accepts a clean end on a block boundary)."""
@@ -440,10 +494,16 @@ def main() -> int:
     for name, data in make_augment().items():
         put("augment", name + ".bin", data)
 
+    # mix (fuzz/fuzz_mix.c): parameters, then pixel bytes
+    os.makedirs(os.path.join(tmp, "mix"))
+    for name, data in make_mix().items():
+        put("mix", name + ".bin", data)
+
     if os.path.isdir(outdir):
         shutil.rmtree(outdir)
     os.rename(tmp, outdir)
-    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "augment", "tar", "codecs")}
+    counts = {s: len(os.listdir(os.path.join(outdir, s))) for s in ("decode", "region", "render", "augment", "mix", "tar",
+                                                                 "codecs")}
     print(f"make_fuzz_corpus: wrote {outdir}: {counts}")
     return 0
 

@@ -66,7 +66,7 @@ int fl_register_buffer(PyObject *m);     /* py_buffer.c: Buffer, BatchPool, stac
 int fl_register_image(PyObject *m);      /* py_image.c: decode_jpeg, DecodeError helpers */
 int fl_register_transform(PyObject *m);  /* py_transform.c: transform plans for tests/inspection */
 int fl_register_augment(PyObject *m);    /* py_augment.c: _augment_op, the augmentation ops for tests */
-int fl_register_mix(PyObject *m);        /* py_mix.c: _mix_batch (MixUp / CutMix on a batch) */
+int fl_register_mix(PyObject *m);        /* py_mix.c: _mix_batch, _timm_mix_batch (MixUp / CutMix on a batch) */
 
 int fl_register_native(PyObject *m);   /* py_native.c: NativeDataset */
 int fl_register_native_call(PyObject *m);  /* py_native_call.c: NativeCall (the native call of a custom dataset) */
