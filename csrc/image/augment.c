@@ -90,19 +90,6 @@ fl_py_round15(double x)
 /* ------------------------------------------------------------------------ */
 /* Tables and per-pixel passes                                              */
 
-/* ImagingBlend's value for one byte pair (Blend.c): float arithmetic
- * in1 + alpha * (in2 - in1), clipped to 0..255 and truncated.  Pillow's
- * interpolation branch (0 <= alpha <= 1) does not clip, but its values lie in
- * [min(in1, in2), max(in1, in2)] there, so one formula serves both branches. */
-static inline uint8_t
-fl_blend1(int in1, int in2, float alpha)
-{
-    float t = (float)in1 + alpha * (float)(in2 - in1);
-    t = t < 0.0f ? 0.0f : t;
-    t = t > 255.0f ? 255.0f : t;
-    return (uint8_t)(int)t;
-}
-
 /* Contract: augment_internal.h. */
 FL_HOT void
 fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
@@ -273,6 +260,20 @@ fl_aug_blend(uint8_t *img, const uint8_t *other, size_t n, float alpha)
     alpha = alpha > FL_BLEND_ALPHA_MAX ? FL_BLEND_ALPHA_MAX : alpha < -FL_BLEND_ALPHA_MAX ? -FL_BLEND_ALPHA_MAX : alpha;
     for (size_t i = 0; i < n; i++) {
         float t = (float)img[i] + alpha * (float)((int)other[i] - (int)img[i]);
+        img[i] = fl_clip_int((int32_t)t);
+    }
+}
+
+/* img[i] = blend(d, img[i]) for n bytes with one degenerate value d
+ * (Brightness: 0, Contrast: the mean): ImagingBlend's float arithmetic,
+ * (uint8)(d + alpha * (v - d)) clipped, which the compiler vectorizes (a
+ * table lookup per byte, what this replaces, it could not). */
+FL_HOT static void
+fl_blend_const(uint8_t *img, size_t n, int d, float alpha)
+{
+    const float fd = (float)d;
+    for (size_t i = 0; i < n; i++) {
+        float t = fd + alpha * (float)((int)img[i] - d);
         img[i] = fl_clip_int((int32_t)t);
     }
 }
@@ -1537,15 +1538,10 @@ fl_aug_apply(int op, double magnitude, int interp, const uint8_t *fill, uint8_t 
         if (alpha < -FL_BLEND_ALPHA_MAX)
             alpha = -FL_BLEND_ALPHA_MAX;
         if (op == FL_AUG_BRIGHTNESS) {   /* degenerate: black */
-            for (int v = 0; v < 256; v++)
-                lut[v] = fl_blend1(0, v, alpha);
-            fl_lut_apply1(img, n, lut);
+            fl_blend_const(img, n, 0, alpha);
         } else if (op == FL_AUG_CONTRAST) {   /* degenerate: int(mean of the luma + 0.5) everywhere */
             double mean = (double)fl_luma_sum(img, npix, channels) / (double)npix;
-            int m = (int)(mean + 0.5);
-            for (int v = 0; v < 256; v++)
-                lut[v] = fl_blend1(m, v, alpha);
-            fl_lut_apply1(img, n, lut);
+            fl_blend_const(img, n, (int)(mean + 0.5), alpha);
         } else if (op == FL_AUG_COLOR) {
             if (channels == 1)   /* the degenerate of an L image is the image */
                 return 0;

@@ -11,6 +11,7 @@
  */
 #include "image/imgops.h"
 #include "image/imgops_internal.h"
+#include "image/resample.h"   /* fl_merge3_avx2 */
 
 #include <math.h>
 #include <string.h>
@@ -97,6 +98,54 @@ fl_value_f32(const fl_tspec *t, int c, int v)
 /* of out_w bytes at stride ps) -> output row oy through the table.         */
 /* ------------------------------------------------------------------------ */
 
+/* Three planes of n bytes -> n interleaved pixels at d (d does not alias
+ * them).  Pure. */
+static void
+fl_merge3(const uint8_t *restrict s0, const uint8_t *restrict s1, const uint8_t *restrict s2, uint8_t *restrict d,
+          int n)
+{
+#ifdef FL_X86_SIMD
+    if (fl_use_avx2()) {
+        fl_merge3_avx2(s0, s1, s2, d, n);
+        return;
+    }
+#endif
+    for (int x = 0; x < n; x++) {
+        d[3 * x] = s0[x];
+        d[3 * x + 1] = s1[x];
+        d[3 * x + 2] = s2[x];
+    }
+}
+
+/* One row of channel c as float32: fl_value_f32's operations (the same
+ * IEEE float steps, so the same bits as its table) on n bytes, which the
+ * compiler vectorizes; a table load per element could not be.  Pure. */
+FL_HOT static void
+fl_f32_plane(const fl_tspec *t, int c, const uint8_t *restrict s, float *restrict d, int n)
+{
+    const float m = t->normalize ? t->mean[c] : 0.0f, sd = t->normalize ? t->std[c] : 1.0f;
+    const float k = (float)(1.0 / 255.0);
+    if (t->scale_to_unit == FL_SCALE_DIV && t->normalize) {
+        for (int x = 0; x < n; x++)
+            d[x] = ((float)s[x] / 255.0f - m) / sd;
+    } else if (t->scale_to_unit == FL_SCALE_MUL && t->normalize) {
+        for (int x = 0; x < n; x++)
+            d[x] = ((float)s[x] * k - m) / sd;
+    } else if (t->normalize) {
+        for (int x = 0; x < n; x++)
+            d[x] = ((float)s[x] - m) / sd;
+    } else if (t->scale_to_unit == FL_SCALE_DIV) {
+        for (int x = 0; x < n; x++)
+            d[x] = (float)s[x] / 255.0f;
+    } else if (t->scale_to_unit == FL_SCALE_MUL) {
+        for (int x = 0; x < n; x++)
+            d[x] = (float)s[x] * k;
+    } else {
+        for (int x = 0; x < n; x++)
+            d[x] = (float)s[x];
+    }
+}
+
 #define FL_DEFINE_EMIT(NAME, T)                                                                     \
     FL_HOT static void NAME(const fl_tspec *t, const void *lutv, const uint8_t *row, size_t ps, int wc, \
                             int out_w, int out_h, int oy, void *outv)                                \
@@ -112,6 +161,8 @@ fl_value_f32(const fl_tspec *t, int c, int v)
                 T *d = out + ((size_t)c * out_h + oy) * out_w;                                       \
                 if (sizeof(T) == 1 && t->dtype == FL_DT_U8)                                          \
                     memcpy(d, s, (size_t)out_w);     /* the uint8 table is the identity */           \
+                else if (sizeof(T) == 4)             /* float32: the table's arithmetic, vectorized */ \
+                    fl_f32_plane(t, c, s, (float *)(void *)d, out_w);                                \
                 else                                                                                 \
                     for (int x = 0; x < out_w; x++)                                                  \
                         d[x] = l[s[x]];                                                              \
@@ -121,6 +172,8 @@ fl_value_f32(const fl_tspec *t, int c, int v)
             if (C == 1) {                                                                            \
                 for (int x = 0; x < out_w; x++)                                                      \
                     d[x] = lut[0][row[x]];                                                           \
+            } else if (sizeof(T) == 1 && t->dtype == FL_DT_U8) {   /* the identity: interleave only */ \
+                fl_merge3(row, row + cs, row + 2 * cs, (uint8_t *)(void *)d, out_w);                  \
             } else {                                                                                 \
                 const uint8_t *s0 = row, *s1 = row + cs, *s2 = row + 2 * cs;                         \
                 for (int x = 0; x < out_w; x++) {                                                    \

@@ -661,17 +661,14 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
         }
     }
     fl_emit_fn emit = fl_convert_table(t, lut);
+    const int simd = fl_use_avx2();
     for (int oy = 0; oy < h; oy++) {
         const uint8_t *s = img + (size_t)oy * w * C;
         if (C == 1) {
             emit(t, lut, s, (size_t)w, 1, w, h, oy, out);
             continue;
         }
-        for (int x = 0; x < w; x++) {   /* interleaved -> planar, as the emitters take rows */
-            row[x] = s[3 * x];
-            row[w + x] = s[3 * x + 1];
-            row[2 * w + x] = s[3 * x + 2];
-        }
+        fl_split3(simd, s, w, row, (size_t)w);   /* interleaved -> planar, as the emitters take rows */
         emit(t, lut, row, (size_t)w, 3, w, h, oy, out);
     }
     return 0;

@@ -129,6 +129,10 @@ void fl_hrow_portable(const fl_hrow_plan *h, const uint8_t *s, uint8_t *d);
 /* fl_split3_portable with AVX2. */
 FL_AVX2 void fl_split3_avx2(const uint8_t *s, int n, uint8_t *d, size_t ps);
 
+/* The inverse: n pixels of the planes s0, s1, s2 interleaved into d (3 * n
+ * bytes, not aliasing them), 16 pixels at a time.  Pure; any thread. */
+FL_AVX2 void fl_merge3_avx2(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2, uint8_t *d, int n);
+
 /* AVX2 horizontal pass of wc planes (stride ips, pixels from the axis'
  * in_lo) -> out planes (stride ops), nh outputs each, through the table
  * (off, tab) that fl_hrow_prepare builds for kb = the axis' kmax taps in
