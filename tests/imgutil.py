@@ -62,6 +62,18 @@ def plan_on_pil(pil: Image.Image, plan: dict, out_channels: int = 3) -> Image.Im
     return out
 
 
+def crop_resize_flip(pil: Image.Image, plan: dict, out_h: int, out_w: int) -> Image.Image:
+    """torchvision's resized_crop of the plan's box to out_h x out_w with the
+    plan's filter (1 bicubic, else bilinear), then its horizontal flip: the
+    geometry of a RandomResizedCrop(AndInterpolation) + flip plan, on PIL."""
+    from torchvision.transforms import functional as TF
+
+    x, y, w, h = plan["box"]
+    interp = TF.InterpolationMode.BICUBIC if plan["interp"] == 1 else TF.InterpolationMode.BILINEAR
+    out = TF.resized_crop(pil, y, x, h, w, [out_h, out_w], interpolation=interp)
+    return TF.hflip(out) if plan["flip"] else out
+
+
 def chw(pil: Image.Image) -> np.ndarray:
     """A PIL image as the native uint8 CHW array."""
     a = np.asarray(pil)

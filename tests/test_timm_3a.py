@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from imgutil import PHOTOS, photo_image
+from imgutil import PHOTOS, crop_resize_flip, photo_image
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -89,11 +89,7 @@ def test_level_functions_equal_timm(m):
 
 
 def _replay(im, spec, plan, fill):
-    x, y, w, h = plan["box"]
-    interp = TF.InterpolationMode.BICUBIC if plan["interp"] == 1 else TF.InterpolationMode.BILINEAR
-    out = TF.resized_crop(im, y, x, h, w, [spec["out_h"], spec["out_w"]], interpolation=interp)
-    if plan["flip"]:
-        out = TF.hflip(out)
+    out = crop_resize_flip(im, plan, spec["out_h"], spec["out_w"])
     for op, arg in plan["aug"]:
         if op == SOLARIZE:
             out = timm_aa.solarize(out, int(arg))

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgutil import PHOTOS, photo_image
+from imgutil import PHOTOS, crop_resize_flip, photo_image
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -375,11 +375,7 @@ def test_plans_do_not_depend_on_anything_but_seed_epoch_index():
 
 
 def _replay(im, spec, plan, fill):
-    x, y, w, h = plan["box"]
-    interp = TF.InterpolationMode.BICUBIC if plan["interp"] == 1 else TF.InterpolationMode.BILINEAR
-    out = TF.resized_crop(im, y, x, h, w, [spec["out_h"], spec["out_w"]], interpolation=interp)
-    if plan["flip"]:
-        out = TF.hflip(out)
+    out = crop_resize_flip(im, plan, spec["out_h"], spec["out_w"])
     for (code, arg), interp_code in zip(plan["aug"], plan["aug_interp"]):
         out = timm_apply(out, code, arg, interp_code, fill)
     return TF.normalize(TF.to_tensor(out), MEAN, STD)

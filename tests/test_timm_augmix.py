@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgutil import PHOTOS, photo_image
+from imgutil import PHOTOS, crop_resize_flip, photo_image
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -81,11 +81,7 @@ def _timm_mix(aug, img, plan, fill):
 
 
 def _replay(im, tf, spec, plan):
-    x, y, w, h = plan["box"]
-    interp = TF.InterpolationMode.BICUBIC if plan["interp"] == 1 else TF.InterpolationMode.BILINEAR
-    out = TF.resized_crop(im, y, x, h, w, [spec["out_h"], spec["out_w"]], interpolation=interp)
-    if plan["flip"]:
-        out = TF.hflip(out)
+    out = crop_resize_flip(im, plan, spec["out_h"], spec["out_w"])
     out = _timm_mix(_augmix_of(tf), out, plan, tuple(spec["policy"]["fill"]))
     return TF.normalize(TF.to_tensor(out), MEAN, STD)
 

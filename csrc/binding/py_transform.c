@@ -231,6 +231,21 @@ fl_timm_policy_from_pydict(PyObject *rounds, PyObject *interp, PyObject *fill, P
     return 0;
 }
 
+/* An AugMix policy's (torchvision's or timm's) "depth" and "alpha" -> P.
+ * Returns 0 or -1 with ValueError/TypeError. */
+static int
+fl_augmix_from_pydict(PyObject *v, fl_policy *P)
+{
+    PyObject *depth = PyDict_GetItemString(v, "depth"), *alpha = PyDict_GetItemString(v, "alpha");
+    if (depth == NULL || alpha == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: an AugMix 'policy' needs 'depth' and 'alpha'");
+        return -1;
+    }
+    if (fl_get_int(depth, "policy.depth", &P->depth) < 0 || fl_get_double(alpha, "policy.alpha", &P->alpha) < 0)
+        return -1;
+    return 0;
+}
+
 /* d["policy"] (a dict) -> t->policy:
  *   kind: "torchvision" (the default), "timm_ra", "timm_aa" or "timm_augmix" (fl_timm_policy_from_pydict;
  *         timm_augmix also takes depth and alpha), "augmix",
@@ -273,15 +288,8 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
             return -1;
         }
     }
-    if (P->kind == FL_POLICY_TIMM_AUGMIX) {   /* timm's ops, and AugMix's depth and alpha */
-        PyObject *depth = PyDict_GetItemString(v, "depth"), *alpha = PyDict_GetItemString(v, "alpha");
-        if (depth == NULL || alpha == NULL) {
-            PyErr_SetString(PyExc_ValueError, "transform spec: a timm AugMix 'policy' needs 'depth' and 'alpha'");
-            return -1;
-        }
-        if (fl_get_int(depth, "policy.depth", &P->depth) < 0 || fl_get_double(alpha, "policy.alpha", &P->alpha) < 0)
-            return -1;
-    }
+    if (P->kind == FL_POLICY_TIMM_AUGMIX && fl_augmix_from_pydict(v, P) < 0)   /* timm's ops, AugMix's depth, alpha */
+        return -1;
     if (P->kind == FL_POLICY_TIMM_RA || P->kind == FL_POLICY_TIMM_AA || P->kind == FL_POLICY_TIMM_AUGMIX)
         return fl_timm_policy_from_pydict(rounds, interp, fill, ops, weights, subs, P);
     const int augmix = P->kind == FL_POLICY_AUGMIX;
@@ -290,15 +298,8 @@ fl_policy_from_pydict(PyObject *v, fl_policy *P)
                                                  : "transform spec: 'policy' needs 'rounds', 'ops' and 'subs'");
         return -1;
     }
-    if (augmix) {
-        PyObject *depth = PyDict_GetItemString(v, "depth"), *alpha = PyDict_GetItemString(v, "alpha");
-        if (depth == NULL || alpha == NULL) {
-            PyErr_SetString(PyExc_ValueError, "transform spec: an AugMix 'policy' needs 'depth' and 'alpha'");
-            return -1;
-        }
-        if (fl_get_int(depth, "policy.depth", &P->depth) < 0 || fl_get_double(alpha, "policy.alpha", &P->alpha) < 0)
-            return -1;
-    }
+    if (augmix && fl_augmix_from_pydict(v, P) < 0)
+        return -1;
     if (fl_get_int(rounds, "policy.rounds", &P->rounds) < 0)
         return -1;
     if (interp != NULL && fl_get_int(interp, "policy.interp", &P->interp) < 0)
