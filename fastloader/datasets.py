@@ -493,8 +493,9 @@ class NativeImageDataset(_Dataset):
         if fin.where == "process":
             n = max(1, fin.workers)
             share = f", {100 * per / (per + c_ms):.0f}% of it in Python" if per + c_ms > 0 else ""
-            return (f"It runs in each of the {n} worker process{'es' if n > 1 else ''} after the native part, "
-                    f"whole batches in parallel, so a sample costs a worker {per + c_ms:.3f} ms of CPU{share}: "
+            where = (f"in each of the {n} worker processes after the native part, whole batches in parallel"
+                     if n > 1 else "in the worker process after the native part")
+            return (f"It runs {where}, so a sample takes a worker {per + c_ms:.3f} ms{share}: "
                     f"{rate(n, per + c_ms)} with {n} process{'es' if n > 1 else ''} on as many free cores, against "
                     f"{rate(n, c_ms)} for the native part alone. {compile_it}")
         if fin.where == "inline":

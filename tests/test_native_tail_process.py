@@ -276,7 +276,7 @@ def test_the_tail_warning_in_processes_names_the_cost_per_worker_and_the_c_remed
     calls, stack, native = map(float, m.groups())
     assert 3.0 <= calls < 30.0 and stack < 1.0, msg
     assert "in each of the 2 worker processes after the native part, whole batches in parallel" in msg
-    cost = float(re.search(r"a sample costs a worker ([\d.]+) ms of CPU", msg).group(1))
+    cost = float(re.search(r"a sample takes a worker ([\d.]+) ms", msg).group(1))
     assert abs(cost - (calls + stack + native)) < 0.002, msg
     rate = int(re.search(r"about ([\d,]+) samples/s with 2 processes", msg).group(1).replace(",", ""))
     assert abs(rate - 2e3 / cost) <= 1.0, msg
@@ -359,3 +359,57 @@ def test_pickled_for_spawn_a_dataset_opens_its_source_again(folder, tmp_path):
         rx, ry = ds.load_batch([0, 5, 20], 1, 4)
         assert torch.equal(x, rx) and torch.equal(y, ry) and copy.samples == ds.samples
 
+
+
+def test_a_shard_stream_keeps_its_tail_on_threads_and_says_why(folder, tmp_path):
+    from fastloader.tools.pack import pack_shards
+
+    pack_shards(folder, str(tmp_path / "sh"), shuffle_seed=None, progress=False)
+    urls = sorted(str(p) for p in (tmp_path / "sh").glob("*.tar"))
+    ds = fastloader.WebDataset(urls, transform=_tf(Affine()), shuffle=0, shardshuffle=False)
+    assert choose_native_mode(fastloader.DataLoader(ds, batch_size=4, num_workers=2))[0] == "thread"
+    dl = fastloader.DataLoader(ds, batch_size=4, num_workers=2, worker_mode="process")
+    with pytest.warns(UserWarning, match="worker_mode='process' does not apply: WebDataset reads its shard stream "
+                                         "on a reader thread of this process") as rec:
+        got = list(dl)
+    tail = [str(w.message) for w in rec if "runs in Python" in str(w.message)]
+    assert len(tail) == 1 and "one batch at a time" in tail[0] and "Remedy: a transform that compiles to C" in tail[0]
+    ref, _ = _load(fastloader.ImageFolder(folder, transform=_tf(Affine())), num_workers=0)
+    _equal(got, ref)
+    assert dl.stats()["worker_mode"] == "thread"
+
+
+def _fake_pin_child():
+    """Runs in a child on the stand-in CUDA runtime (tests/fakecuda); prints
+    FAKECUDA-TAIL {json}."""
+    import json
+    import pathlib
+    import tempfile
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.current_device = lambda: 0
+    copied = []   # what is still pinned with a copy (torch's pin_memory, stubbed)
+    torch.Tensor.pin_memory = lambda self, *a, **k: copied.append(list(self.shape)) or self.clone()
+    torch.Tensor.is_pinned = lambda self, *a, **k: False
+    ds = fastloader.ImageFolder(make_class_folder(pathlib.Path(tempfile.mkdtemp()) / "train"), transform=_tf(Affine()))
+    dl = fastloader.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True)
+    it = iter(dl)
+    got = [next(it)]
+    ring = it._backend.engine.ring
+    got += list(it)
+    ref = list(fastloader.DataLoader(ds, batch_size=4, num_workers=0))
+    out = {"mode": dl.stats()["worker_mode"], "pinned_slots": [ring.pinned_bytes(s) for s in range(ring.nslots)],
+           "batch_bytes": 4 * 3 * 20 * 24 * 4, "copied": copied,
+           "same": len(got) == len(ref) and all(torch.equal(a, c) and torch.equal(b, d)
+                                                for (a, b), (c, d) in zip(got, ref))}
+    print("FAKECUDA-TAIL " + json.dumps(out), flush=True)
+
+
+def test_pin_memory_page_locks_the_slots_the_tail_stacks_into(tmp_path_factory):
+    from helpers_fakecuda import run_test_function
+
+    r = run_test_function(tmp_path_factory, "test_native_tail_process", "_fake_pin_child", marker="FAKECUDA-TAIL")
+    assert r["mode"] == "process" and r["same"], r
+    assert all(b >= r["batch_bytes"] for b in r["pinned_slots"]), r
+    assert r["copied"] == [], r   # images and labels live in locked slots: nothing pinned twice
