@@ -334,6 +334,7 @@ class NativeImageDataset(_Dataset):
         return self._load(indices, epoch, seed, seq)
 
     def _load(self, indices, epoch, seed, seq, collate_targets=True):
+        self._own_process()   # ds[i] in a forked worker (torch's, or a subclass's in ours)
         t0 = time.perf_counter()
         raw = self._native.load_batch(list(indices), int(epoch), int(seed))
         native_s = time.perf_counter() - t0
