@@ -661,7 +661,9 @@ class DataLoader(_Base, Generic[_T_co]):
 
     Where the workers run (`worker_mode`): fastloader's own datasets
     (ImageFolder, ImageList, WebDataset, LMDB, HF tables, ArrayDataset) build
-    batches on C worker threads without the GIL.  Any other dataset runs, by
+    batches on C worker threads without the GIL, or, when their transform
+    ends in Python, in worker processes (the C part, then the Python, whole
+    batches in parallel).  Any other dataset runs, by
     default (`"auto"`), in worker processes with torch's semantics
     (per-worker seeds, a copy of the dataset per worker,
     `multiprocessing_context`), its batches written into shared memory

@@ -88,12 +88,16 @@ def choose_native_mode(loader):
     from torch's generator are num_workers=0's; in worker processes each
     batch runs whole in one process (the C part, then the Python), batches
     in parallel, the draws seeded per worker as torch seeds them.  "auto"
-    takes processes for a transform tail: on threads it capped a recipe with
-    a user's own PIL transform at one core (benchmarks/RESULTS.md, the tail
-    recipes of bench_recipes.py); a target_transform alone (a label
-    mapping: microseconds) stays on threads, which spare each batch the
-    processes' copy into shared memory.  A shard stream (WebDataset) is read
-    by a reader thread of this process, so its batches stay on threads."""
+    takes processes for a transform tail: on threads the tail never gets
+    more than one core, whatever the machine has, and it gives torch's
+    per-worker draws.  On 2 busy cores, where threads fill both already (the
+    tail on one, the C part on the other), processes measured 0.96-1.11x
+    threads on two user-tail recipes at 1, 2 and 4 workers, and 1.4-2.1x
+    torch's DataLoader (docs/process-workers.md).  A target_transform alone
+    (a label mapping: microseconds) stays on threads, which measured
+    1.16-1.27x processes at 1 and 2 workers (no copy of each batch between
+    processes), level at 4.  A shard stream (WebDataset) is read by a
+    reader thread of this process, so its batches stay on threads."""
     ds = loader.dataset
     mode = getattr(loader, "worker_mode", "auto")
     name = type(ds).__name__
