@@ -37,6 +37,15 @@ Recipes (``--list`` prints them):
   tv-aerial-v1  a torchvision v1 Compose of RandomResizedCrop + both flips +
            RandomRotation(15) + RandomGrayscale(0.1) + ToTensor + Normalize,
            the kind of recipe aerial and medical images train with.
+  user-*   a torchvision v1 Compose with the user's own transform after the
+           native prefix: RandomResizedCrop + RandomHorizontalFlip, then
+           ``RandomPILBlur`` below (a user class: a PIL Gaussian blur of
+           random radius half the time, as SimCLR/BYOL recipes write it) +
+           ToTensor + Normalize ("user-pil-blur"), or ToTensor, then
+           ``AddGaussianNoise`` (a user class: a tensor op drawing from
+           torch's generator) + Normalize ("user-tensor-noise").  On
+           fastloader the prefix runs in C and the rest in Python, in worker
+           processes by default (worker_mode "auto"; --worker-mode sets it).
   *+mixcut the ta_wide v2 preset plus train.py's batch stage:
            collate_fn(batch) = RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])(*default_collate(batch))
            -- torch gets it as collate_fn (train.py's spelling); fastloader
@@ -73,7 +82,7 @@ message; the run goes on, and the "Errors" section has the details.
 
     python benchmarks/bench_recipes.py [--quick] [--n 2000] [--workers 0,1,2,4]
         [--recipes PATTERN,...] [--rounds 2] [--max-batches 16]
-        [--only both|torch|fastloader] [--out FILE] [--list]
+        [--only both|torch|fastloader] [--worker-mode auto|thread|process] [--out FILE] [--list]
 
 --quick: n=256 images, 3 batches per run, workers 0,2, 1 round (checks that
 everything runs; the numbers mean little).
@@ -186,6 +195,42 @@ class TimmMixupCollate(MixUpCutMixCollate):
                                   label_smoothing=0.1, num_classes=num_classes)
 
 
+class RandomPILBlur:
+    """A user's own PIL transform, as SimCLR / BYOL recipes write it: with
+    probability p, a Gaussian blur of radius uniform in `radius` (drawn from
+    torch's generator)."""
+
+    def __init__(self, p=0.5, radius=(0.1, 2.0)):
+        self.p, self.radius = p, radius
+
+    def __call__(self, img):
+        import torch
+        from PIL import ImageFilter
+
+        if torch.rand(1).item() >= self.p:
+            return img
+        lo, hi = self.radius
+        return img.filter(ImageFilter.GaussianBlur(radius=lo + (hi - lo) * torch.rand(1).item()))
+
+    def __repr__(self):
+        return f"RandomPILBlur(p={self.p}, radius={self.radius})"
+
+
+class AddGaussianNoise:
+    """A user's own tensor transform: x + N(0, std^2) noise from torch's generator."""
+
+    def __init__(self, std=0.05):
+        self.std = std
+
+    def __call__(self, x):
+        import torch
+
+        return x + self.std * torch.randn_like(x)
+
+    def __repr__(self):
+        return f"AddGaussianNoise(std={self.std})"
+
+
 _TIMM_TRAIN = dict(is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel")
 
 # name -> (what it is, how it is built: ("tv", PresetTrain kwargs) | ("timm", create_transform kwargs),
@@ -224,6 +269,10 @@ RECIPES["tv-colour-v2"] = ("torchvision v2 Compose: RRC + flip + RandomApply(Col
                            "distortion)", ("colour", {}), False)
 RECIPES["tv-aerial-v1"] = ("torchvision v1 Compose: RRC + hflip + vflip + RandomRotation(15) + RandomGrayscale(0.1) "
                            "+ ToTensor + Normalize (an aerial / medical style recipe)", ("aerial", {}), False)
+RECIPES["user-pil-blur"] = ("torchvision v1 Compose: RRC + hflip + the user's RandomPILBlur(0.5) + ToTensor + "
+                             "Normalize", ("user", dict(kind="pil")), False)
+RECIPES["user-tensor-noise"] = ("torchvision v1 Compose: RRC + hflip + ToTensor + the user's AddGaussianNoise(0.05) + "
+                                "Normalize", ("user", dict(kind="tensor")), False)
 RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)",
                                          ("tv", dict(auto_augment_policy="ta_wide", random_erase_prob=0.1,
                                                      use_v2=True)), True)
@@ -277,6 +326,14 @@ def make_transform(recipe, crop_size, impl=None):
                            v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), v2.RandomGrayscale(0.2),
                            v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                            v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    if kind == "user":
+        from torchvision import transforms as T
+
+        if kw["kind"] == "pil":
+            mid = [RandomPILBlur(0.5), T.ToTensor()]
+        else:
+            mid = [T.ToTensor(), AddGaussianNoise(0.05)]
+        return T.Compose([T.RandomResizedCrop(crop_size), T.RandomHorizontalFlip(), *mid, T.Normalize(MEAN, STD)])
     import timm.data
 
     if impl == "torch":
@@ -325,6 +382,8 @@ def child(cfg):
                 collate = (TimmMixupCollate if mixcut == "timm" else MixUpCutMixCollate)(len(ds.classes))
                 kw = (dict(batch_transform=collate.mixup_cutmix) if impl == "fastloader"
                       else dict(collate_fn=collate))
+            if impl == "fastloader" and cfg.get("worker_mode"):
+                kw["worker_mode"] = cfg["worker_mode"]
             dl = holder["dl"] = DL(ds, batch_size=BATCH_SIZE, num_workers=cfg["workers"], shuffle=True, **kw)
             return dl
 
@@ -345,6 +404,7 @@ def child(cfg):
         out["fl_path"] = st.get("path")
         out["fl_stages_s"] = st.get("stages_s")
         out["fl_busy"] = st.get("worker_busy_fraction")
+        out["fl_worker_mode"] = st.get("worker_mode")
     out["warnings"] = C.distinct_warnings(caught, 6)
     out["torch_threads"] = torch.get_num_threads()
     out.update(cfg)
@@ -460,6 +520,8 @@ def main(argv=None):
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch.set_num_threads() in every measured process, both loaders (default 1, as in "
                    "torch's worker processes; 0 keeps torch's default)")
+    p.add_argument("--worker-mode", choices=["auto", "thread", "process"], default=None,
+                   help="fastloader's worker_mode (default: its own default, 'auto')")
     p.add_argument("--out", help="also write the Markdown report to this file")
     a = p.parse_args(argv)
 
@@ -504,7 +566,8 @@ def main(argv=None):
     for rc in recipes:
         for w in workers:
             groups.append(((rc, w), [(impl, dict(impl=impl, recipe=rc, workers=w, root=root, crop_size=a.crop_size,
-                                                 max_batches=max_batches, torch_threads=a.torch_threads))
+                                                 max_batches=max_batches, torch_threads=a.torch_threads,
+                                                 worker_mode=a.worker_mode))
                                      for impl in impls]))
 
     def runner(cfg):
@@ -660,6 +723,10 @@ def main(argv=None):
             paths = sorted({x.get("fl_path") for w in workers for x in rs(rc, w, "fastloader") if x.get("fl_path")})
             if paths:
                 rep.add(f"  - loader path: {', '.join(paths)}")
+            modes = sorted({x.get("fl_worker_mode") for w in workers for x in rs(rc, w, "fastloader")
+                            if x.get("fl_worker_mode")})
+            if modes:
+                rep.add(f"  - workers: {', '.join(modes)} (stats()['worker_mode'])")
             for w in workers:
                 ok = [x for x in rs(rc, w, "fastloader") if "error" not in x]
                 if ok:

@@ -291,7 +291,9 @@ def _make_epoch(spec):
     ep.resume = spec.get("resume")
     ep.ds_resume = spec.get("ds_resume")
     hook = ep.batch_hook
-    if hook is not None:  # a batch hook gathers into the loader's BatchPool: here into fresh buffers
+    if spec.get("batch_hook") is not None:  # a native dataset's batches (NativeProcessBackend): into the slot
+        ep.batch_hook = spec["batch_hook"]
+    elif hook is not None:  # a batch hook gathers into the loader's BatchPool: here into fresh buffers
         ep.batch_hook = lambda indices, pool, _h=hook: _h(indices, None)
     return ep
 

@@ -15,9 +15,14 @@ the memory budget, delivery to a device, statistics and shutdown.
     ProcessBackend  worker_mode="process": the same jobs run in worker
                     processes, batches written into shared-memory slots
                     (fastloader/_procworkers.py)
+    NativeProcessBackend  a native dataset whose batches need Python (a
+                    transform tail): worker processes build whole batches,
+                    C work then the Python part, into the slots
 
 worker_mode="auto" (the default) picks PythonBackend or ProcessBackend for
-a Python dataset once, from what the dataset is (worker_mode.py).
+a Python dataset once, from what the dataset is, and NativeBackend or
+NativeProcessBackend for a native one, from whether its batches need
+Python (worker_mode.py).
 
 A backend owns its engine (`engine`, None with num_workers=0 or once closed).
 """
@@ -170,6 +175,8 @@ class NativeBackend(_Backend):
             # the dataset's Python part on the workers (datasets.py _post), GIL held
             out["stages_s"]["python_s"] = sum(w["python_s"] for w in workers)
         out["bytes_read"] = sum(w.get("bytes_read", 0) for w in workers)
+        if self.num_workers:
+            out["worker_mode"] = "thread"
         out["pool_bytes"] = self.dataset._native.pool_bytes
         out["skipped"] = list(self.dataset.skipped)
         out["replaced"] = list(self.dataset.replaced)
@@ -401,3 +408,53 @@ class ProcessBackend(PythonBackend):
                                     "slots_in_use": ring.slots_in_use, "slots_peak": ring.slots_peak,
                                     "slots_written": eng.slots_written,
                                     "batches_pickled": eng.unslotted}
+
+
+class NativeProcessBackend(ProcessBackend):
+    """A native dataset whose batches need Python (a transform tail,
+    target_transform) in worker processes (worker_mode.choose_native_mode):
+    each process builds whole batches, the C work inline on its one thread
+    (the GIL released), then the Python part, the tail's outputs stacked
+    into the batch's shared-memory slot (datasets.py _process_batch, the
+    batch hook).  Batches run in parallel, k on worker k mod N; the native
+    draws are keyed by (seed, epoch, index) as on threads, the tail's draws
+    from torch's generator follow torch's per-worker seeds.  The consumer
+    files each batch's records on the loader's dataset (_take)."""
+
+    def __init__(self, num_workers, dataset, worker_init_fn, mp_context, nslots):
+        super().__init__(num_workers, dataset, worker_init_fn, mp_context, nslots)
+        self.stage_s = [0.0, 0.0]   # the workers' native and Python seconds, from their batches
+
+    def _spec(self, ep):
+        spec = super()._spec(ep)
+        spec["batch_hook"] = self.dataset._process_batch   # _procworkers._make_epoch hands it the ring
+        return spec
+
+    def finish(self, seq, wid, result):
+        pinned = self.engine.pinned_ptrs.pop(seq, ()) if self.engine is not None else ()
+        fin = PythonBackend.finish(self, seq, wid, result)   # a worker's exception is raised here
+        self.stage_s[0] += fin.native_s
+        if fin.tail_s is not None:
+            self.stage_s[1] += sum(fin.tail_s)
+        batch = self.dataset._take(fin)
+        if self.ep.pin:
+            from .cuda_delivery import pin_batch
+
+            batch = pin_batch(batch, pinned)   # copies only what is not in a page-locked slot
+        return batch
+
+    def start_epoch(self, ep, base_seed):
+        self.stage_s = [0.0, 0.0]
+        return super().start_epoch(ep, base_seed)
+
+    @staticmethod
+    def count(batch):
+        return len(batch[1])
+
+    def add_stats(self, out, workers, eng):
+        super().add_stats(out, workers, eng)
+        out["path"] = "native"
+        out["stages_s"] = {"native_s": self.stage_s[0], "python_s": self.stage_s[1]}
+        out.pop("pool_bytes", None)   # the loader's collation pool: unused, the workers stack into the slots
+        out["skipped"] = list(self.dataset.skipped)
+        out["replaced"] = list(self.dataset.replaced)

@@ -8,12 +8,19 @@ dtype, labels int64 [B] -- what torchvision's ImageFolder + the same
 transforms + default_collate give.
 
 What does need Python -- the part of a transform that does not compile to C,
-target_transform, Pillow for files that are not JPEG -- runs in the worker
-thread that built the batch, right after the C work (`_post`), never on the
+target_transform, Pillow for files that are not JPEG -- never runs on the
 training loop's thread: that thread only takes the finished batch and files
-the records (`_take`).  A transform tail or target_transform runs for one
-batch at a time, in batch order (csrc/native/native_engine.h), so draws from
-torch's generator there come out as with num_workers=0.
+the records (`_take`).  Where it runs is the loader's choice
+(worker_mode.choose_native_mode):
+  - worker processes (the default for a transform tail): each process builds
+    whole batches, the C work on its one thread, then the tail, whose outputs
+    are stacked straight into the batch's shared-memory slot
+    (`_process_batch`); batches run in parallel, and the tail's draws from
+    torch's generator follow torch's per-worker seeds;
+  - C worker threads: the thread that built the batch runs it right after
+    the C work (`_post`); a transform tail or target_transform runs for one
+    batch at a time, in batch order (csrc/native/native_engine.h), so draws
+    from torch's generator come out as with num_workers=0.
 
 Indexing one sample (`ds[i]`) also works, so the datasets can be used with
 torch's own DataLoader too (then each sample goes through Python).
@@ -45,6 +52,11 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 def to_output(buf):
     return torch.from_dlpack(buf) if torch is not None else np.from_dlpack(buf)
+
+
+def _files_source(paths):
+    """A file source (pickled by reference: _C's functions are not)."""
+    return _C.file_source(paths)
 
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -88,14 +100,16 @@ class _Finished:
     still files at the batch's turn (skipped / replaced records, the Pillow
     warning), and what the Python part cost."""
 
-    __slots__ = ("batch", "notes", "samples", "native_s", "tail_s")
+    __slots__ = ("batch", "notes", "samples", "native_s", "tail_s", "where", "workers")
 
-    def __init__(self, batch, notes, samples, native_s, tail_s):
+    def __init__(self, batch, notes, samples, native_s, tail_s, where="thread", workers=0):
         self.batch = batch
         self.notes = notes        # [(kind, index, entry)]: "skipped", "replaced", or ("pillow", index, path)
         self.samples = samples
         self.native_s = native_s  # wall time of the batch's C work
         self.tail_s = tail_s      # (per-sample calls, stacking) seconds of the Python tail (None: no tail)
+        self.where = where        # where the Python ran: "thread" (a C worker), "process", "inline"
+        self.workers = workers    # worker processes sharing the load ("process")
 
 
 def _short_repr(t) -> str:
@@ -109,12 +123,13 @@ class NativeImageDataset(_Dataset):
     Args:
         transform: fastloader.transforms or torchvision transforms (a Compose
             of the supported ones runs natively; an unsupported tail runs in
-            Python on each output tensor, in the worker threads, and a
-            warning says what it costs once that is measured).  It must give
-            a fixed output size (RandomResizedCrop, Resize((h, w)) or
-            Resize + CenterCrop) for batching.
-        target_transform: called on each int label, in the worker threads;
-            the batch's labels are then collated.
+            Python on each output tensor, by default in worker processes in
+            parallel (worker_mode.choose_native_mode), and a warning says
+            what it costs once that is measured).  It must give a fixed
+            output size (RandomResizedCrop, Resize((h, w)) or Resize +
+            CenterCrop) for batching.
+        target_transform: called on each int label, in the workers, where
+            the tail runs; the batch's labels are then collated.
         layout: "CHW" (default, as torchvision) or "HWC".
         on_error: "raise" (default), "skip" (drop bad samples: that batch is
             smaller) or "replace" (substitute another sample chosen
@@ -126,7 +141,8 @@ class NativeImageDataset(_Dataset):
             MAX_IMAGE_PIXELS), before allocating anything.
     """
 
-    # worker_mode="auto" runs it on threads: its work is C without the GIL (backends.choose_worker_mode)
+    # its own code is fastloader's (worker_mode.threads_suit); where its
+    # native batches run is worker_mode.choose_native_mode's choice
     _fl_thread_safe = True
 
     def __init__(self, samples, transform=None, target_transform=None, *, layout="CHW", on_error="raise",
@@ -166,8 +182,8 @@ class NativeImageDataset(_Dataset):
         self._source = source if source is not None else _C.file_source([s[0] for s in self.samples])
         if len(self._source) != len(self.samples):
             raise ValueError(f"the source holds {len(self._source)} samples, the dataset lists {len(self.samples)}")
-        self._native = _C.NativeDataset(self._source, self.targets, spec, on_error=on_error,
-                                        dct_scaling=bool(dct_scaling), max_pixels=int(max_pixels))
+        self._native = self._make_native(spec)
+        self._fl_pid = os.getpid()   # the process _native belongs to (_own_process)
         # Each bad file once (the first reason seen), however many epochs
         # meet it, so a long run does not grow them without bound:
         self.skipped = []    # (path, reason) of samples left out by on_error="skip"
@@ -199,9 +215,87 @@ class NativeImageDataset(_Dataset):
         v = object.__new__(type(self))
         v.__dict__.update(self.__dict__)  # shares samples and the skipped/replaced lists
         v._spec = wire
-        v._native = _C.NativeDataset(self._source, self.targets, wire, on_error=self.on_error,
-                                     dct_scaling=bool(self.dct_scaling), max_pixels=int(self._max_pixels))
+        v._native = self._make_native(wire)
         return v, DeviceConvert(spec)
+
+    def _make_native(self, spec):
+        return _C.NativeDataset(self._source, self.targets, spec, on_error=self.on_error,
+                                dct_scaling=bool(self.dct_scaling), max_pixels=int(self._max_pixels))
+
+    # -- in a worker process ------------------------------------------------------
+    def __copy__(self):
+        # shallow, sharing this process's native objects (what copy.copy gave
+        # before __getstate__ existed: a worker thread's copy)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __getstate__(self):
+        """Pickled for a spawned or forkserver worker process: everything but
+        this process's native objects, and how to open the source again."""
+        state = dict(self.__dict__)
+        for k in ("_native", "_source", "_lock", "_fl_inherited"):
+            state.pop(k, None)
+        state["_fl_source_recipe"] = self._source_recipe()
+        return state
+
+    def __setstate__(self, state):
+        make, args = state.pop("_fl_source_recipe")
+        self.__dict__.update(state)
+        self._source = make(*args)
+        self._native = self._make_native(self._spec)
+        self._lock = threading.Lock()
+        self._fl_pid = os.getpid()
+
+    def _source_recipe(self):
+        """(callable, args) that open this dataset's source again in another
+        process; a subclass with another kind of source gives its own."""
+        if self._source.kind == "files":
+            return _files_source, ([s[0] for s in self.samples],)
+        raise TypeError(f"{type(self).__name__} reads a {self._source.kind!r} source, which cannot be sent to a "
+                        "spawned or forkserver worker process: use multiprocessing_context='fork' or "
+                        "worker_mode='thread'")
+
+    def _reopen_source(self):
+        """The source a forked worker process reads: the inherited one, unless
+        its handle must not cross a fork (a subclass says so: LMDB)."""
+        return self._source
+
+    def _own_process(self):
+        """In a worker process forked from the loader's: native objects of
+        this process's own.  The inherited NativeDataset's pool may hold
+        page-locked CUDA memory, and locks another thread held at the fork,
+        so it is kept (never freed here) and not used."""
+        pid = os.getpid()
+        if self._fl_pid == pid:
+            return
+        self._fl_inherited = (self._native, self._source)
+        self._source = self._reopen_source()
+        self._native = self._make_native(self._spec)
+        self._lock = threading.Lock()
+        self._fl_pid = pid
+
+    def _process_batch(self, indices, ring):
+        """The batch hook of a loader's worker process
+        (backends.NativeProcessBackend; _procworkers' fetch calls it): the C
+        work on this thread with the GIL released, then the Python part, the
+        tail's outputs stacked into the shared-memory slot `ring` is filling
+        (None: a fresh tensor).  Epoch and seed are the loader's
+        (worker_info.epoch_context), so the native draws are the threads'.
+        Returns (_Finished, ()) for the loader's _take; raises what the
+        loader raises at this batch."""
+        from .worker_info import epoch_context, get_worker_info
+
+        ctx, info = epoch_context(), get_worker_info()
+        if ctx is None or info is None:  # pragma: no cover - only _procworkers calls it
+            raise RuntimeError("fastloader: _process_batch runs only in a loader's worker process (this is a bug)")
+        _, epoch, seed = ctx
+        self._own_process()
+        t0 = time.perf_counter()
+        raw = self._native.load_batch(list(indices), int(epoch), int(seed))
+        fin = self._build(raw, epoch, seed, None, info.id, time.perf_counter() - t0, ring=ring)
+        fin.where, fin.workers = "process", info.num_workers
+        return fin, ()
 
     # -- one sample (for torch's DataLoader or for inspection) ------------------
     def __getitem__(self, index):
@@ -240,10 +334,13 @@ class NativeImageDataset(_Dataset):
         return self._load(indices, epoch, seed, seq)
 
     def _load(self, indices, epoch, seed, seq, collate_targets=True):
+        self._own_process()   # ds[i] in a forked worker (torch's, or a subclass's in ours)
         t0 = time.perf_counter()
         raw = self._native.load_batch(list(indices), int(epoch), int(seed))
         native_s = time.perf_counter() - t0
-        return self._take(self._build(raw, epoch, seed, seq, -1, native_s, collate_targets))
+        fin = self._build(raw, epoch, seed, seq, -1, native_s, collate_targets)
+        fin.where = "inline"
+        return self._take(fin)
 
     def plan(self, index, width, height, epoch=0, seed=0):
         """The random decisions for one sample: crop box, resized size, window,
@@ -277,11 +374,12 @@ class NativeImageDataset(_Dataset):
         raises, the consumer raises at this batch's turn."""
         return self._build(result, epoch, seed, seq, worker, native_s)
 
-    def _build(self, result, epoch, seed, seq, worker, native_s, collate_targets=True):
+    def _build(self, result, epoch, seed, seq, worker, native_s, collate_targets=True, ring=None):
         """Turn a raw batch into (images, labels): events into an exception
         or notes, Pillow for non-JPEG files, the transform's Python tail and
-        target_transform.  Returns a _Finished; raises what the consumer
-        must raise at this batch's turn."""
+        target_transform.  ring: a worker process's shared-memory ring, which
+        the tail's outputs are stacked into.  Returns a _Finished; raises
+        what the consumer must raise at this batch's turn."""
         images_buf, labels_buf, events, failed = result
         where = f" (batch {seq})" if seq is not None else ""
         if failed:
@@ -317,7 +415,11 @@ class NativeImageDataset(_Dataset):
                 raise annotate(e, f"{self._batch_name(seq, worker)} in the transform's Python part "
                                    f"({self._rest!r})")
             t1 = time.perf_counter()
-            images = torch.stack(outs) if torch is not None else np.stack(outs)
+            buf = _C.stack(outs, pool=ring) if ring is not None else None   # None: not stackable there
+            if buf is not None:
+                images = to_output(buf)
+            else:
+                images = torch.stack(outs) if torch is not None else np.stack(outs)
             tail_s = (t1 - t0, time.perf_counter() - t1)   # the per-sample calls, stacking their outputs
         if self.target_transform is not None:
             try:
@@ -375,15 +477,42 @@ class NativeImageDataset(_Dataset):
             return None
         self._tail_warned = True
         py_ms, c_ms, st_ms = (1e3 * seen[k] / seen[1] for k in (2, 3, 4))
-        ratio = f" ({py_ms / c_ms:.2g}x)" if c_ms > 0 else ""
-        per = py_ms + st_ms
-        cap = f"about {1e3 / per:,.0f} samples/s" if per > 0 else "its speed"
         return (f"fastloader: part of the transform runs in Python, per sample: {self._rest!r}. Measured per "
                 f"sample: {py_ms:.3f} ms in its calls and {st_ms:.3f} ms stacking their outputs into the batch, "
-                f"against {c_ms:.3f} ms for the native part{ratio}. It runs after the native part on the C worker "
-                "threads (on the calling thread with num_workers=0), one batch at a time in batch order and "
-                f"with the GIL, so it caps loading at {cap} whatever num_workers is; docs/recipes.md lists what "
-                f"compiles to C. [{self.pipeline_description}]")
+                f"against {c_ms:.3f} ms for the native part"
+                f"{f' ({py_ms / c_ms:.2g}x)' if c_ms > 0 else ''}. {self._tail_cost(fin, py_ms + st_ms, c_ms)} "
+                f"[{self.pipeline_description}]")
+
+    def _tail_cost(self, fin, per, c_ms):
+        """What the tail costs where it ran (fin.where), and the one remedy
+        for this loader: never the one already in use."""
+        def rate(n, ms):
+            return f"about {n * 1e3 / ms:,.0f} samples/s" if ms > 0 else "its speed"
+
+        compile_it = "Remedy: a transform that compiles to C in its place; docs/recipes.md lists them."
+        stream = getattr(self, "_fl_stream", False)
+        if fin.where == "process":
+            n = max(1, fin.workers)
+            share = f", {100 * per / (per + c_ms):.0f}% of it in Python" if per + c_ms > 0 else ""
+            where = (f"in each of the {n} worker processes after the native part, whole batches in parallel"
+                     if n > 1 else "in the worker process after the native part")
+            return (f"It runs {where}, so a sample takes a worker {per + c_ms:.3f} ms{share}: "
+                    f"{rate(n, per + c_ms)} with {n} process{'es' if n > 1 else ''} on as many free cores, against "
+                    f"{rate(n, c_ms)} for the native part alone. {compile_it}")
+        if fin.where == "inline":
+            more = ("which runs it on worker threads" if stream else
+                    "which by default (worker_mode='auto') runs it in worker processes, batches in parallel")
+            return (f"With num_workers=0 it runs on the training loop's thread after the native part, "
+                    f"{per + c_ms:.3f} ms per sample, {rate(1, per + c_ms)}, while the loop waits. Remedy: "
+                    f"num_workers > 0, {more}.")
+        cap = f"so it caps loading at {rate(1, per)} whatever num_workers is"
+        if stream:
+            return (f"It runs on the C worker threads after the native part, one batch at a time in batch order "
+                    f"and with the GIL (the shard stream is read in this process, so worker processes cannot take "
+                    f"it), {cap}. {compile_it}")
+        return (f"With worker_mode='thread' it runs on the C worker threads after the native part, one batch at a "
+                f"time in batch order and with the GIL, {cap}. Remedy: worker_mode='process' (or the default, "
+                "'auto'), which runs it in worker processes, batches in parallel.")
 
     def _fixup(self, images, labels, slot, index, epoch, seed, where, notes):
         """Decode a non-JPEG file with Pillow into batch slot `slot`.  Returns

@@ -229,7 +229,23 @@ class HFImageDataset(NativeImageDataset):
             self.classes = []
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
-        chunks, paths = _image_chunks(pa, table.column(image_column), image_column)
-        source = _C.arrow_source(chunks, rows)
+        source, paths = _arrow_source(hf_dataset, image_column, rows)
         super().__init__(_Rows(self.name, rows, targets, paths), transform, target_transform, source=source,
                          targets=targets, **native_options)
+
+    def _source_recipe(self):
+        # the Dataset pickles by its Arrow files (or its in-memory table)
+        return _reopen, (self.hf_dataset, self.image_column)
+
+
+def _arrow_source(hf_dataset, image_column, rows):
+    """(the image column as a _C arrow source, the rows' local paths)."""
+    chunks, paths = _image_chunks(_import_pyarrow(), hf_dataset.data.column(image_column), image_column)
+    return _C.arrow_source(chunks, rows), paths
+
+
+def _reopen(hf_dataset, image_column):
+    """The source again, in a spawned worker process."""
+    mapping = hf_dataset._indices
+    rows = None if mapping is None else np.ascontiguousarray(mapping.column(0).to_numpy(), dtype=np.int64)
+    return _arrow_source(hf_dataset, image_column, rows)[0]

@@ -131,10 +131,23 @@ class LMDBDataset(NativeImageDataset):
         count, labels, classes, names = read_layout(self.path, lock=lock)
         self.classes = classes if classes is not None else []
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        source = _C.lmdb_source(self.path, count, lock=bool(lock), readahead=bool(readahead))
+        self._lmdb_args = (self.path, count, bool(lock), bool(readahead))
+        source = _open_lmdb(*self._lmdb_args)
         if names is not None:
             samples = [(f"{self.path}[{i}] ({names[i]})", labels[i]) for i in range(count)]
         else:
             samples = [(f"{self.path}[{i}]", labels[i]) for i in range(count)]
         super().__init__(samples, transform, target_transform, source=source, **native_options)
         self.imgs = self.samples
+
+    def _source_recipe(self):
+        return _open_lmdb, self._lmdb_args
+
+    def _reopen_source(self):
+        # LMDB: an environment must not be used across fork(); a worker
+        # process opens its own
+        return _open_lmdb(*self._lmdb_args)
+
+
+def _open_lmdb(path, count, lock, readahead):
+    return _C.lmdb_source(path, count, lock=lock, readahead=readahead)

@@ -38,8 +38,8 @@ from . import _C, sysinfo
 from . import state as _state
 from ._worker import Epoch
 from .autotune import AutoTuner
-from .backends import AGAIN, END, NativeBackend, ProcessBackend, PythonBackend
-from .worker_mode import choose_worker_mode
+from .backends import AGAIN, END, NativeBackend, NativeProcessBackend, ProcessBackend, PythonBackend
+from .worker_mode import choose_native_mode, choose_worker_mode
 from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
 from .datasets import NativeImageDataset
 from .stats import GilMonitor, PerformanceWarning, iterator_stats
@@ -99,9 +99,10 @@ def worker_processes(loader):
     """Whether the next iterator of `loader` runs its workers in processes
     (worker_mode="process", or "auto" for a Python dataset, worker_mode.py)
     rather than in threads (False also with num_workers=0)."""
-    if not loader.num_workers or _native_workers(loader):
+    if not loader.num_workers:
         return False
-    return choose_worker_mode(loader)[0] == "process"
+    choose = choose_native_mode if _native_workers(loader) else choose_worker_mode
+    return choose(loader)[0] == "process"
 
 
 def _usable_cpus_as_torch():
@@ -186,8 +187,10 @@ class _Iter:
 
     def _make_backend(self, loader):
         """Native image datasets with default collation: workers build whole
-        batches in C without the GIL (csrc/native/native.c); anything else runs the
-        dataset's Python in the worker threads."""
+        batches in C without the GIL (csrc/native/native.c), on C threads, or
+        in worker processes when the batches need Python per sample
+        (worker_mode.choose_native_mode); anything else runs the dataset's
+        Python in worker threads or processes (choose_worker_mode)."""
         self._convert = None
         collate_fn = loader.collate_fn
         stream = getattr(loader.dataset, "_fl_stream", False)   # fastloader.WebDataset
@@ -204,18 +207,14 @@ class _Iter:
                     wire, conv = loader._fl_wire = loader.dataset._wire_variant()
                 if wire is not None:  # uint8 over the wire, float on the device
                     ds, self._convert = wire, conv
-            if loader.worker_mode == "process" and not getattr(loader, "_fl_mode_warned", 0):
-                loader._fl_mode_warned = True
-                rest = getattr(loader.dataset, "_rest", None)
-                if rest is None:
-                    why = ("its workers are C threads that read, decode and transform without the GIL, so there "
-                           "is no Python to move into processes")
-                else:
-                    why = (f"C worker threads build its batches, and the transform's Python part ({rest!r}) runs "
-                           "on those same threads after the native part, one batch at a time in batch order; "
-                           "docs/recipes.md lists what compiles to C")
-                warnings.warn(f"fastloader: worker_mode='process' does not apply to {type(loader.dataset).__name__} "
-                              f"with default collation: {why}", UserWarning, stacklevel=4)
+            self._mode_why = None
+            if self._num_workers:
+                mode, why = choose_native_mode(loader)
+                self._mode_why = why
+                self._say_mode(loader, mode, why)
+                if mode == "process":   # a transform tail: whole batches in worker processes (backends.py)
+                    return NativeProcessBackend(self._num_workers, ds, loader.worker_init_fn,
+                                                loader.multiprocessing_context, self._nslots(loader))
             backend = NativeBackend(self._num_workers, ds)
             backend.batch_size = loader.batch_size
             return backend
@@ -233,15 +232,28 @@ class _Iter:
             return PythonBackend(0, loader.dataset, loader.worker_init_fn)
         mode, why = choose_worker_mode(loader)
         self._mode_why = why
-        if loader.worker_mode == "auto" and getattr(loader, "_fl_mode_said", None) != mode:
-            loader._fl_mode_said = mode  # said once per loader (again only if the choice changes)
+        self._say_mode(loader, mode, why)
+        if mode == "process":  # worker processes (backends.py, _procworkers.py)
+            return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
+                                  loader.multiprocessing_context, self._nslots(loader))
+        return PythonBackend(self._num_workers, loader.dataset, loader.worker_init_fn)
+
+    def _nslots(self, loader):
+        return loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
+
+    def _say_mode(self, loader, mode, why):
+        """The choice and its reason, once per loader (again only if it
+        changes): INFO for "auto"'s choice, a warning where an explicit
+        worker_mode does not apply."""
+        if getattr(loader, "_fl_mode_said", None) == mode:
+            return
+        if why.startswith("worker_mode='process' does not apply"):
+            loader._fl_mode_said = mode
+            warnings.warn(f"fastloader: {why}", UserWarning, stacklevel=5)
+        elif loader.worker_mode == "auto":
+            loader._fl_mode_said = mode
             _log.info("fastloader: %d worker %s: %s", self._num_workers,
                       "processes" if mode == "process" else "threads", why)
-        if mode == "process":  # worker processes (backends.py, _procworkers.py)
-            nslots = loader.prefetch_factor * self._num_workers + 2  # in flight + the batches the loop holds
-            return ProcessBackend(self._num_workers, loader.dataset, loader.worker_init_fn,
-                                  loader.multiprocessing_context, nslots)
-        return PythonBackend(self._num_workers, loader.dataset, loader.worker_init_fn)
 
     @property
     def _engine(self):
@@ -649,7 +661,9 @@ class DataLoader(_Base, Generic[_T_co]):
 
     Where the workers run (`worker_mode`): fastloader's own datasets
     (ImageFolder, ImageList, WebDataset, LMDB, HF tables, ArrayDataset) build
-    batches on C worker threads without the GIL.  Any other dataset runs, by
+    batches on C worker threads without the GIL, or, when their transform
+    ends in Python, in worker processes (the C part, then the Python, whole
+    batches in parallel).  Any other dataset runs, by
     default (`"auto"`), in worker processes with torch's semantics
     (per-worker seeds, a copy of the dataset per worker,
     `multiprocessing_context`), its batches written into shared memory

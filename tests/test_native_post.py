@@ -1,8 +1,10 @@
 """The Python part of a native batch -- a transform tail, target_transform,
-Pillow for non-JPEG files -- runs on the worker thread that built the batch
-(datasets.py _post, csrc/native/native_engine.c), never on the consumer: same
-batches as before and as torchvision, in batch order, errors at their batch,
-and a clean close while workers are inside it."""
+Pillow for non-JPEG files -- on the C worker threads: it runs on the thread
+that built the batch (datasets.py _post, csrc/native/native_engine.c), never
+on the consumer: same batches as before and as torchvision, in batch order,
+errors at their batch, and a clean close while workers are inside it.  A
+transform tail runs there with worker_mode="thread" (asked for here); by
+default it runs in worker processes (tests/test_native_tail_process.py)."""
 import itertools
 import os
 import re
@@ -94,7 +96,8 @@ def test_random_tail_draws_in_batch_order_for_any_num_workers(folder):
 
     def run(nw, seed=123):
         torch.manual_seed(seed)
-        return list(fastloader.DataLoader(ds, batch_size=3, num_workers=nw, prefetch_factor=4 if nw else None))
+        return list(fastloader.DataLoader(ds, batch_size=3, num_workers=nw, prefetch_factor=4 if nw else None,
+                                          worker_mode="thread"))
 
     ref = run(0)
     for nw in (2, 3):
@@ -119,7 +122,7 @@ def test_tail_and_target_transform_run_on_worker_threads(folder, num_workers):
         return y
 
     ds = fastloader.ImageFolder(folder, transform=T.Compose(_native([T.Lambda(tail)])), target_transform=target)
-    dl = fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers)
+    dl = fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers, worker_mode="thread")
     batches = list(dl)
     main = threading.get_ident()
     if num_workers == 0:
@@ -225,7 +228,7 @@ def test_exception_in_the_tail_reaches_the_consumer_at_its_batch(folder, num_wor
         return t
 
     ds = fastloader.ImageFolder(folder, transform=T.Compose(_native([T.Lambda(tail)])))
-    it = iter(fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers))
+    it = iter(fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers, worker_mode="thread"))
     next(it)
     next(it)
     with pytest.raises(ZeroDivisionError, match="tail failed") as ei:
@@ -267,7 +270,7 @@ def test_the_tail_warning_says_what_it_costs(folder):
         warnings.simplefilter("always")
         ds = fastloader.ImageFolder(folder, transform=tf)
         assert not caught  # nothing to measure yet
-        dl = fastloader.DataLoader(ds, batch_size=4, num_workers=2)
+        dl = fastloader.DataLoader(ds, batch_size=4, num_workers=2, worker_mode="thread")
         list(dl)
         list(dl)
     msgs = [str(w.message) for w in caught if "runs in Python" in str(w.message)]
@@ -281,6 +284,8 @@ def test_the_tail_warning_says_what_it_costs(folder):
     cap = int(re.search(r"caps loading at about ([\d,]+) samples/s", msgs[0]).group(1).replace(",", ""))
     assert abs(cap - 1e3 / (calls + stack)) <= 1.0, msgs[0]
     assert "Lambda" in msgs[0] and "GIL" in msgs[0]
+    # the one remedy for this loader: processes, which it does not use
+    assert "Remedy: worker_mode='process'" in msgs[0] and "compiles to C" not in msgs[0], msgs[0]
 
 
 # ---------------------------------------------------------------------------
@@ -298,7 +303,7 @@ def test_closing_while_workers_are_inside_the_tail_neither_hangs_nor_crashes(fol
     ds = fastloader.ImageFolder(folder, transform=T.Compose(_native([T.Lambda(tail)])))
     for _ in range(3):
         inside.clear()
-        it = iter(fastloader.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=2))
+        it = iter(fastloader.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=2, worker_mode="thread"))
         assert inside.wait(10)
         t0 = time.perf_counter()
         del it  # joins the workers (no_leaked_workers checks they are gone)
@@ -366,7 +371,7 @@ def test_interpreter_exit_while_workers_are_inside_the_tail(tmp_path):
             time.sleep(0.4)
             return x + 1
         ds = fastloader.ImageList(paths, transform=FT.Compose([FT.Resize((8, 8)), FT.ToTensor(), tail]))
-        it = iter(fastloader.DataLoader(ds, batch_size=2, num_workers=2))
+        it = iter(fastloader.DataLoader(ds, batch_size=2, num_workers=2, worker_mode="thread"))
         x, y = next(it)
         assert x.shape == (2, 3, 8, 8) and float(x.min()) >= 1.0
         print("END", time.time(), flush=True)
