@@ -569,6 +569,11 @@ def _blur_native(d: dict, out_w: int, out_h: int, channels: int) -> tuple[dict |
                       "(torch raises)")
     if not _BLUR_SIGMA[0] <= lo <= hi <= _BLUR_SIGMA[1]:
         return None, f"GaussianBlur's sigma ({lo}, {hi}) is outside [{_BLUR_SIGMA[0]}, {_BLUR_SIGMA[1]}]"
+    # augment.h fl_gblur_torch_gemm: torch's own choice of convolution for a small one-channel blur
+    if (channels == 1 and (kx, ky) != (1, 1) and (kx <= 3 or ky <= 3)
+            and (out_w + kx // 2 * 2) * (out_h + ky // 2 * 2) <= 20480):
+        return None, (f"GaussianBlur {kx} x {ky} on a one-channel {out_w} x {out_h} image: torch sums it with its "
+                      "GEMM convolution, whose order is not reproduced natively")
     key = (kx, ky, lo, hi, v2, out_w, out_h, channels)
     verdict = _BLUR_VERDICTS.get(key)
     if verdict is None:

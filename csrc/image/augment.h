@@ -204,13 +204,22 @@ int fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err 
  * checks) or the size overflows.  Pure; any thread. */
 size_t fl_gblur_tmp_bytes(int w, int h, int channels, int kx, int ky);
 
+/* Whether torch 2.14 sums this blur's conv2d with its GEMM path (im2col
+ * and MKL's sgemm, ConvParams::use_mkldnn false) rather than oneDNN's
+ * kernel, whose order fl_gblur_apply follows: one channel (groups 1), a
+ * kernel side of 3 or less (not 1 x 1, a single tap: any order gives the
+ * product), and at most 20480 pixels in the padded image.  Those blurs are
+ * not reproduced (about 1 in 100 of them differs in a pixel): callers keep
+ * them in Python.  Pure. */
+int fl_gblur_torch_gemm(int w, int h, int channels, int kx, int ky);
+
 /* GaussianBlur with g's kernel for sigma on img in place: the bytes
  * torchvision's F.gaussian_blur(pil, [kx, ky], [sigma, sigma]) (v1) or
  * v2.functional.gaussian_blur gives for an "L" (channels 1) or "RGB"
- * (channels 3) image: the conv2d as torch's CPU kernel sums it (each
- * output a chain of fused multiply-adds from 0 over the taps, kernel rows
- * outer, columns inner, of the reflect-padded image), rounded half to
- * even.  Needs kx / 2 < w and ky / 2 < h (torch's reflect padding refuses
+ * (channels 3) image, except where fl_gblur_torch_gemm says torch sums
+ * otherwise: the conv2d as torch's oneDNN kernel sums it (each output a
+ * chain of fused multiply-adds from 0 over the taps, kernel rows outer,
+ * columns inner, of the reflect-padded image), rounded half to even.  Needs kx / 2 < w and ky / 2 < h (torch's reflect padding refuses
  * the rest).  img: h packed rows of w * channels bytes, caller-owned, not
  * aliasing tmp; tmp: caller-owned, 8-byte aligned, fl_gblur_tmp_bytes(w,
  * h, channels, kx, ky) bytes, contents unspecified on return.  Nothing is

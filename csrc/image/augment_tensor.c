@@ -579,7 +579,8 @@ fl_augmix_store(const float *acc, uint8_t *img, size_t n)
  *                    a column and a row, v2's broadcast product)
  * and the conv2d sums each output as one chain of fused multiply-adds from 0
  * over the taps, kernel rows outer, columns inner (oneDNN's depthwise
- * kernel; the same order for a 1-channel conv).  Found and checked against
+ * kernel, and its 1-channel conv; not torch's GEMM path, which it takes for
+ * some small 1-channel blurs: fl_gblur_torch_gemm).  Found and checked against
  * torch 2.14.1 (tests/test_gaussian_blur.py; docs/recipes.md has the
  * counts of the exhaustive runs).
  */
@@ -786,7 +787,8 @@ fl_gb_rowlen(int w, int kx)
 }
 
 /* Offsets in the op's scratch: the image copy at 0, then (64-byte steps)
- * the 2-D kernel and the ring of ky padded rows.  Returns the total, or 0
+ * the 2-D kernel and the ring of ky + 1 padded rows (two output rows'
+ * worth).  Returns the total, or 0
  * on overflow. */
 static size_t
 fl_gb_layout(int w, int h, int channels, int kx, int ky, size_t *kern_off, size_t *ring_off)
@@ -802,12 +804,12 @@ fl_gb_layout(int w, int h, int channels, int kx, int ky, size_t *kern_off, size_
     if (koff > SIZE_MAX - kbytes - 64)
         return 0;
     const size_t roff = (koff + kbytes + 63) & ~(size_t)63;
-    const size_t rl = fl_gb_rowlen(w, kx);
-    if (rl > (SIZE_MAX - roff) / sizeof(float) / (size_t)ky)
+    const size_t rl = fl_gb_rowlen(w, kx), nrows = (size_t)ky + 1;
+    if (rl > (SIZE_MAX - roff) / sizeof(float) / nrows)
         return 0;
     *kern_off = koff;
     *ring_off = roff;
-    return roff + rl * (size_t)ky * sizeof(float);
+    return roff + rl * nrows * sizeof(float);
 }
 
 /* Whether w x h x channels and kx x ky are sizes the op takes. */
@@ -817,6 +819,20 @@ fl_gb_sizes_ok(int w, int h, int channels, int kx, int ky)
     return w >= 1 && h >= 1 && w <= FL_MAX_DIM && h <= FL_MAX_DIM && (channels == 1 || channels == 3) && kx >= 1
            && ky >= 1 && kx <= FL_GBLUR_MAX_K && ky <= FL_GBLUR_MAX_K && kx % 2 == 1 && ky % 2 == 1 && kx / 2 < w
            && ky / 2 < h;
+}
+
+/* Contract: augment.h.  ConvParams::use_mkldnn for a float CPU input of
+ * one image: groups > 1, or both kernel sides over 3, or more than 20480
+ * input elements (the padded image), when the kernel is not 1 x 1 (a 1 x 1
+ * kernel single-threaded also goes to the GEMM path, but a single tap's
+ * product is the same either way). */
+int
+fl_gblur_torch_gemm(int w, int h, int channels, int kx, int ky)
+{
+    if (channels != 1 || (kx == 1 && ky == 1) || (kx > 3 && ky > 3))
+        return 0;
+    const double padded = ((double)w + 2.0 * (kx / 2)) * ((double)h + 2.0 * (ky / 2));
+    return padded <= 20480.0;
 }
 
 /* Contract: augment.h. */
@@ -878,37 +894,69 @@ fl_gb_row(const float *const *rows, const float *K, int kx, int ky, int w, uint8
 }
 
 #ifdef FL_T_HAVE_AVX2
-/* fl_gb_row 32 outputs at a time in four AVX2 accumulators: the same
- * fused chain per output (_mm256_fmadd_ps is fmaf lane by lane), rounded
- * half to even.  Reads up to 31 floats past w + kx - 1 in each row
- * (fl_gb_rowlen's room). */
+/* fl_gb_row for two output rows at once (out0: row y, out1: row y + 1),
+ * from the ky + 1 padded rows rows[0..ky] (row y's taps are rows[0..ky),
+ * row y + 1's rows[1..ky]): each vector loaded from padded row r feeds both
+ * outputs, row y with kernel row r and row y + 1 with kernel row r - 1, so
+ * every output still takes its taps in torchvision's order (kernel rows
+ * outer, columns inner) as one fused chain from 0 (_mm256_fmadd_ps is fmaf
+ * lane by lane), and a load serves two FMAs.  N (8 or 32) outputs a row at
+ * a time from column x0: 2 N / 8 accumulators; rounded half to even
+ * (cvtps_epi32 under the default rounding mode, as nearbyintf), clamped as
+ * fl_t_clamp_u8; only outputs below w are stored.  Reads up to N - 1
+ * floats past x0 + kx - 1 in each row (fl_gb_rowlen's room). */
+#define FL_GB_BLOCK2(N)                                                                                           \
+    do {                                                                                                          \
+        __m256 a0[(N) / 8], a1[(N) / 8];                                                                          \
+        for (int j = 0; j < (N) / 8; j++)                                                                         \
+            a0[j] = a1[j] = _mm256_setzero_ps();                                                                  \
+        for (int b = 0; b < kx; b++) {   /* padded row 0: row y's kernel row 0 alone */                           \
+            const __m256 w0 = _mm256_broadcast_ss(K + b);                                                         \
+            for (int j = 0; j < (N) / 8; j++)                                                                     \
+                a0[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[0] + x0 + b + 8 * j), w0, a0[j]);                    \
+        }                                                                                                         \
+        for (int r = 1; r < ky; r++) {                                                                            \
+            const float *q = rows[r] + x0, *k0 = K + (size_t)r * (size_t)kx, *k1 = k0 - kx;                       \
+            for (int b = 0; b < kx; b++) {                                                                        \
+                const __m256 w0 = _mm256_broadcast_ss(k0 + b), w1 = _mm256_broadcast_ss(k1 + b);                  \
+                for (int j = 0; j < (N) / 8; j++) {                                                               \
+                    const __m256 x = _mm256_loadu_ps(q + b + 8 * j);                                              \
+                    a0[j] = _mm256_fmadd_ps(x, w0, a0[j]);                                                        \
+                    a1[j] = _mm256_fmadd_ps(x, w1, a1[j]);                                                        \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+        {   /* padded row ky: row y + 1's last kernel row alone */                                                \
+            const float *k1 = K + (size_t)(ky - 1) * (size_t)kx;                                                  \
+            for (int b = 0; b < kx; b++) {                                                                        \
+                const __m256 w1 = _mm256_broadcast_ss(k1 + b);                                                    \
+                for (int j = 0; j < (N) / 8; j++)                                                                 \
+                    a1[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[ky] + x0 + b + 8 * j), w1, a1[j]);               \
+            }                                                                                                     \
+        }                                                                                                         \
+        int32_t v0[N], v1[N];                                                                                     \
+        for (int j = 0; j < (N) / 8; j++) {                                                                       \
+            _mm256_storeu_si256((__m256i *)(void *)(v0 + 8 * j), _mm256_cvtps_epi32(a0[j]));                      \
+            _mm256_storeu_si256((__m256i *)(void *)(v1 + 8 * j), _mm256_cvtps_epi32(a1[j]));                      \
+        }                                                                                                         \
+        const int n = w - x0 < (N) ? w - x0 : (N);                                                                \
+        for (int l = 0; l < n; l++) {                                                                             \
+            out0[(size_t)(x0 + l) * (size_t)C] = (uint8_t)(v0[l] < 0 ? 0 : v0[l] > 255 ? 255 : v0[l]);            \
+            out1[(size_t)(x0 + l) * (size_t)C] = (uint8_t)(v1[l] < 0 ? 0 : v1[l] > 255 ? 255 : v1[l]);            \
+        }                                                                                                         \
+    } while (0)
+
 __attribute__((target("avx2,fma"))) static void
-fl_gb_row_avx2(const float *const *rows, const float *K, int kx, int ky, int w, uint8_t *out, int C)
+fl_gb_row2_avx2(const float *const *rows, const float *K, int kx, int ky, int w, uint8_t *out0, uint8_t *out1,
+                int C)
 {
-    for (int x0 = 0; x0 < w; x0 += 32) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-               a3 = _mm256_setzero_ps();
-        for (int a = 0; a < ky; a++) {
-            const float *r = rows[a] + x0, *ka = K + (size_t)a * (size_t)kx;
-            for (int b = 0; b < kx; b++) {
-                const __m256 wv = _mm256_broadcast_ss(ka + b);
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + b), wv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + b + 8), wv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + b + 16), wv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + b + 24), wv, a3);
-            }
-        }
-        int32_t v[32];
-        const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        _mm256_storeu_si256((__m256i *)(void *)v, _mm256_cvtps_epi32(_mm256_round_ps(a0, mode)));
-        _mm256_storeu_si256((__m256i *)(void *)(v + 8), _mm256_cvtps_epi32(_mm256_round_ps(a1, mode)));
-        _mm256_storeu_si256((__m256i *)(void *)(v + 16), _mm256_cvtps_epi32(_mm256_round_ps(a2, mode)));
-        _mm256_storeu_si256((__m256i *)(void *)(v + 24), _mm256_cvtps_epi32(_mm256_round_ps(a3, mode)));
-        const int n = w - x0 < 32 ? w - x0 : 32;
-        for (int l = 0; l < n; l++)   /* in 0..255 (FL_GBLUR_MAX_K); clamped as fl_t_clamp_u8 would */
-            out[(size_t)(x0 + l) * (size_t)C] = (uint8_t)(v[l] < 0 ? 0 : v[l] > 255 ? 255 : v[l]);
-    }
+    int x0 = 0;
+    for (; w - x0 >= 24; x0 += 32)   /* 32 a row at a time while at least 24 of them are stored */
+        FL_GB_BLOCK2(32);
+    for (; x0 < w; x0 += 8)
+        FL_GB_BLOCK2(8);
 }
+#undef FL_GB_BLOCK2
 #endif
 
 /* Contract: augment.h. */
@@ -945,22 +993,31 @@ fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int c
 #ifdef FL_T_HAVE_AVX2
     const int simd = fl_use_avx2() && __builtin_cpu_supports("fma");
 #endif
-    const float *rows[FL_GBLUR_MAX_K];
+    const float *rows[FL_GBLUR_MAX_K + 1];
+    const int slots = ky + 1;
     for (int c = 0; c < C; c++) {
-        int filled = 0;   /* padded rows 0..filled-1 have been converted; row j sits in ring slot j % ky */
-        for (int y = 0; y < h; y++) {
-            for (; filled < y + ky; filled++)
-                fl_gb_fill_row(tmp, w, h, C, c, px, py, filled, ring + (size_t)(filled % ky) * rowlen, rowlen);
-            for (int a = 0; a < ky; a++)
-                rows[a] = ring + (size_t)((y + a) % ky) * rowlen;
+        int filled = 0;   /* padded rows 0..filled-1 have been converted; row j sits in ring slot j % slots */
+        for (int y = 0; y < h;) {
+            const int pair = y + 1 < h;
+#ifdef FL_T_HAVE_AVX2
+            const int two = simd && pair;
+#else
+            const int two = 0;
+#endif
+            for (; filled < y + ky + two; filled++)
+                fl_gb_fill_row(tmp, w, h, C, c, px, py, filled, ring + (size_t)(filled % slots) * rowlen, rowlen);
+            for (int a = 0; a < ky + two; a++)
+                rows[a] = ring + (size_t)((y + a) % slots) * rowlen;
             uint8_t *out = img + (size_t)y * (size_t)w * (size_t)C + (size_t)c;
 #ifdef FL_T_HAVE_AVX2
-            if (simd) {
-                fl_gb_row_avx2(rows, K, kx, ky, w, out, C);
+            if (two) {
+                fl_gb_row2_avx2(rows, K, kx, ky, w, out, out + (size_t)w * (size_t)C, C);
+                y += 2;
                 continue;
             }
 #endif
             fl_gb_row(rows, K, kx, ky, w, out, C);
+            y++;
         }
     }
     return 0;

@@ -289,6 +289,9 @@ fl_blur_check(const fl_tspec *t, fl_err *err)
     if (B->k.kx / 2 >= t->out_w || B->k.ky / 2 >= t->out_h)   /* torch's reflect padding refuses it */
         FAIL("blur.kernel: %d x %d pads %d x %d, not below the %d x %d output", B->k.kx, B->k.ky, B->k.kx / 2,
              B->k.ky / 2, t->out_w, t->out_h);
+    if (fl_gblur_torch_gemm(t->out_w, t->out_h, t->out_channels, B->k.kx, B->k.ky))
+        FAIL("blur.kernel: %d x %d on a one-channel %d x %d output is summed by torch's GEMM convolution, whose "
+             "order is not reproduced", B->k.kx, B->k.ky, t->out_w, t->out_h);
     return 0;
 #undef FAIL
 }
