@@ -20,7 +20,8 @@ Supported prefix, in this order (each part optional)::
     [RandomHorizontalFlip] [RandomVerticalFlip]   (either order: flips commute)
     [RandomRotation]                               (torchvision's; fixed size)
     [TrivialAugmentWide | RandAugment | AutoAugment | timm's]   (fixed size)
-    [RandomGrayscale]
+    [GaussianBlur] [RandomGrayscale] [GaussianBlur]   (torchvision's, maybe in RandomApply; once;
+                                                   checked against this torch first)
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
     [Normalize]                    (float output only)
 

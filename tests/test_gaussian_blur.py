@@ -10,6 +10,7 @@ the first two parts is scripts/check_gaussian_blur.py (docs/recipes.md has
 its counts)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -206,14 +207,14 @@ def test_simclr_pipeline_replayed(native, ver):
     assert spec["blur"] == dict(p=0.5, pos=1, sigma=(0.1, 2.0), kernel=(23, 23), v2=ver == "v2", lanes=native["lanes"],
                                 **({} if ver == "v2" else dict(exp=native["exp"])))
     blurred = gray = 0
-    for i in range(24):
+    for i in range(16):
         p = _C._plan_sample(spec, pil.width, pil.height, 5, 0, i)
         blurred += p["blur"] is not None
         gray += p["gray"]
         u8 = torch.from_numpy(_replay(pil, p, spec, ver).copy())
         want = TF2.to_dtype(u8, torch.float32, scale=True) if ver == "v2" else u8.float() / 255.0   # as ToTensor
         assert torch.equal(torch.from_numpy(_C._render(spec, a, p)), want), p
-    assert 4 < blurred < 20 and gray > 0, (blurred, gray)
+    assert 2 < blurred < 14 and gray > 0, (blurred, gray)
     # before RandomGrayscale, alone (p = 1), a non-square kernel, one channel
     tf = lib.Compose([lib.Grayscale(), lib.RandomResizedCrop((40, 56)), lib.GaussianBlur((7, 31), sigma=(0.5, 5.0)),
                       lib.RandomGrayscale(0.5), lib.PILToTensor()])
@@ -308,27 +309,27 @@ def test_spec_checks_and_errors(native):
 _PORTABLE = r"""
 import hashlib, importlib.util, json, sys
 import numpy as np
-import torch   # torch's exp (MKL's vmsExp) is looked up in the loaded libtorch
 spec = importlib.util.spec_from_file_location("fastloader._C", sys.argv[1])
 C = importlib.util.module_from_spec(spec); spec.loader.exec_module(C)
 out = []
-for shape, k, s, v2, lanes, exp, seed in json.loads(sys.stdin.read()):
+for shape, k, s, v2, lanes, seed in json.loads(sys.stdin.read()):
     a = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-    out.append(hashlib.sha256(C._gaussian_blur(a, tuple(k), s, v2, lanes=lanes, exp=exp).tobytes()).hexdigest())
+    out.append(hashlib.sha256(C._gaussian_blur(a, tuple(k), s, v2, lanes=lanes, exp="sleef").tobytes()).hexdigest())
 print(json.dumps(out))
 """
 
 
 def test_portable_loop_matches_avx2(native):
     """FASTLOADER_NO_AVX2=1 (read once per process, hence the subprocess)
-    runs the portable fmaf loop: the same bytes."""
-    jobs = [(shape, k, s, v2_, native["lanes"], native["exp"], i)
-            for i, (shape, k, s, v2_) in enumerate([((64, 70, 3), (23, 23), 1.1, False), ((33, 40), (5, 9), 0.4, True),
+    runs the portable fmaf loop: the same bytes (the weights are the same
+    code either way; SLEEF's exp for v1, so the subprocess needs no torch)."""
+    jobs = [(shape, k, s, v2_, native["lanes"], i)
+            for i, (shape, k, s, v2_) in enumerate([((37, 45, 3), (23, 23), 1.1, False), ((33, 40), (5, 9), 0.4, True),
                                                      ((2, 3, 3), (5, 3), 7.0, True), ((40, 37, 3), (1, 31), 2.0, False)])]
-    here = [__import__("hashlib").sha256(_C._gaussian_blur(np.random.default_rng(seed).integers(0, 256, shape,
-                                                                                           dtype=np.uint8),
-                                                          tuple(k), s, v2_, lanes=lanes, exp=exp).tobytes()).hexdigest()
-            for shape, k, s, v2_, lanes, exp, seed in jobs]
+    here = []
+    for shape, k, s, v2_, lanes, seed in jobs:
+        a = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+        here.append(hashlib.sha256(_C._gaussian_blur(a, tuple(k), s, v2_, lanes=lanes, exp="sleef").tobytes()).hexdigest())
     env = dict(os.environ, FASTLOADER_NO_AVX2="1")
     r = subprocess.run([sys.executable, "-c", _PORTABLE, _C.__file__], input=json.dumps(jobs), env=env,
                        capture_output=True, text=True, timeout=120)
