@@ -992,18 +992,15 @@ fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int c
     memcpy(tmp, img, n);
 #ifdef FL_T_HAVE_AVX2
     const int simd = fl_use_avx2() && __builtin_cpu_supports("fma");
+#else
+    const int simd = 0;
 #endif
     const float *rows[FL_GBLUR_MAX_K + 1];
     const int slots = ky + 1;
     for (int c = 0; c < C; c++) {
         int filled = 0;   /* padded rows 0..filled-1 have been converted; row j sits in ring slot j % slots */
         for (int y = 0; y < h;) {
-            const int pair = y + 1 < h;
-#ifdef FL_T_HAVE_AVX2
-            const int two = simd && pair;
-#else
-            const int two = 0;
-#endif
+            const int two = simd && y + 1 < h;   /* the AVX2 kernel takes two output rows a pass */
             for (; filled < y + ky + two; filled++)
                 fl_gb_fill_row(tmp, w, h, C, c, px, py, filled, ring + (size_t)(filled % slots) * rowlen, rowlen);
             for (int a = 0; a < ky + two; a++)
