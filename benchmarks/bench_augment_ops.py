@@ -1,8 +1,11 @@
 """Per-op cost of the augmentation ops (csrc/image/augment.c and
 augment_tensor.c: fl_aug_apply) against Pillow and torchvision's v2 tensor
 ops, one thread, one image.  The "AugMix" rows are the tensor kernels
-AugMix runs (bit-exact with the v2 column's ops); the others are the Pillow
-ones (bit-exact with the PIL column's).
+AugMix runs (bit-exact with the v2 column's ops); "TV GaussianBlur k23" is
+torchvision's GaussianBlur(23) (fl_gblur_apply: bit-exact with both
+columns, whose PIL column is v1's F.gaussian_blur on the PIL image, its
+tensor conversions included); the others are the Pillow ones (bit-exact
+with the PIL column's).
 
 Columns, each the best of --repeats timings of --n calls (the minimum: on a
 shared machine other load only ever adds time), in microseconds per image
@@ -24,6 +27,7 @@ Ratios are PIL / C and v2 / C (above 1: the C op is faster).
 
 Usage:
   python benchmarks/bench_augment_ops.py [--n 200] [--repeats 7] [--size 224x224] [--photo astronaut]
+                                         [--only NAME ...]
 """
 from __future__ import annotations
 
@@ -72,6 +76,10 @@ OPS = [
     # ColorJitter's hue and timm's 3a blur: Pillow's references (torchvision's adjust_hue on PIL; ImageFilter.GaussianBlur)
     ("Hue", 43, 0.1, 0),
     ("GaussianBlur", 46, 1.5, 0),
+    # torchvision's GaussianBlur (SimCLR's, timm's gaussian_blur_prob): the tensor kernel on the PIL image's
+    # uint8 tensor (fl_gblur_apply, bit-exact with both columns' torchvision); code -1, the magnitude is
+    # sigma, the last field the kernel side
+    ("TV GaussianBlur k23", -1, 1.0, 23),
 ]
 
 HARNESS = r"""
@@ -89,8 +97,8 @@ int main(int argc, char **argv)
 {
     if (argc < 6) return 2;
     int W = atoi(argv[2]), H = atoi(argv[3]), N = atoi(argv[4]), R = atoi(argv[5]);
-    size_t nb = (size_t)W * H * 3;
-    uint8_t *orig = malloc(nb), *img = malloc(nb), *tmp = malloc(fl_aug_tmp_bytes(W, H, 3));
+    size_t nb = (size_t)W * H * 3, tb = fl_aug_tmp_bytes(W, H, 3), gb = fl_gblur_tmp_bytes(W, H, 3, 23, 23);
+    uint8_t *orig = malloc(nb), *img = malloc(nb), *tmp = malloc(tb > gb ? tb : gb);
     FILE *f = fopen(argv[1], "rb");
     if (!f || fread(orig, 1, nb, f) != nb) return 3;
     fclose(f);
@@ -109,15 +117,20 @@ int main(int argc, char **argv)
     for (int a = 6; a + 2 < argc; a += 3) {
         int op = atoi(argv[a]), interp = atoi(argv[a + 2]);
         double mag = atof(argv[a + 1]);
+        /* op -1: torchvision's GaussianBlur, kernel side `interp` (at most 23: tmp), sigma `mag`; v2's weights
+           (v1's differ only by torch's exp over 23 values, which needs torch loaded) */
+        const fl_gblur g = {interp, interp, 1, 8, NULL, NULL};
+#define APPLY() (op == -1 ? fl_gblur_apply(&g, (float)mag, img, W, H, 3, tmp, &err) \
+                          : fl_aug_apply(op, mag, interp, fill, img, W, H, 3, tmp, &err))
         for (int i = 0; i < 16; i++) {
             memcpy(img, orig, nb);
-            if (fl_aug_apply(op, mag, interp, fill, img, W, H, 3, tmp, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            if (APPLY() < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
         }
         for (int r = 0; r < R; r++) {
             double t0 = now();
             for (int i = 0; i < N; i++) {
                 memcpy(img, orig, nb);
-                fl_aug_apply(op, mag, interp, fill, img, W, H, 3, tmp, &err);
+                APPLY();
             }
             t[r] = (now() - t0) / N;
         }
@@ -220,6 +233,8 @@ def v2_op(F, InterpolationMode, t, name, mag, interp):
         return F.adjust_hue(t, mag)
     if name == "GaussianBlur":   # v2's is another algorithm (a float convolution), not this op's reference
         return None
+    if name == "k23":            # torchvision's GaussianBlur: v2's kernel on the uint8 tensor
+        return F.gaussian_blur(t, [23, 23], [mag, mag])
     raise ValueError(name)
 
 
@@ -234,6 +249,10 @@ def pil_op(aa, pil, name, mag, interp):
         from PIL import ImageFilter
 
         return pil.filter(ImageFilter.GaussianBlur(mag))
+    if name == "k23":   # torchvision's GaussianBlur, v1 on the PIL image (pil_to_tensor, the kernel, to_pil_image)
+        from torchvision.transforms import functional as TF
+
+        return TF.gaussian_blur(pil, [23, 23], [mag, mag])
     return aa._apply_op(pil, name, mag, interp, None)
 
 
@@ -243,6 +262,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="timings per op (the best is reported)")
     ap.add_argument("--size", default="224x224", help="image WxH")
     ap.add_argument("--photo", default="astronaut", help="skimage.data photograph")
+    ap.add_argument("--only", nargs="*", default=None, help="the rows whose name contains one of these")
     a = ap.parse_args()
     w, h = (int(x) for x in a.size.lower().split("x"))
 
@@ -272,10 +292,15 @@ def main() -> None:
     print(f"| {'op':<26} | {'C':>7} | {'_C':>7} | {'PIL':>7} | {'v2':>7} | {'PIL/C':>6} | {'v2/C':>6} |")
     print(f"|{'-' * 28}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
     for name, code, mag, interp in OPS:
+        if a.only is not None and not any(k in name for k in a.only):
+            continue
         base = name.split("/")[0].split()[-1]
         pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
         c = run_c(exe, img, w, h, a.n, a.repeats, [(code, mag, interp)])[(code, interp)]
-        py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
+        if code == -1:   # torchvision's GaussianBlur: v1's weights (torch's exp) in _C
+            py = timed(lambda: _C._gaussian_blur(arr, (interp, interp), mag, False), a.n, a.repeats) if _C else float("nan")
+        else:
+            py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
         p = timed(lambda: pil_op(aa, pil, base, mag, pil_interp), a.n, a.repeats)
         v = (timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
              if base != "GaussianBlur" else float("nan"))

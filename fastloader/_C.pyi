@@ -212,6 +212,9 @@ def _timm_mix_batch(images: np.ndarray, labels: np.ndarray, spec: dict[str, Any]
 # TrivialAugmentWide op (an FL_AUG_* code) on a uint8 [H, W] / [H, W, 1|3] array
 def _augment_op(op: int, magnitude: float, image: np.ndarray, *, interp: int = ...,
                 fill: Sequence[int] | None = ...) -> np.ndarray: ...
+def _gaussian_kernel(k: int, sigma: float, v2: bool, *, lanes: int = ..., exp: str = ...) -> np.ndarray: ...
+def _gaussian_blur(image: np.ndarray, kernel: tuple[int, int], sigma: float, v2: bool, *, lanes: int = ...,
+                   exp: str = ...) -> np.ndarray: ...
 # test-only bindings of csrc/sources/stream.c and csrc/sources/tar.c (py_stream.c)
 def _stream_read(url: str | os.PathLike[str], *, retries: int = ..., backoff_ms: int = ...,
                  stall_timeout_ms: int = ..., chunk: int = ..., cancel_after_ms: int = ...,

@@ -20,7 +20,8 @@ Supported prefix, in this order (each part optional)::
     [RandomHorizontalFlip] [RandomVerticalFlip]   (either order: flips commute)
     [RandomRotation]                               (torchvision's; fixed size)
     [TrivialAugmentWide | RandAugment | AutoAugment | timm's]   (fixed size)
-    [RandomGrayscale]
+    [GaussianBlur] [RandomGrayscale] [GaussianBlur]   (torchvision's, maybe in RandomApply; once;
+                                                   checked against this torch first)
     [ToTensor | (PILToTensor | ToImage) [ToDtype(float*, scale) | ConvertImageDtype(float*)]]
     [Normalize]                    (float output only)
 
@@ -468,10 +469,14 @@ def _describe(t: Any) -> tuple[str, dict] | None:
         return ("affine", dict(obj=t, v2=v2))
     if name == "ColorJitter":
         return _jitter_desc(t, 1.0)
-    if name == "RandomApply" and not ours:   # RandomApply([ColorJitter(...)], p), as timm and SimCLR use it
-        inner = list(getattr(t, "transforms", []))
+    if name == "GaussianBlur" and not ours:
+        return _blur_desc(t, 1.0)
+    if name == "RandomApply" and not ours:   # RandomApply([ColorJitter(...)] or [GaussianBlur(...)], p), as timm
+        inner = list(getattr(t, "transforms", []))   # and SimCLR use them
         if len(inner) == 1 and _is_torchvision(inner[0]) and type(inner[0]).__name__ == "ColorJitter":
             return _jitter_desc(inner[0], float(t.p))
+        if len(inner) == 1 and _is_torchvision(inner[0]) and type(inner[0]).__name__ == "GaussianBlur":
+            return _blur_desc(inner[0], float(t.p))
         return None
     if name == "ToTensor":
         return ("to_tensor", {})
@@ -522,6 +527,108 @@ def _jitter_desc(t: Any, p: float) -> tuple[str, dict] | None:
 
 
 _JITTER_AFTER_FLIPS, _JITTER_BEFORE_POLICY, _JITTER_AFTER_POLICY = 0, 1, 2   # imgops.h FL_JITTER_*
+_BLUR_BEFORE_GRAY, _BLUR_AFTER_GRAY = 0, 1   # imgops.h FL_BLUR_*
+_BLUR_MAX_K = 127                            # augment.h FL_GBLUR_MAX_K
+_BLUR_SIGMA = (1e-6, 1e6)                    # the sigmas fl_gblur_kernel1d takes
+
+
+def _blur_desc(t: Any, p: float) -> tuple[str, dict] | None:
+    """("blur", {p, kernel (kx, ky), sigma (lo, hi), v2}) for a torchvision
+    v1/v2 GaussianBlur applied with probability p, or None when its
+    attributes are not what torchvision's own checks let through."""
+    try:
+        kx, ky = (int(k) for k in t.kernel_size)
+        lo, hi = (float(v) for v in t.sigma)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if kx < 1 or ky < 1 or kx % 2 == 0 or ky % 2 == 0 or not 0.0 < lo <= hi or not 0.0 <= p <= 1.0:
+        return None
+    return ("blur", dict(p=p, kernel=(kx, ky), sigma=(lo, hi), v2=".v2." in type(t).__module__))
+
+
+# (kernel, sigma, v2, out size, channels) -> (lanes, exp) or the reason it stays in Python
+_BLUR_VERDICTS: dict = {}
+
+
+def _blur_native(d: dict, out_w: int, out_h: int, channels: int) -> tuple[dict | None, str | None]:
+    """The spec's "blur" part (without p and pos) for a _blur_desc, or
+    (None, reason) when it stays in Python.
+
+    The native op reproduces torch 2.14's float32 arithmetic on the CPU,
+    which depends on torch's CPU capability (the vector width of its sums),
+    on the exp behind torch.exp (v1: MKL's in torch's MKL builds) and on
+    oneDNN's convolution.  So before a GaussianBlur goes native, this
+    machine's torch is asked: torchvision's own _get_gaussian_kernel1d for
+    50 sigmas across [lo, hi] and its tensor kernel on a noise image of the
+    output size, against the native ones, bit for bit; any difference keeps
+    it in Python (a note names it).  Once per configuration and process."""
+    (kx, ky), (lo, hi), v2 = d["kernel"], d["sigma"], d["v2"]
+    if kx > _BLUR_MAX_K or ky > _BLUR_MAX_K:
+        return None, f"GaussianBlur with a kernel side over {_BLUR_MAX_K} is not native"
+    if kx // 2 >= out_w or ky // 2 >= out_h:   # torch's reflect padding raises on every sample
+        return None, (f"GaussianBlur's padding ({kx // 2}, {ky // 2}) is not below the {out_w} x {out_h} image "
+                      "(torch raises)")
+    if not _BLUR_SIGMA[0] <= lo <= hi <= _BLUR_SIGMA[1]:
+        return None, f"GaussianBlur's sigma ({lo}, {hi}) is outside [{_BLUR_SIGMA[0]}, {_BLUR_SIGMA[1]}]"
+    # augment.h fl_gblur_torch_gemm: torch's own choice of convolution for a small one-channel blur
+    if (channels == 1 and (kx, ky) != (1, 1) and (kx <= 3 or ky <= 3)
+            and (out_w + kx // 2 * 2) * (out_h + ky // 2 * 2) <= 20480):
+        return None, (f"GaussianBlur {kx} x {ky} on a one-channel {out_w} x {out_h} image: torch sums it with its "
+                      "GEMM convolution, whose order is not reproduced natively")
+    key = (kx, ky, lo, hi, v2, out_w, out_h, channels)
+    verdict = _BLUR_VERDICTS.get(key)
+    if verdict is None:
+        verdict = _BLUR_VERDICTS[key] = _blur_check(kx, ky, lo, hi, v2, out_w, out_h, channels)
+    if isinstance(verdict, str):
+        return None, verdict
+    lanes, exp = verdict
+    spec = dict(sigma=(lo, hi), kernel=(kx, ky), v2=v2, lanes=lanes)
+    if not v2:
+        spec["exp"] = exp
+    return spec, None
+
+
+def _blur_check(kx: int, ky: int, lo: float, hi: float, v2: bool, out_w: int, out_h: int,
+                channels: int) -> tuple[int, str] | str:
+    """(lanes, exp) when the native GaussianBlur equals this torch's on
+    this machine (_blur_native), else the reason it does not."""
+    try:
+        import numpy as np
+        import torch
+        from torchvision.transforms import _functional_tensor as F_t
+        from torchvision.transforms.v2.functional import _misc as F_misc
+    except ImportError as e:   # pragma: no cover - a torchvision GaussianBlur comes with them
+        return f"GaussianBlur stays in Python: {e}"
+    from . import _C
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    lanes = {"AVX2": 8, "AVX512": 16}.get(capability)
+    if lanes is None:
+        return f"GaussianBlur stays in Python: torch's CPU capability {capability} (native: AVX2, AVX512)"
+    exp = "sleef" if v2 or not torch.backends.mkl.is_available() else "mkl"
+    kernel1d = F_misc._get_gaussian_kernel1d if v2 else F_t._get_gaussian_kernel1d
+    rng = np.random.default_rng(0x6A55)
+    sigmas = np.concatenate([[lo, hi], rng.uniform(lo, hi, 48)]).astype(np.float32)
+    try:
+        for s in map(float, sigmas):
+            for k in sorted({kx, ky}):
+                want = kernel1d(k, s, dtype=torch.float32, device=torch.device("cpu")).numpy()
+                got = _C._gaussian_kernel(k, s, v2, lanes=lanes, exp=exp)
+                if not np.array_equal(want.view(np.int32), got.view(np.int32)):
+                    return (f"GaussianBlur stays in Python: torch {torch.__version__}'s kernel ({k}, sigma {s}) "
+                            f"on this {capability} machine differs from the native one")
+        img = rng.integers(0, 256, (out_h, out_w, channels), dtype=np.uint8)
+        t = torch.from_numpy(img).permute(2, 0, 1)
+        for s in map(float, sigmas[:2]):
+            want = (F_misc.gaussian_blur_image(t, [kx, ky], [s, s]) if v2 else
+                    F_t.gaussian_blur(t, [kx, ky], [s, s])).permute(1, 2, 0).numpy()
+            got = _C._gaussian_blur(img, (kx, ky), s, v2, lanes=lanes, exp=exp)
+            if not np.array_equal(want, got):
+                return (f"GaussianBlur stays in Python: torch {torch.__version__}'s blur (sigma {s}) on this "
+                        f"{capability} machine differs from the native one in {int((want != got).sum())} values")
+    except (ValueError, RuntimeError) as e:   # torch's exp not found, or torch refusing the blur
+        return f"GaussianBlur stays in Python: {e}"
+    return lanes, exp
 
 
 # csrc/image/augment.h FL_AUG_*, by torchvision's op names
@@ -1038,10 +1145,31 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             pos += 1
     if spec.get("policy", {}).get("kind") not in ("augmix", "timm_augmix"):   # after AugMix: Python (FL_JITTER_AFTER_POLICY)
         take_jitter(_JITTER_AFTER_POLICY)
+    blur_seen = False
+
+    def take_blur(where: int) -> None:
+        """A GaussianBlur here (one a spec), when it goes native
+        (_blur_native): into the spec when it does anything, consumed
+        either way; else the Python part starts at it, with a note."""
+        nonlocal pos, blur_seen
+        if blur_seen or kind(pos) != "blur" or not spec["out_h"]:
+            return
+        blur_seen = True
+        d = descs[pos][1]
+        blur, reason = _blur_native(d, spec["out_w"], spec["out_h"], spec["out_channels"])
+        if blur is None:
+            notes.append(reason)
+            return
+        if d["p"] > 0:
+            spec["blur"] = dict(p=d["p"], pos=where, **blur)
+        pos += 1
+
+    take_blur(_BLUR_BEFORE_GRAY)
     if kind(pos) == "random_gray":   # on the finished uint8 image, after the policy
         if descs[pos][1]["p"] > 0:
             spec["gray_p"] = descs[pos][1]["p"]
         pos += 1
+    take_blur(_BLUR_AFTER_GRAY)
     tensor_stage = False
     if kind(pos) == "to_tensor":
         spec.update(dtype="float32", scale_to_unit=_SCALE_DIV)

@@ -29,7 +29,9 @@
  *   Invert) map equal bytes of a channel to equal bytes; Posterize keeps only
  *   its high bits; SolarizeAdd is its table; Sharpness leaves the border
  *   rows and columns alone;
- * - the same call twice gives the same bytes.
+ * - the same call twice gives the same bytes;
+ * - for the GaussianBlur op's inputs, torchvision's GaussianBlur
+ *   (fl_gblur_apply) on the same pixels too: check_gblur's contracts.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -419,6 +421,157 @@ check_hue(const uint8_t *orig, const uint8_t *img, size_t npix, double factor)
     }
 }
 
+/* ---- torchvision's GaussianBlur (fl_gblur_*) ---- */
+
+/* A stand-in for torch's exp (v1's fl_gblur.vexp; torch is not here):
+ * libm's, which is all the contracts below need. */
+static void
+fz_vexp(void *ctx, const float *in, float *out, int n)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++)
+        out[i] = expf(in[i]);
+}
+
+static int
+fz_reflect(int i, int n)
+{
+    return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i;
+}
+
+/* fl_gblur_apply on the same pixels, with the kernel, version, torch's
+ * vector width and exp from the fill bytes and the sigma from the
+ * magnitude (a realistic one, or the raw magnitude as a float: NaN,
+ * infinities, out of range).  Checks: a refusal exactly where the contract
+ * says (sizes, an even or oversized kernel, a padding not below the side,
+ * lanes, sigma), FL_ERR_INVALID and the image untouched; fl_gblur_tmp_bytes
+ * positive exactly for the sizes it takes; nothing written past the image
+ * or the scratch; the 1-D kernels symmetric, in [0, 1], summing to 1 within
+ * float error; each output between its channel's minimum and maximum (a
+ * convex sum; a constant image stays); on small cases the same bytes as a
+ * plain loop (reflect indexing, one fmaf chain per output over the 2-D
+ * kernel rows outer), which holds the ring of padded rows and the AVX2
+ * blocks to it; the same call twice gives the same bytes. */
+static void
+check_gblur(const uint8_t *orig, int w, int h, int channels, double mag, uint8_t kb, const uint8_t fill[3])
+{
+    fl_gblur g;
+    memset(&g, 0, sizeof g);
+    g.kx = fill[0] == 0xFF ? 4 : fill[0] == 0xFE ? FL_GBLUR_MAX_K + 2 : 1 + 2 * (fill[0] % 16);
+    g.ky = (fill[1] & 0x80) ? g.kx : fill[1] == 0x7F ? -1 : 1 + 2 * (fill[1] % 16);
+    g.v2 = fill[2] & 1;
+    g.lanes = (fill[2] & 6) == 6 ? 4 : (fill[2] & 2) ? 16 : 8;
+    g.vexp = !g.v2 && (fill[2] & 8) ? fz_vexp : NULL;
+    const float sigma = (kb & 1) ? (float)mag : (float)(0.05 + fabs(fmod(mag, 6.0)));
+    const int size_ok = w >= 1 && h >= 1 && w <= FL_MAX_DIM && h <= FL_MAX_DIM && (channels == 1 || channels == 3)
+                        && g.kx >= 1 && g.ky >= 1 && g.kx <= FL_GBLUR_MAX_K && g.ky <= FL_GBLUR_MAX_K
+                        && g.kx % 2 == 1 && g.ky % 2 == 1 && g.kx / 2 < w && g.ky / 2 < h;
+    const int ok = size_ok && (g.lanes == 8 || g.lanes == 16) && sigma >= 1e-6f && sigma <= 1e6f;
+    size_t tb = fl_gblur_tmp_bytes(w, h, channels, g.kx, g.ky), n = 64;
+    if ((tb > 0) != size_ok)
+        FZ_FAIL("fl_gblur_tmp_bytes(%d, %d, %d, %d, %d) = %zu", w, h, channels, g.kx, g.ky, tb);
+    if (size_ok) {
+        n = (size_t)w * h * channels;
+        if ((double)n * g.kx * g.ky > 3e7)
+            return;   /* too slow for a fuzz run, and nothing new */
+    } else {
+        tb = 64;
+    }
+    uint8_t *img = fz_guarded_alloc(n), *tmp = fz_guarded_alloc(tb);
+    if (size_ok)
+        memcpy(img, orig, n);
+    else
+        memset(img, 0x5A, n);
+    uint8_t *before = malloc(n);
+    if (!before)
+        abort();
+    memcpy(before, img, n);
+    fl_err err;
+    memset(&err, 0, sizeof err);
+    int rc = fl_gblur_apply(&g, sigma, img, w, h, channels, tmp, &err);
+    fz_guard_check(img, n, "fl_gblur_apply (image)");
+    fz_guard_check(tmp, tb, "fl_gblur_apply (scratch)");
+    FZ_LOG("gblur %dx%d v2 %d lanes %d sigma %g on %dx%dx%d -> %d %s", g.kx, g.ky, g.v2, g.lanes, (double)sigma, w, h,
+           channels, rc, rc ? err.msg : "");
+    if (rc != 0 && rc != -1)
+        FZ_FAIL("fl_gblur_apply returned %d", rc);
+    if (rc < 0) {
+        fz_check_err(&err, "fl_gblur_apply");
+        if (err.code != FL_ERR_INVALID)
+            FZ_FAIL("fl_gblur_apply failed with code %d: %s", err.code, err.msg);
+        if (ok)
+            FZ_FAIL("fl_gblur_apply refused %dx%d sigma %g on %dx%dx%d: %s", g.kx, g.ky, (double)sigma, w, h,
+                    channels, err.msg);
+        if (memcmp(img, before, n) != 0)
+            FZ_FAIL("fl_gblur_apply changed the image and failed: %s", err.msg);
+        goto done;
+    }
+    if (!ok)
+        FZ_FAIL("fl_gblur_apply accepted %dx%d lanes %d sigma %g on %dx%dx%d", g.kx, g.ky, g.lanes, (double)sigma, w, h,
+                channels);
+    float kx1[FL_GBLUR_MAX_K], ky1[FL_GBLUR_MAX_K];
+    if (fl_gblur_kernel1d(&g, g.kx, sigma, kx1, &err) < 0 || fl_gblur_kernel1d(&g, g.ky, sigma, ky1, &err) < 0)
+        FZ_FAIL("fl_gblur_kernel1d failed where the op did not: %s", err.msg);
+    for (int pass = 0; pass < 2; pass++) {
+        const float *k1 = pass ? ky1 : kx1;
+        const int k = pass ? g.ky : g.kx;
+        double sum = 0.0;
+        for (int i = 0; i < k; i++) {
+            if (!(k1[i] >= 0.0f && k1[i] <= 1.0f) || k1[i] != k1[k - 1 - i])
+                FZ_FAIL("kernel %d (v2 %d, sigma %g): weight %d is %g, its mirror %g", k, g.v2, (double)sigma, i,
+                        (double)k1[i], (double)k1[k - 1 - i]);
+            sum += k1[i];
+        }
+        if (!(fabs(sum - 1.0) <= k * 2.4e-7))
+            FZ_FAIL("kernel %d (v2 %d, sigma %g) sums to %.9g", k, g.v2, (double)sigma, sum);
+    }
+    const size_t npix = (size_t)w * h;
+    for (int c = 0; c < channels; c++) {
+        int lo = 255, hi = 0;
+        for (size_t i = 0; i < npix; i++) {
+            int v = orig[i * channels + c];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        for (size_t i = 0; i < npix; i++)
+            if (img[i * channels + c] < lo || img[i * channels + c] > hi)
+                FZ_FAIL("blur output %d at pixel %zu channel %d outside the channel's [%d, %d]", img[i * channels + c],
+                        i, c, lo, hi);
+    }
+    if ((double)n * g.kx * g.ky <= 4e6) {   /* the plain loop */
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                for (int c = 0; c < channels; c++) {
+                    float acc = 0.0f;
+                    for (int a = 0; a < g.ky; a++)
+                        for (int b = 0; b < g.kx; b++) {
+                            const int sy = fz_reflect(y + a - g.ky / 2, h), sx = fz_reflect(x + b - g.kx / 2, w);
+                            acc = fmaf((float)orig[((size_t)sy * w + sx) * channels + c], ky1[a] * kx1[b], acc);
+                        }
+                    const float r = nearbyintf(acc);
+                    const int want = r < 0.0f ? 0 : r > 255.0f ? 255 : (int)r;
+                    const int got = img[((size_t)y * w + x) * channels + c];
+                    if (got != want)
+                        FZ_FAIL("blur %dx%d sigma %g on %dx%dx%d: (%d, %d, %d) is %d, the plain loop's %d", g.kx,
+                                g.ky, (double)sigma, w, h, channels, x, y, c, got, want);
+                }
+    }
+    {   /* the same call again gives the same bytes */
+        uint8_t *again = fz_guarded_alloc(n);
+        memcpy(again, orig, n);
+        if (fl_gblur_apply(&g, sigma, again, w, h, channels, tmp, &err) != 0)
+            FZ_FAIL("fl_gblur_apply failed the second time: %s", err.msg);
+        fz_guard_check(again, n, "fl_gblur_apply (second image)");
+        if (memcmp(again, img, n) != 0)
+            FZ_FAIL("fl_gblur_apply is not deterministic");
+        free(again);
+    }
+done:
+    free(img);
+    free(tmp);
+    free(before);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -464,6 +617,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < n; i++)
         img[i] = npx ? px[i % npx] : 0;
     memcpy(orig, img, n);
+    if (op == FL_AUG_GAUSSIAN_BLUR)   /* Pillow's blur op's inputs also drive torchvision's */
+        check_gblur(orig, w, h, channels, mag, ib, fill);
 
     fl_err err;
     memset(&err, 0, sizeof err);

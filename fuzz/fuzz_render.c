@@ -26,8 +26,10 @@
  * Input: FZ_RENDER_PARAMS (64) parameter bytes, then the JPEG file; the
  * parameter bytes are read in the order of build_spec() and the mode code,
  * and the last 12 of them may also add a timm RandAugment policy
- * (build_policy), so the policy draws and the augmented render path meet
- * the same contracts.
+ * (build_policy), the 4 before them a ColorJitter, the 4 before those a
+ * RandomAffine and the 4 before those a GaussianBlur, so their draws and
+ * the augmented render path meet the same contracts (a drawn blur sigma is
+ * a float32 value in the spec's range, always there for p 1).
  *
  * Contracts checked (besides ASan/UBSan): errors carry a known code and a
  * message; an invalid spec is refused by fl_plan_sample and
@@ -482,6 +484,12 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
             || plan.box_y < 0 || plan.box_x + plan.box_w > src_w || plan.box_y + plan.box_h > src_h)
             FZ_FAIL("fl_plan_sample made a bad plan: box %d,%d %dx%d of %dx%d, out %dx%d", plan.box_x, plan.box_y,
                     plan.box_w, plan.box_h, src_w, src_h, plan.out_w, plan.out_h);
+        if (plan.blur != 0.0 && (t->blur.p == 0.0 || plan.blur != (double)(float)plan.blur
+                                 || !(plan.blur >= (double)(float)t->blur.lo && plan.blur <= (double)(float)t->blur.hi)))
+            FZ_FAIL("fl_plan_sample drew blur sigma %.17g for the range [%g, %g] (p %g)", plan.blur, t->blur.lo,
+                    t->blur.hi, t->blur.p);
+        if (t->blur.p == 1.0 && plan.blur == 0.0)
+            FZ_FAIL("fl_plan_sample left out a GaussianBlur of p 1");
     } else {
         /* an explicit plan: any integers render() parses */
         fz_bytes *q = p;
@@ -498,6 +506,9 @@ render_mode(fz_bytes *p, int mode, const fl_tspec *t, int spec_ok, const uint8_t
         const uint8_t fv = fz_u8(q);
         plan.vflip = fv & 1;
         plan.gray = (fv >> 1) & 1;
+        /* a blur sigma as render() parses any float: none, realistic, or out of range / NaN / negative */
+        plan.blur = (double[]){0.0, 0.0, 0.0, 0.0, 0.7, 1.9, 1e-7, NAN, -1.0, 1e7, 0.3, 5.0, 0.0, 1e6, 1e-6,
+                               INFINITY}[(fv >> 2) % 16];
         if (k & 128) {
             plan.out_w = fz_dim(q);
             plan.out_h = fz_dim(q);
@@ -717,6 +728,45 @@ build_affine(const uint8_t *params, size_t n, fl_tspec *t)
     }
 }
 
+/* A stand-in for torch's exp (GaussianBlur v1's fl_gblur.vexp; torch is
+ * not here): libm's. */
+static void
+fz_vexp(void *ctx, const float *in, float *out, int n)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++)
+        out[i] = expf(in[i]);
+}
+
+/* A GaussianBlur (maybe in RandomApply) before or after RandomGrayscale,
+ * from the 4 bytes before the RandomAffine's: kernel sides 1..31 (square
+ * or not), a sigma range from the recipes' and the extremes, v1 (SLEEF's
+ * exp or a stand-in for torch's) or v2, 8 or 16 lanes; now and then a
+ * field fl_tspec_check must refuse (an even or oversized side, a sigma
+ * range, the position, lanes; a padding not below the output side comes
+ * by itself with small outputs). */
+static void
+build_blur(const uint8_t *params, size_t n, fl_tspec *t)
+{
+    static const double lo[8] = {0.1, 1.0, 0.5, 1e-6, 1e6, 3.0, 0.0, 0.1};
+    static const double hi[8] = {2.0, 1.0, 5.0, 1e-6, 1e6, 1.0, 1.0, 2e6};   /* 5, 6, 7: refused */
+    if (n < FZ_RENDER_PARAMS)
+        return;
+    const uint8_t *b = params + FZ_RENDER_PARAMS - 24;
+    if (!(b[0] & 1))
+        return;
+    fl_blur *B = &t->blur;
+    B->p = (b[0] & 2) ? 1.0 : (double)(b[0] >> 2) / 63.0;
+    B->pos = (b[1] >> 5) % 3;   /* 2: refused */
+    B->k.kx = b[1] == 0xFF ? 4 : 1 + 2 * (b[1] % 16);
+    B->k.ky = (b[2] & 0x80) ? B->k.kx : b[2] == 0x7F ? FL_GBLUR_MAX_K + 2 : 1 + 2 * (b[2] % 16);
+    B->lo = lo[b[3] % 8];
+    B->hi = hi[b[3] % 8];
+    B->k.v2 = (b[3] >> 3) & 1;
+    B->k.lanes = (b[3] & 0x30) == 0x30 ? 4 : (b[3] & 0x10) ? 16 : 8;
+    B->k.vexp = !B->k.v2 && (b[3] & 0x40) ? fz_vexp : NULL;
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -731,6 +781,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     build_policy(p.p, p.n, &t);
     build_jitter(p.p, p.n, &t);
     build_affine(p.p, p.n, &t);
+    build_blur(p.p, p.n, &t);
+    /* a blur costs kx * ky fused multiply-adds per output value: on the largest outputs (up to 10^7 pixels
+       here) that is minutes under ASan, and nothing the smaller ones do not reach; those go without it */
+    if (t.blur.p != 0.0 && (double)t.out_w * t.out_h * t.out_channels * t.blur.k.kx * t.blur.k.ky > 5e7)
+        t.blur.p = 0.0;
     if (t.rotate && t.policy.rounds > 0)   /* one fill for the augmented render (fl_tspec_check) */
         memcpy(t.rot_fill, t.policy.fill, sizeof t.rot_fill);
     fl_err ferr = {0};

@@ -13,7 +13,8 @@ Writes
   OUTDIR/render/*.bin   64 parameter bytes + one of those JPEGs (fuzz/fuzz_render.c)
   OUTDIR/augment/*.bin  17 parameter bytes + raw pixels (fuzz/fuzz_augment.c): every
                         op, both interpolations of the geometric ones, 1 and 3
-                        channels, realistic and special magnitudes
+                        channels, realistic and special magnitudes; torchvision's
+                        GaussianBlur's kernels and versions
   OUTDIR/mix/*.bin      32 parameter bytes + pixel bytes (fuzz/fuzz_mix.c): timm's
                         Mixup in each mode (MixUp, CutMix, both, cutmix_minmax,
                         smoothing, disabled, odd batch) and torchvision's MixUp,
@@ -268,6 +269,16 @@ def make_augment() -> dict[str, bytes]:
         px = picture(8, 8, seed=op).tobytes()
         for sp in (4, 5, 6, 13, 0, 2):
             out[f"{name}_special{sp}"] = augment_params(op, sp % 2 if geometric else 0, 3, 8, 8, special=sp) + px
+    # torchvision's GaussianBlur (check_gblur), on the inputs of Pillow's GaussianBlur op (46): the fill bytes
+    # pick the kernel sides (1 + 2 (b % 16); 0x80: square, 0xFF: even), v2 (bit 0), 16 lanes (bit 1), the
+    # stand-in exp (bit 3); the interpolation byte's bit 0 passes the raw magnitude as sigma
+    for j, (w, h, ch, fill, interp) in enumerate([(17, 11, 3, (11, 0x80, 0), 0), (23, 5, 3, (1, 2, 1), 0),
+                                                   (8, 8, 1, (3, 0x80, 3), 0), (3, 3, 1, (1, 1, 8), 1),
+                                                   (40, 31, 3, (15, 9, 2), 0), (5, 4, 3, (0xFF, 0x80, 0), 0),
+                                                   (2, 9, 1, (0, 4, 9), 1)]):
+        px = picture(w, h, "RGB" if ch == 3 else "L", seed=460 + j).tobytes()
+        out[f"TorchvisionGaussianBlur_{w}x{h}x{ch}_{j}"] = augment_params(46, interp, ch, w, h, u=(0.2 + 0.37 * j) % 1.0,
+                                                                           fill=fill) + px
     return out
 
 
@@ -468,6 +479,12 @@ def main() -> int:
                 rest += bytes([0b10000000 | (si & 0x40), 3, 2, 20, 15]) + dim(11) + dim(7) + bytes([254, 1])
                 rest += dim(9) + dim(6)
             put("render", f"{sname}_mode{mode}.bin", render_params(mode, spec, rest) + jpegs[img])
+            if sname.startswith("rrc") and mode in (0, 2):   # with a GaussianBlur (build_blur), before and after the gray
+                for k, (b1, b2, b3) in enumerate([(1 << 5 | 4, 0x80, 0), (3, 2, 0x18 | 2), (1 << 5 | 1, 0x80, 0x40 | 1)]):
+                    blur = bytes([1 | (2 if k != 1 else 0x80), b1, b2, b3])
+                    params = render_params(mode, spec, rest)
+                    params = params[:RENDER_PARAMS - 24] + blur + params[RENDER_PARAMS - 20:]
+                    put("render", f"{sname}_mode{mode}_blur{k}.bin", params + jpegs[img])
             if sname.startswith("rrc") and mode in (0, 2):   # with a timm policy (build_policy)
                 for interp in range(4):
                     b0 = 1 | (2 << 1) | (interp << 3) | (0x80 if interp == 3 else 0)

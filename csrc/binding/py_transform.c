@@ -4,7 +4,8 @@
  * not call them, hence the underscore), registered by fl_register_transform:
  *   _plan_sample(spec, src_w, src_h, seed=0, epoch=0, index=0) -> dict
  *       dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, gray=bool, out=(w, h),
- *            interp=0 bilinear | 1 bicubic, aug=[...], erase=None | [(x, y, w, h), ...], erase_key)
+ *            interp=0 bilinear | 1 bicubic, aug=[...], erase=None | [(x, y, w, h), ...], erase_key, mix,
+ *            affine, blur=None | sigma)
  *   _render(spec, image, plan=None, seed=0, epoch=0, index=0, *,
  *           view_scale=(1.0, 1.0), view_origin=(0.0, 0.0), src_size=None) -> ndarray
  *       image: uint8 [H, W] or [H, W, 1|3], the decoded buffer.  view_scale /
@@ -23,6 +24,7 @@
 #include "binding/binding.h"
 #include <numpy/arrayobject.h>
 
+#include <dlfcn.h>
 #include <string.h>
 
 #include "image/augment.h"
@@ -468,6 +470,113 @@ fl_jitter_from_pydict(PyObject *v, fl_jitter *J)
     return 0;
 }
 
+/* torch's exp for GaussianBlur v1 (image/augment.h fl_vexp_fn): torch.exp
+ * on a float tensor is ATen's at::vml::vexp, which in torch's MKL builds is
+ * MKL's vmsExp(n, in, out, VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE).
+ * The one linked into the loaded libtorch_cpu.so is found by its soname
+ * (RTLD_NOLOAD: only when torch is already imported; never loaded here)
+ * and called as torch calls it.  n is passed as a 64-bit integer, which an
+ * LP64 MKL (an int n) and an ILP64 one both read right on x86-64. */
+typedef void (*fl_mkl_vms_fn)(long long n, const float *a, float *r, long long mode);
+typedef struct {
+    fl_mkl_vms_fn fn;   /* set once, under the GIL, before any spec that uses it exists */
+} fl_torch_mkl_t;
+static fl_torch_mkl_t fl_torch_mkl;
+
+/* fl_vexp_fn over fl_torch_mkl (ctx): no GIL, re-entrant (MKL's VML is). */
+static void
+fl_torch_mkl_vexp(void *ctx, const float *in, float *out, int n)
+{
+    const fl_mkl_vms_fn fn = ((const fl_torch_mkl_t *)ctx)->fn;
+    fn((long long)n, in, out, 0x2 /* VML_HA */ | 0x140000 /* VML_FTZDAZ_OFF */ | 0x100 /* VML_ERRMODE_IGNORE */);
+}
+
+/* Contract: py_transform.h. */
+int
+fl_py_blur_exp(const char *name, fl_gblur *g)
+{
+    if (strcmp(name, "sleef") == 0) {
+        g->vexp = NULL;
+        g->vexp_ctx = NULL;
+        return 0;
+    }
+    if (strcmp(name, "mkl") != 0) {
+        PyErr_Format(PyExc_ValueError, "transform spec: 'blur.exp' must be 'mkl' or 'sleef', not '%.100s'", name);
+        return -1;
+    }
+    if (fl_torch_mkl.fn == NULL) {
+        void *h = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+        void *sym = h != NULL ? dlsym(h, "vmsExp") : NULL;
+        if (sym == NULL) {
+            if (h != NULL)
+                dlclose(h);
+            PyErr_SetString(PyExc_ValueError, "transform spec: 'blur.exp' 'mkl' needs torch imported, with MKL's "
+                                              "vmsExp in its libtorch_cpu.so");
+            return -1;
+        }
+        /* the handle stays open: torch never unloads, and the function is used from now on */
+        memcpy(&fl_torch_mkl.fn, &sym, sizeof sym);
+    }
+    g->vexp = fl_torch_mkl_vexp;
+    g->vexp_ctx = &fl_torch_mkl;
+    return 0;
+}
+
+/* The "blur" dict (p, pos, sigma (lo, hi), kernel (kx, ky), v2, lanes, and
+ * for v1 exp "mkl" | "sleef") -> B.  Returns 0 or -1 with an exception;
+ * the ranges are fl_tspec_check's. */
+static int
+fl_blur_from_pydict(PyObject *v, fl_blur *B)
+{
+    memset(B, 0, sizeof *B);
+    if (!PyDict_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "transform spec: 'blur' must be a dict");
+        return -1;
+    }
+    PyObject *p = PyDict_GetItemString(v, "p"), *pos = PyDict_GetItemString(v, "pos");
+    PyObject *sigma = PyDict_GetItemString(v, "sigma"), *kernel = PyDict_GetItemString(v, "kernel");
+    PyObject *v2 = PyDict_GetItemString(v, "v2"), *lanes = PyDict_GetItemString(v, "lanes");
+    PyObject *exp = PyDict_GetItemString(v, "exp");
+    if (p == NULL || pos == NULL || sigma == NULL || kernel == NULL || v2 == NULL || lanes == NULL) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'blur' needs 'p', 'pos', 'sigma', 'kernel', 'v2' and "
+                                          "'lanes'");
+        return -1;
+    }
+    if (fl_get_double(p, "blur.p", &B->p) < 0 || fl_get_int(pos, "blur.pos", &B->pos) < 0
+        || fl_get_int(lanes, "blur.lanes", &B->k.lanes) < 0)
+        return -1;
+    if (!PyArg_ParseTuple(sigma, "dd", &B->lo, &B->hi)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'blur.sigma' must be a pair of floats");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(kernel, "ii", &B->k.kx, &B->k.ky)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'blur.kernel' must be a pair of ints (kx, ky)");
+        return -1;
+    }
+    int is_v2 = PyObject_IsTrue(v2);
+    if (is_v2 < 0)
+        return -1;
+    B->k.v2 = is_v2;
+    if (!is_v2) {   /* v1's exp is torch.exp's; v2's softmax has its own */
+        const char *name = exp != NULL && PyUnicode_Check(exp) ? PyUnicode_AsUTF8(exp) : NULL;
+        if (name == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "transform spec: 'blur' v1 needs 'exp', 'mkl' or 'sleef'");
+            return -1;
+        }
+        if (fl_py_blur_exp(name, &B->k) < 0)
+            return -1;
+    }
+    if (PyDict_Size(v) != 6 + (exp != NULL)) {
+        PyErr_SetString(PyExc_ValueError, "transform spec: 'blur' has keys other than p, pos, sigma, kernel, v2, "
+                                          "lanes and exp");
+        return -1;
+    }
+    return 0;
+}
+
 int
 fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
 {
@@ -523,6 +632,8 @@ fl_tspec_from_pydict(PyObject *module, PyObject *d, fl_tspec *out)
             rc = fl_erase_from_pydict(value, &t.erase);
         else if (strcmp(k, "jitter") == 0)
             rc = fl_jitter_from_pydict(value, &t.jitter);
+        else if (strcmp(k, "blur") == 0)
+            rc = fl_blur_from_pydict(value, &t.blur);
         else if (strcmp(k, "rot_fill") == 0) {
             rc = PyArg_ParseTuple(value, "iii", &t.rot_fill[0], &t.rot_fill[1], &t.rot_fill[2]) ? 0 : -1;
             if (rc < 0) {
@@ -691,13 +802,22 @@ fl_plan_to_dict(const fl_plan *p)
         Py_DECREF(mix);
         return NULL;
     }
-    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K,s:N,s:N}", "box", p->box_x,
+    PyObject *blur = p->blur > 0 ? PyFloat_FromDouble(p->blur) : Py_NewRef(Py_None);
+    if (blur == NULL) {
+        Py_DECREF(aug);
+        Py_DECREF(aug_interp);
+        Py_DECREF(erase);
+        Py_DECREF(mix);
+        Py_DECREF(affine);
+        return NULL;
+    }
+    return Py_BuildValue("{s:(iiii),s:(ii),s:(ii),s:O,s:O,s:O,s:(ii),s:i,s:N,s:N,s:N,s:K,s:N,s:N,s:N}", "box", p->box_x,
                          p->box_y,
                          p->box_w, p->box_h, "resized", p->rs_w, p->rs_h, "window", p->win_x, p->win_y, "flip",
                          p->flip ? Py_True : Py_False, "vflip", p->vflip ? Py_True : Py_False, "gray",
                          p->gray ? Py_True : Py_False, "out", p->out_w, p->out_h, "interp", p->interp, "aug", aug,
                          "aug_interp", aug_interp, "erase", erase, "erase_key", (unsigned long long)p->erase_key, "mix",
-                         mix, "affine", affine);
+                         mix, "affine", affine, "blur", blur);
 }
 
 /* Read n ints from d[key] into out.  Returns 0, 1 when missing and optional,
@@ -846,6 +966,9 @@ fl_plan_from_dict(PyObject *d, const fl_tspec *t, fl_plan *p)
         if (PyErr_Occurred())
             return -1;
     }
+    PyObject *blur = PyDict_GetItemString(d, "blur");   /* GaussianBlur's sigma, or None */
+    if (blur != NULL && blur != Py_None && fl_get_double(blur, "blur", &p->blur) < 0)
+        return -1;
     PyObject *affine = PyDict_GetItemString(d, "affine");
     if (affine != NULL && affine != Py_None
         && !PyArg_ParseTuple(affine, "dddddddd", &p->aff[0], &p->aff[1], &p->aff[2], &p->aff[3], &p->aff[4],
@@ -1049,7 +1172,8 @@ static PyMethodDef fl_transform_methods[] = {
      "One sample's crop box, resize, window and flip, drawn as the native loader draws them\n"
      "(torchvision's algorithms, keyed by (seed, epoch, index)):\n"
      "dict(box=(x, y, w, h), resized=(w, h), window=(x, y), flip=bool, vflip=bool, gray=bool, out=(w, h),\n"
-     "interp=0 (bilinear) | 1 (bicubic), aug=[(op, magnitude), ...], erase=None | [(x, y, w, h), ...], erase_key)."},
+     "interp=0 (bilinear) | 1 (bicubic), aug=[(op, magnitude), ...], erase=None | [(x, y, w, h), ...], erase_key,\n"
+     "mix, affine, blur=None | GaussianBlur's sigma)."},
     {"_render", (PyCFunction)(void (*)(void))fl_py_render, METH_VARARGS | METH_KEYWORDS,
      "_render(spec, image, plan=None, seed=0, epoch=0, index=0, *, view_scale=(1, 1),\n"
      "        view_origin=(0, 0), src_size=None) -> ndarray\n\n"

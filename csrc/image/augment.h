@@ -157,4 +157,76 @@ void fl_augmix_store(const float *acc, uint8_t *img, size_t n);
  * and other caller-owned, not aliasing.  No GIL; re-entrant. */
 void fl_aug_blend(uint8_t *img, const uint8_t *other, size_t n, float alpha);
 
+/* ------------------------------------------------------------------------ */
+/* torchvision's GaussianBlur on a PIL image (augment_tensor.c)             */
+/*
+ * v1 (torchvision.transforms.GaussianBlur) and v2 alike turn the PIL image
+ * into a uint8 tensor and run the tensor kernel: the 2-D kernel in float32,
+ * reflect padding of k // 2 each side, a depthwise conv2d, round half to
+ * even, .to(uint8).  The kernel weights are torch's float32 arithmetic on
+ * the CPU, which depends on torch's CPU capability (the vector width of
+ * its reductions) and, for v1, on the exp behind torch.exp: fl_gblur says
+ * which.  docs/recipes.md ("Per-op fidelity") says what was proven. */
+
+/* torch.exp on n contiguous float32 values as ATen computes it on a float
+ * tensor (at::vml::vexp: MKL's vmsExp in torch's x86-64 builds), in[i] ->
+ * out[i]; ctx is fl_gblur.vexp_ctx.  Supplied from above (the binding
+ * hands over torch's own); must run without the GIL and be re-entrant. */
+typedef void (*fl_vexp_fn)(void *ctx, const float *in, float *out, int n);
+
+/* The largest kernel side: up to it a blurred value provably stays below
+ * 255.5 (the weights' sum and the fused sum's rounding, 127^2 taps), so
+ * the rounding to uint8 never meets torch's out-of-range conversion. */
+#define FL_GBLUR_MAX_K 127
+
+typedef struct {
+    int kx, ky;          /* kernel width and height (torchvision's kernel_size[0], [1]): odd, 1..FL_GBLUR_MAX_K */
+    int v2;              /* 0: v1's kernel (_functional_tensor: exp of -0.5 (x / sigma)^2 over linspace(-(k-1)/2,
+                            (k-1)/2), divided by its sum, the 2-D kernel torch.mm's outer product); 1: v2's
+                            (softmax of -(x / sigma)^2 over linspace(+-(k-1) / (2 sqrt 2)), outer product) */
+    int lanes;           /* torch's float vector width on this CPU, which orders its sums: 8 (AVX2) or 16 (AVX512) */
+    fl_vexp_fn vexp;     /* v1: torch.exp; NULL: SLEEF's expf_u10 (ATen's Vectorized<float>::exp, what torch.exp
+                            is in a build without MKL).  v2 never uses it: its softmax calls Vectorized::exp */
+    void *vexp_ctx;
+} fl_gblur;
+
+/* The 1-D kernel of side k (odd, 1..FL_GBLUR_MAX_K) for sigma (a float32
+ * value, as GaussianBlur draws it; within [1e-6, 1e6]) into out[0..k), bit
+ * for bit what torchvision's _get_gaussian_kernel1d(k, sigma, float32, cpu)
+ * gives under torch 2.14 on a CPU of g->lanes lanes (g->kx, g->ky unused).
+ * Pure but for g->vexp.  No GIL; re-entrant.  Returns 0, or -1 with err
+ * filled (FL_ERR_INVALID: k, sigma, lanes out of range, out NULL). */
+int fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err);
+
+/* Bytes of scratch fl_gblur_apply needs for a w x h image of `channels`
+ * channels and a kx x ky kernel: the image copy, the 2-D kernel and ky
+ * padded float rows.  0 when an argument is out of range (fl_gblur_apply's
+ * checks) or the size overflows.  Pure; any thread. */
+size_t fl_gblur_tmp_bytes(int w, int h, int channels, int kx, int ky);
+
+/* Whether torch 2.14 sums this blur's conv2d with its GEMM path (im2col
+ * and MKL's sgemm, ConvParams::use_mkldnn false) rather than oneDNN's
+ * kernel, whose order fl_gblur_apply follows: one channel (groups 1), a
+ * kernel side of 3 or less (not 1 x 1, a single tap: any order gives the
+ * product), and at most 20480 pixels in the padded image.  Those blurs are
+ * not reproduced (about 1 in 100 of them differs in a pixel): callers keep
+ * them in Python.  Pure. */
+int fl_gblur_torch_gemm(int w, int h, int channels, int kx, int ky);
+
+/* GaussianBlur with g's kernel for sigma on img in place: the bytes
+ * torchvision's F.gaussian_blur(pil, [kx, ky], [sigma, sigma]) (v1) or
+ * v2.functional.gaussian_blur gives for an "L" (channels 1) or "RGB"
+ * (channels 3) image, except where fl_gblur_torch_gemm says torch sums
+ * otherwise: the conv2d as torch's oneDNN kernel sums it (each output a
+ * chain of fused multiply-adds from 0 over the taps, kernel rows outer,
+ * columns inner, of the reflect-padded image), rounded half to even.  Needs kx / 2 < w and ky / 2 < h (torch's reflect padding refuses
+ * the rest).  img: h packed rows of w * channels bytes, caller-owned, not
+ * aliasing tmp; tmp: caller-owned, 8-byte aligned, fl_gblur_tmp_bytes(w,
+ * h, channels, kx, ky) bytes, contents unspecified on return.  Nothing is
+ * allocated.  No GIL; re-entrant on distinct buffers.  Returns 0, or -1
+ * with err filled (FL_ERR_INVALID: a size, channel count, kernel or sigma
+ * out of range, img or tmp NULL); on error img is unchanged. */
+int fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int channels, uint8_t *tmp,
+                   fl_err *err);
+
 #endif

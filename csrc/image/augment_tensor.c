@@ -553,3 +553,469 @@ fl_augmix_store(const float *acc, uint8_t *img, size_t n)
     for (size_t i = 0; i < n; i++)
         img[i] = fl_t_clamp_u8(acc[i]);
 }
+
+/* ------------------------------------------------------------------------ */
+/* GaussianBlur (augment.h fl_gblur_*): torchvision's tensor kernel         */
+/*
+ * The weights follow torch 2.14's CPU kernels operation by operation (each
+ * step one rounding, as the tensor ops round):
+ *   torch.linspace   ATen's linspace kernel in its vectorised builds: step
+ *                    = (end - start) / (steps - 1), then start + step * i for
+ *                    the first half and end - step * (steps - 1 - i) for the
+ *                    rest, each contracted to one fused multiply-add (the
+ *                    AVX2 / AVX512 kernels are built with FMA); steps 1: start
+ *   x / sigma, .pow(2), -0.5 * t, .neg()
+ *                    one rounded division, product (pow 2 is x * x), product
+ *   torch.exp (v1)   at::vml::vexp: MKL's vmsExp (HA) in torch's MKL builds,
+ *                    handed over as fl_gblur.vexp; else SLEEF's expf_u10
+ *   pdf.sum() (v1)   cascade_sum (SumKernel.cpp) on lanes-wide vectors:
+ *                    fl_gb_cascade_sum
+ *   pdf / sum (v1)   one rounded division per weight
+ *   softmax (v2)     _vec_softmax_lastdim: the max, exp(x - max) by
+ *                    Vectorized<float>::exp (SLEEF's expf_u10), the sum by
+ *                    vec::reduce_all (fl_gb_reduce_add), 1 / sum, then one
+ *                    rounded product per weight
+ *   the 2-D kernel   k_y[a] * k_x[b], one rounded product (v1's torch.mm of
+ *                    a column and a row, v2's broadcast product)
+ * and the conv2d sums each output as one chain of fused multiply-adds from 0
+ * over the taps, kernel rows outer, columns inner (oneDNN's depthwise
+ * kernel, and its 1-channel conv; not torch's GEMM path, which it takes for
+ * some small 1-channel blurs: fl_gblur_torch_gemm).  Found and checked against
+ * torch 2.14.1 (tests/test_gaussian_blur.py; docs/recipes.md has the
+ * counts of the exhaustive runs).
+ */
+
+/* 2^q as a float, for q in -126..127. */
+static inline float
+fl_gb_pow2i(int q)
+{
+    const uint32_t u = (uint32_t)(q + 0x7f) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* SLEEF's expf_u10 (xexpf: ATen's Vectorized<float>::exp in its AVX2 and
+ * AVX512 builds, Sleef_expf8_u10 / Sleef_expf16_u10), transcribed from its
+ * algorithm and constants: q = rint(d / ln 2), the reduced argument in two
+ * fused steps (ln 2 split in two), a degree-6 polynomial in fused
+ * multiply-adds, and the scaling by 2^q in two halves.  Equal to libtorch
+ * 2.14.1's Sleef_expf8_u10avx2 on every float in [-110, 90] (checked once,
+ * all 2.24e9 of them).  0 below -104 and NaN (SLEEF gives NaN for NaN; no
+ * caller here passes one), infinity above 100. */
+static inline float
+fl_gb_sleef_expf(float d)
+{
+    if (!(d >= -104.0f))
+        return 0.0f;
+    if (d > 100.0f)
+        return INFINITY;
+    const int q = (int)nearbyintf(d * 1.442695040888963407359924681001892137426645954152985934135449406931f);
+    float s = fmaf((float)q, -0.693145751953125f, d);
+    s = fmaf((float)q, -1.428606765330187045e-06f, s);
+    float u = 0.000198527617612853646278381f;
+    u = fmaf(u, s, 0.00139304355252534151077271f);
+    u = fmaf(u, s, 0.00833336077630519866943359f);
+    u = fmaf(u, s, 0.0416664853692054748535156f);
+    u = fmaf(u, s, 0.166666671633720397949219f);
+    u = fmaf(u, s, 0.5f);
+    u = 1.0f + fmaf(s * s, u, s);
+    const int q1 = (q - (q & 1)) / 2;   /* q >> 1 rounded toward minus infinity, as SLEEF's arithmetic shift */
+    return u * fl_gb_pow2i(q1) * fl_gb_pow2i(q - q1);
+}
+
+/* torch.linspace(start, end, k) in float32 (the comment above). */
+static void
+fl_gb_linspace(double start_d, double end_d, int k, float *x)
+{
+    const float start = (float)start_d, end = (float)end_d;
+    if (k == 1) {
+        x[0] = start;
+        return;
+    }
+    const float step = (end - start) / (float)(k - 1);
+    const int half = k / 2;
+    for (int i = 0; i < k; i++)
+        x[i] = i < half ? fmaf(step, (float)i, start) : fmaf(-step, (float)(k - 1 - i), end);
+}
+
+/* pdf.sum(): ATen's cascade_sum of n contiguous floats on lanes-wide
+ * vectors.  Fewer than `lanes` elements: row_sum of scalars (four partial
+ * sums over rows of four, the leftovers into the first, then the first plus
+ * the others in order).  Otherwise vectorized_inner_sum: the n / lanes
+ * vectors summed the same way lane by lane (row_sum over vectors), the
+ * scalar leftovers summed from 0, then the lanes added to that in order.
+ * multi_row_sum's level cascade starts only after 16 rows of four vectors
+ * (n >= 64 lanes), past FL_GBLUR_MAX_K, so its plain running sums are all
+ * there is.  Pure. */
+static float
+fl_gb_cascade_sum(const float *x, int n, int lanes)
+{
+    if (n < lanes) {
+        const int rows = n / 4;
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < 4; k++)
+                p[k] += x[4 * i + k];
+        for (int i = 4 * rows; i < n; i++)
+            p[0] += x[i];
+        return ((p[0] + p[1]) + p[2]) + p[3];
+    }
+    const int nvec = n / lanes, rows = nvec / 4;
+    float p[4][16];
+    memset(p, 0, sizeof p);
+    for (int i = 0; i < rows; i++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < lanes; l++)
+                p[k][l] += x[(4 * i + k) * lanes + l];
+    for (int i = 4 * rows; i < nvec; i++)
+        for (int l = 0; l < lanes; l++)
+            p[0][l] += x[i * lanes + l];
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < lanes; l++)
+            p[0][l] += p[k][l];
+    float f = 0.0f;
+    for (int i = nvec * lanes; i < n; i++)
+        f += x[i];
+    for (int l = 0; l < lanes; l++)
+        f += p[0][l];
+    return f;
+}
+
+/* The softmax's sum: vec::reduce_all with + on lanes-wide vectors.  Fewer
+ * than `lanes` elements: lane 0 takes each in order.  Otherwise the first
+ * vector, plus each further whole vector, plus the leftovers in the first
+ * lanes, then the halving tree of VecReduceAllSIMD (lane i += lane i + half,
+ * half = lanes / 2 .. 1).  Pure. */
+static float
+fl_gb_reduce_add(const float *e, int n, int lanes)
+{
+    if (n < lanes) {
+        float a = e[0];
+        for (int i = 1; i < n; i++)
+            a = a + e[i];
+        return a;
+    }
+    float v[16];
+    memcpy(v, e, (size_t)lanes * sizeof(float));
+    int d = lanes;
+    for (; d < n - n % lanes; d += lanes)
+        for (int l = 0; l < lanes; l++)
+            v[l] = v[l] + e[d + l];
+    for (int l = 0; l < n - d; l++)
+        v[l] = v[l] + e[d + l];
+    for (int half = lanes / 2; half >= 1; half /= 2)
+        for (int l = 0; l < half; l++)
+            v[l] = v[l] + v[l + half];
+    return v[0];
+}
+
+/* The checks fl_gblur_kernel1d shares with the op.  Returns 0, or -1 with
+ * err filled. */
+static int
+fl_gb_check(const fl_gblur *g, int k, float sigma, fl_err *err)
+{
+    if (g == NULL || (g->lanes != 8 && g->lanes != 16)) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: lanes %d (torch's vector width: 8 or 16)",
+                   g ? g->lanes : 0);
+        return -1;
+    }
+    if (k < 1 || k > FL_GBLUR_MAX_K || k % 2 == 0) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: kernel side %d is not odd in 1..%d", k, FL_GBLUR_MAX_K);
+        return -1;
+    }
+    if (!(sigma >= 1e-6f && sigma <= 1e6f)) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: sigma %g is not in [1e-6, 1e6]", (double)sigma);
+        return -1;
+    }
+    return 0;
+}
+
+/* Contract: augment.h. */
+FL_HOT_FMA int
+fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err)
+{
+    if (fl_gb_check(g, k, sigma, err) < 0)
+        return -1;
+    if (out == NULL) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: no output");
+        return -1;
+    }
+    /* 64-byte aligned, as torch's tensors: an exp that peels to alignment sees what torch's sees */
+    _Alignas(64) float x[FL_GBLUR_MAX_K + 1];
+    _Alignas(64) float e[FL_GBLUR_MAX_K + 1];
+    if (!g->v2) {
+        fl_gb_linspace(-(k - 1) * 0.5, (k - 1) * 0.5, k, x);
+        for (int i = 0; i < k; i++) {
+            const float t = x[i] / sigma;
+            x[i] = -0.5f * (t * t);
+        }
+        if (g->vexp != NULL) {
+            g->vexp(g->vexp_ctx, x, e, k);
+        } else {
+            for (int i = 0; i < k; i++)
+                e[i] = fl_gb_sleef_expf(x[i]);
+        }
+        const float sum = fl_gb_cascade_sum(e, k, g->lanes);
+        for (int i = 0; i < k; i++)
+            out[i] = e[i] / sum;
+        return 0;
+    }
+    const double lim = (k - 1) / (2.0 * sqrt(2.0));
+    fl_gb_linspace(-lim, lim, k, x);
+    for (int i = 0; i < k; i++) {
+        const float t = x[i] / sigma;
+        x[i] = -(t * t);
+    }
+    float m = x[0];
+    for (int i = 1; i < k; i++)
+        m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < k; i++)
+        e[i] = fl_gb_sleef_expf(x[i] - m);
+    const float r = 1.0f / fl_gb_reduce_add(e, k, g->lanes);
+    for (int i = 0; i < k; i++)
+        out[i] = e[i] * r;
+    return 0;
+}
+
+/* Floats in one padded row of the ring: the reflect-padded row (w + 2 (kx /
+ * 2)) and room for the last block of 32 outputs to read past it (zeros). */
+static size_t
+fl_gb_rowlen(int w, int kx)
+{
+    return ((((size_t)w + 31) & ~(size_t)31) + (size_t)kx + 7) & ~(size_t)7;
+}
+
+/* Offsets in the op's scratch: the image copy at 0, then (64-byte steps)
+ * the 2-D kernel and the ring of ky + 1 padded rows (two output rows'
+ * worth).  Returns the total, or 0
+ * on overflow. */
+static size_t
+fl_gb_layout(int w, int h, int channels, int kx, int ky, size_t *kern_off, size_t *ring_off)
+{
+    const size_t uw = (size_t)w, uh = (size_t)h, uc = (size_t)channels;
+    if (uw > SIZE_MAX / uh || uw * uh > SIZE_MAX / uc)
+        return 0;
+    const size_t img = uw * uh * uc;
+    if (img > SIZE_MAX - 64)
+        return 0;
+    const size_t koff = (img + 63) & ~(size_t)63;
+    const size_t kbytes = (size_t)kx * (size_t)ky * sizeof(float);
+    if (koff > SIZE_MAX - kbytes - 64)
+        return 0;
+    const size_t roff = (koff + kbytes + 63) & ~(size_t)63;
+    const size_t rl = fl_gb_rowlen(w, kx), nrows = (size_t)ky + 1;
+    if (rl > (SIZE_MAX - roff) / sizeof(float) / nrows)
+        return 0;
+    *kern_off = koff;
+    *ring_off = roff;
+    return roff + rl * nrows * sizeof(float);
+}
+
+/* Whether w x h x channels and kx x ky are sizes the op takes. */
+static int
+fl_gb_sizes_ok(int w, int h, int channels, int kx, int ky)
+{
+    return w >= 1 && h >= 1 && w <= FL_MAX_DIM && h <= FL_MAX_DIM && (channels == 1 || channels == 3) && kx >= 1
+           && ky >= 1 && kx <= FL_GBLUR_MAX_K && ky <= FL_GBLUR_MAX_K && kx % 2 == 1 && ky % 2 == 1 && kx / 2 < w
+           && ky / 2 < h;
+}
+
+/* Contract: augment.h.  ConvParams::use_mkldnn for a float CPU input of
+ * one image: groups > 1, or both kernel sides over 3, or more than 20480
+ * input elements (the padded image), when the kernel is not 1 x 1 (a 1 x 1
+ * kernel single-threaded also goes to the GEMM path, but a single tap's
+ * product is the same either way). */
+int
+fl_gblur_torch_gemm(int w, int h, int channels, int kx, int ky)
+{
+    if (channels != 1 || (kx == 1 && ky == 1) || (kx > 3 && ky > 3))
+        return 0;
+    const double padded = ((double)w + 2.0 * (kx / 2)) * ((double)h + 2.0 * (ky / 2));
+    return padded <= 20480.0;
+}
+
+/* Contract: augment.h. */
+size_t
+fl_gblur_tmp_bytes(int w, int h, int channels, int kx, int ky)
+{
+    size_t koff, roff;
+    if (!fl_gb_sizes_ok(w, h, channels, kx, ky))
+        return 0;
+    return fl_gb_layout(w, h, channels, kx, ky, &koff, &roff);
+}
+
+/* torch's reflect padding: the source index of padded index i (i - pad in
+ * -n < i < 2n - 1). */
+static inline int
+fl_gb_reflect(int i, int n)
+{
+    return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i;
+}
+
+/* Padded row j of channel c of src (w x h x C) as floats into fr: source
+ * row reflect(j - py), columns reflected px each side, then zeros to rowlen. */
+static void
+fl_gb_fill_row(const uint8_t *src, int w, int h, int C, int c, int px, int py, int j, float *fr, size_t rowlen)
+{
+    const size_t cs = (size_t)C;
+    const uint8_t *s = src + (size_t)fl_gb_reflect(j - py, h) * (size_t)w * cs + (size_t)c;
+    for (int i = 0; i < px; i++)
+        fr[i] = (float)s[(size_t)(px - i) * cs];
+    for (int x = 0; x < w; x++)
+        fr[px + x] = (float)s[(size_t)x * cs];
+    for (int x = 0; x < px; x++)
+        fr[px + w + x] = (float)s[(size_t)(w - 2 - x) * cs];
+    for (size_t i = (size_t)w + 2 * (size_t)px; i < rowlen; i++)
+        fr[i] = 0.0f;
+}
+
+/* Output row of one channel: out[x * C] for x < w from the ky padded rows
+ * rows[0..ky), each output the fused chain over K (ky x kx, rows outer),
+ * rounded half to even.  Blocks of 8 outputs (the last may read past w into
+ * the rows' zeros; only w are stored). */
+FL_HOT_FMA static void
+fl_gb_row(const float *const *rows, const float *K, int kx, int ky, int w, uint8_t *out, int C)
+{
+    for (int x0 = 0; x0 < w; x0 += 8) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int a = 0; a < ky; a++) {
+            const float *r = rows[a] + x0, *ka = K + (size_t)a * (size_t)kx;
+            for (int b = 0; b < kx; b++) {
+                const float wv = ka[b];
+                for (int l = 0; l < 8; l++)
+                    acc[l] = fmaf(r[b + l], wv, acc[l]);
+            }
+        }
+        const int n = w - x0 < 8 ? w - x0 : 8;
+        for (int l = 0; l < n; l++)
+            out[(size_t)(x0 + l) * (size_t)C] = fl_t_clamp_u8(nearbyintf(acc[l]));
+    }
+}
+
+#ifdef FL_T_HAVE_AVX2
+/* fl_gb_row for two output rows at once (out0: row y, out1: row y + 1),
+ * from the ky + 1 padded rows rows[0..ky] (row y's taps are rows[0..ky),
+ * row y + 1's rows[1..ky]): each vector loaded from padded row r feeds both
+ * outputs, row y with kernel row r and row y + 1 with kernel row r - 1, so
+ * every output still takes its taps in torchvision's order (kernel rows
+ * outer, columns inner) as one fused chain from 0 (_mm256_fmadd_ps is fmaf
+ * lane by lane), and a load serves two FMAs.  N (8 or 32) outputs a row at
+ * a time from column x0: 2 N / 8 accumulators; rounded half to even
+ * (cvtps_epi32 under the default rounding mode, as nearbyintf), clamped as
+ * fl_t_clamp_u8; only outputs below w are stored.  Reads up to N - 1
+ * floats past x0 + kx - 1 in each row (fl_gb_rowlen's room). */
+#define FL_GB_BLOCK2(N)                                                                                           \
+    do {                                                                                                          \
+        __m256 a0[(N) / 8], a1[(N) / 8];                                                                          \
+        for (int j = 0; j < (N) / 8; j++)                                                                         \
+            a0[j] = a1[j] = _mm256_setzero_ps();                                                                  \
+        for (int b = 0; b < kx; b++) {   /* padded row 0: row y's kernel row 0 alone */                           \
+            const __m256 w0 = _mm256_broadcast_ss(K + b);                                                         \
+            for (int j = 0; j < (N) / 8; j++)                                                                     \
+                a0[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[0] + x0 + b + 8 * j), w0, a0[j]);                    \
+        }                                                                                                         \
+        for (int r = 1; r < ky; r++) {                                                                            \
+            const float *q = rows[r] + x0, *k0 = K + (size_t)r * (size_t)kx, *k1 = k0 - kx;                       \
+            for (int b = 0; b < kx; b++) {                                                                        \
+                const __m256 w0 = _mm256_broadcast_ss(k0 + b), w1 = _mm256_broadcast_ss(k1 + b);                  \
+                for (int j = 0; j < (N) / 8; j++) {                                                               \
+                    const __m256 x = _mm256_loadu_ps(q + b + 8 * j);                                              \
+                    a0[j] = _mm256_fmadd_ps(x, w0, a0[j]);                                                        \
+                    a1[j] = _mm256_fmadd_ps(x, w1, a1[j]);                                                        \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+        {   /* padded row ky: row y + 1's last kernel row alone */                                                \
+            const float *k1 = K + (size_t)(ky - 1) * (size_t)kx;                                                  \
+            for (int b = 0; b < kx; b++) {                                                                        \
+                const __m256 w1 = _mm256_broadcast_ss(k1 + b);                                                    \
+                for (int j = 0; j < (N) / 8; j++)                                                                 \
+                    a1[j] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[ky] + x0 + b + 8 * j), w1, a1[j]);               \
+            }                                                                                                     \
+        }                                                                                                         \
+        int32_t v0[N], v1[N];                                                                                     \
+        for (int j = 0; j < (N) / 8; j++) {                                                                       \
+            _mm256_storeu_si256((__m256i *)(void *)(v0 + 8 * j), _mm256_cvtps_epi32(a0[j]));                      \
+            _mm256_storeu_si256((__m256i *)(void *)(v1 + 8 * j), _mm256_cvtps_epi32(a1[j]));                      \
+        }                                                                                                         \
+        const int n = w - x0 < (N) ? w - x0 : (N);                                                                \
+        for (int l = 0; l < n; l++) {                                                                             \
+            out0[(size_t)(x0 + l) * (size_t)C] = (uint8_t)(v0[l] < 0 ? 0 : v0[l] > 255 ? 255 : v0[l]);            \
+            out1[(size_t)(x0 + l) * (size_t)C] = (uint8_t)(v1[l] < 0 ? 0 : v1[l] > 255 ? 255 : v1[l]);            \
+        }                                                                                                         \
+    } while (0)
+
+__attribute__((target("avx2,fma"))) static void
+fl_gb_row2_avx2(const float *const *rows, const float *K, int kx, int ky, int w, uint8_t *out0, uint8_t *out1,
+                int C)
+{
+    int x0 = 0;
+    for (; w - x0 >= 24; x0 += 32)   /* 32 a row at a time while at least 24 of them are stored */
+        FL_GB_BLOCK2(32);
+    for (; x0 < w; x0 += 8)
+        FL_GB_BLOCK2(8);
+}
+#undef FL_GB_BLOCK2
+#endif
+
+/* Contract: augment.h. */
+int
+fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int channels, uint8_t *tmp, fl_err *err)
+{
+    if (fl_gb_check(g, g ? g->kx : 0, sigma, err) < 0 || fl_gb_check(g, g->ky, sigma, err) < 0)
+        return -1;
+    if (img == NULL || tmp == NULL || !fl_gb_sizes_ok(w, h, channels, g->kx, g->ky)) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: a %d x %d kernel on a %d x %d image of %d channels "
+                   "(the padding k / 2 must be below the side; channels 1 or 3)%s", g->kx, g->ky, w, h, channels,
+                   img == NULL || tmp == NULL ? ", or no image / scratch" : "");
+        return -1;
+    }
+    size_t koff, roff;
+    if (fl_gb_layout(w, h, channels, g->kx, g->ky, &koff, &roff) == 0) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "gaussian blur: a %d x %d image's scratch overflows", w, h);
+        return -1;
+    }
+    const int kx = g->kx, ky = g->ky, px = kx / 2, py = ky / 2, C = channels;
+    float k1x[FL_GBLUR_MAX_K], k1y[FL_GBLUR_MAX_K];
+    if (fl_gblur_kernel1d(g, kx, sigma, k1x, err) < 0)
+        return -1;
+    if (ky == kx)
+        memcpy(k1y, k1x, (size_t)kx * sizeof(float));
+    else if (fl_gblur_kernel1d(g, ky, sigma, k1y, err) < 0)
+        return -1;
+    float *K = (float *)(void *)(tmp + koff), *ring = (float *)(void *)(tmp + roff);
+    for (int a = 0; a < ky; a++)
+        for (int b = 0; b < kx; b++)
+            K[(size_t)a * (size_t)kx + (size_t)b] = k1y[a] * k1x[b];
+    const size_t n = (size_t)w * (size_t)h * (size_t)C, rowlen = fl_gb_rowlen(w, kx);
+    memcpy(tmp, img, n);
+#ifdef FL_T_HAVE_AVX2
+    const int simd = fl_use_avx2() && __builtin_cpu_supports("fma");
+#else
+    const int simd = 0;
+#endif
+    const float *rows[FL_GBLUR_MAX_K + 1];
+    const int slots = ky + 1;
+    for (int c = 0; c < C; c++) {
+        int filled = 0;   /* padded rows 0..filled-1 have been converted; row j sits in ring slot j % slots */
+        for (int y = 0; y < h;) {
+            const int two = simd && y + 1 < h;   /* the AVX2 kernel takes two output rows a pass */
+            for (; filled < y + ky + two; filled++)
+                fl_gb_fill_row(tmp, w, h, C, c, px, py, filled, ring + (size_t)(filled % slots) * rowlen, rowlen);
+            for (int a = 0; a < ky + two; a++)
+                rows[a] = ring + (size_t)((y + a) % slots) * rowlen;
+            uint8_t *out = img + (size_t)y * (size_t)w * (size_t)C + (size_t)c;
+#ifdef FL_T_HAVE_AVX2
+            if (two) {
+                fl_gb_row2_avx2(rows, K, kx, ky, w, out, out + (size_t)w * (size_t)C, C);
+                y += 2;
+                continue;
+            }
+#endif
+            fl_gb_row(rows, K, kx, ky, w, out, C);
+            y++;
+        }
+    }
+    return 0;
+}

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "image/augment.h"   /* fl_gblur, in fl_blur */
 
 enum { FL_DT_U8 = 0, FL_DT_F16 = 1, FL_DT_BF16 = 2, FL_DT_F32 = 3 };
 /* fl_tspec.rotate: the random geometric step after the flips */
@@ -209,6 +210,24 @@ typedef struct {
     int pos;                  /* FL_JITTER_AFTER_FLIPS, _BEFORE_POLICY or _AFTER_POLICY */
 } fl_jitter;
 
+/* GaussianBlur (torchvision v1 and v2 on the PIL image, as SimCLR, BYOL and
+ * timm's gaussian_blur_prob use it), maybe inside RandomApply(p).  Per
+ * sample: with probability p (no draw when p is 1), sigma uniform in [lo,
+ * hi] rounded to float32 (torch's uniform_ on a float tensor, then
+ * .item()), applied by augment.h fl_gblur_apply with k's kernel.  `pos` is
+ * where it stands among the last uint8 steps. */
+enum {
+    FL_BLUR_BEFORE_GRAY = 0,  /* after the policy and a ColorJitter after it, before RandomGrayscale */
+    FL_BLUR_AFTER_GRAY = 1    /* after RandomGrayscale (SimCLR's, BYOL's and timm's order) */
+};
+typedef struct {
+    double p;                 /* RandomApply's probability; 0 = no GaussianBlur */
+    double lo, hi;            /* sigma's range, within [1e-6, 1e6] (fl_gblur_kernel1d's) */
+    int pos;                  /* FL_BLUR_* */
+    fl_gblur k;               /* the kernel: sides (odd, each at most the output's side * 2 - 1: torch's
+                                 reflect padding), version, torch's vector width and exp */
+} fl_blur;
+
 typedef struct {
     int geom;                 /* FL_GEOM_* */
     int out_h, out_w;         /* final sample size (RRC size; or crop size; or resize size if no crop).
@@ -249,6 +268,7 @@ typedef struct {
     int layout;               /* FL_LAYOUT_* */
     fl_policy policy;         /* policy.rounds 0 = none; needs a fixed output size */
     fl_jitter jitter;         /* jitter.p 0 = none; needs a fixed output size */
+    fl_blur blur;             /* blur.p 0 = none; needs a fixed output size */
     fl_erase erase;           /* erase.p 0 = none; float dtypes, or uint8 with whole values in 0..255 */
 } fl_tspec;
 
@@ -264,6 +284,8 @@ typedef struct {              /* one sample's decisions, all in full-resolution 
                                          policy ops) */
     int gray;                         /* RandomGrayscale's draw: the finished uint8 window (after the policy
                                          ops, before the dtype conversion) made gray, luma in every channel */
+    double blur;                      /* GaussianBlur's sigma (a float32 value) on the finished uint8 window,
+                                         before or after the gray (the spec's blur.pos); 0: not blurred */
     int out_w, out_h;                 /* this sample's natural output size (crop, RRC or resized size) */
     double aff[8];                    /* RandomAffine's draw (the FL_AUG_TV_AFFINE* op of aug): angle, tx, ty,
                                          scale, shx, shy, and the centre cx, cy (fl_aug_affine's prm) */
@@ -300,7 +322,8 @@ int fl_tspec_check(const fl_tspec *t, fl_err *err);
  * with probability 1/2 each, as timm's random.choice; otherwise plan->interp
  * is the spec's), then the flips, then in the Compose's order a ColorJitter
  * (fl_jitter, at its pos), RandomRotation's angle and the policy's ops
- * (fl_policy), then RandomGrayscale, then RandomErasing's box on the
+ * (fl_policy), then RandomGrayscale and GaussianBlur (fl_blur, in its pos's
+ * order), then RandomErasing's box on the
  * sample's output size; each only when the spec has it.  No GIL.  Returns 0, or -1 with err filled (FL_ERR_INVALID) for invalid input
  * (zero-size or oversized source, a spec that fails fl_tspec_check, or a
  * natural output size that differs from a nonzero t->out_w x t->out_h). */
@@ -340,10 +363,11 @@ void fl_scratch_free(fl_scratch *s);
  * before resizing for 1 channel), dtype conversion via a per-channel
  * 256-entry table (float32 exactly as torch computes ToTensor/ToDtype then
  * Normalize; float16/bfloat16 rounded to nearest even from that float32),
- * layout.  When the plan has policy ops (naug > 0), the geometry is first
- * rendered to a uint8 HWC image in scratch->aux, the ops (augment.h) run on
- * it in order, and its rows then go through the same conversion; a plan
- * without ops takes the fused single pass.  Last, a plan's erase box is
+ * layout.  When the plan has policy ops (naug > 0) or a blur, the geometry
+ * is first rendered to a uint8 HWC image in scratch->aux, the ops
+ * (augment.h) run on it in order, then RandomGrayscale and GaussianBlur (in
+ * the spec's blur.pos order), and its rows then go through the same
+ * conversion; a plan without them takes the fused single pass.  Last, a plan's erase box is
  * written with the spec's erase value (or N(0, 1) noise keyed by
  * erase_key).  At full scale (scale 1, origin 0) the uint8 result equals
  * PIL's img.crop(box).resize((rs_w, rs_h), BILINEAR or BICUBIC) cut to the

@@ -261,6 +261,41 @@ fl_jitter_check(const fl_tspec *t, fl_err *err)
 #undef FAIL
 }
 
+/* The GaussianBlur half of fl_tspec_check: what fl_gblur_apply will take
+ * on the fixed output size, so that a checked spec never fails to render.
+ * Returns 0, or -1 with err filled (FL_ERR_INVALID, naming the field). */
+static int
+fl_blur_check(const fl_tspec *t, fl_err *err)
+{
+#define FAIL(...) do { fl_err_set(err, FL_ERR_INVALID, 0, __VA_ARGS__); return -1; } while (0)
+    const fl_blur *B = &t->blur;
+    if (B->p == 0.0)
+        return 0;
+    if (!fl_finite(B->p) || B->p < 0 || B->p > 1)
+        FAIL("blur.p: %g is not a probability", B->p);
+    if (t->out_w <= 0 || t->out_h <= 0)
+        FAIL("blur: needs a fixed output size (out_h/out_w)");
+    if (B->pos != FL_BLUR_BEFORE_GRAY && B->pos != FL_BLUR_AFTER_GRAY)
+        FAIL("blur.pos: unknown position %d (0 before RandomGrayscale, 1 after it)", B->pos);
+    if (!fl_finite(B->lo) || !fl_finite(B->hi) || !(B->lo >= 1e-6) || !(B->hi <= 1e6) || B->lo > B->hi)
+        FAIL("blur.sigma: [%g, %g] is not a range within [1e-6, 1e6]", B->lo, B->hi);
+    if (B->k.v2 != 0 && B->k.v2 != 1)
+        FAIL("blur.v2: %d is not 0 or 1", B->k.v2);
+    if (B->k.lanes != 8 && B->k.lanes != 16)
+        FAIL("blur.lanes: %d is not 8 or 16", B->k.lanes);
+    if (B->k.kx < 1 || B->k.ky < 1 || B->k.kx > FL_GBLUR_MAX_K || B->k.ky > FL_GBLUR_MAX_K || B->k.kx % 2 == 0
+        || B->k.ky % 2 == 0)
+        FAIL("blur.kernel: %d x %d is not odd sides in 1..%d", B->k.kx, B->k.ky, FL_GBLUR_MAX_K);
+    if (B->k.kx / 2 >= t->out_w || B->k.ky / 2 >= t->out_h)   /* torch's reflect padding refuses it */
+        FAIL("blur.kernel: %d x %d pads %d x %d, not below the %d x %d output", B->k.kx, B->k.ky, B->k.kx / 2,
+             B->k.ky / 2, t->out_w, t->out_h);
+    if (fl_gblur_torch_gemm(t->out_w, t->out_h, t->out_channels, B->k.kx, B->k.ky))
+        FAIL("blur.kernel: %d x %d on a one-channel %d x %d output is summed by torch's GEMM convolution, whose "
+             "order is not reproduced", B->k.kx, B->k.ky, t->out_w, t->out_h);
+    return 0;
+#undef FAIL
+}
+
 /* Contract: imgops.h. */
 int
 fl_tspec_check(const fl_tspec *t, fl_err *err)
@@ -364,7 +399,8 @@ fl_tspec_check(const fl_tspec *t, fl_err *err)
                 FAIL("rot_fill: differs from policy.fill (the augmented render has one fill)");
         }
     }
-    if (fl_policy_check(t, err) < 0 || fl_jitter_check(t, err) < 0 || fl_erase_check(t, err) < 0)
+    if (fl_policy_check(t, err) < 0 || fl_jitter_check(t, err) < 0 || fl_erase_check(t, err) < 0
+        || fl_blur_check(t, err) < 0)
         return -1;
     if (t->normalize) {
         if (t->dtype == FL_DT_U8)
@@ -558,6 +594,18 @@ fl_jitter_draw(const fl_jitter *J, fl_rng *rng, int *op, double *mag)
         n++;
     }
     return n;
+}
+
+/* One sample's GaussianBlur (imgops.h fl_blur): RandomApply's draw (only
+ * when p < 1), then sigma uniform in [lo, hi] rounded to float32, as
+ * torch.empty(1).uniform_(lo, hi).item() gives it.  Returns sigma, or 0
+ * when the sample is not blurred.  B checked (p > 0). */
+static double
+fl_blur_draw(const fl_blur *B, fl_rng *rng)
+{
+    if (B->p < 1.0 && !(fl_rng_uniform(rng, 0.0, 1.0) < B->p))
+        return 0.0;
+    return (double)(float)fl_rng_uniform(rng, B->lo, B->hi);
 }
 
 /* timm's _randomly_negate: -v with probability 1/2. */
@@ -943,9 +991,13 @@ fl_plan_sample(const fl_tspec *t, int src_w, int src_h, uint64_t seed, uint64_t 
             p.naug++;
         }
     }
-    /* after the policy's draws, in the Compose's order; only when the spec has one */
+    /* after the policy's draws, in the Compose's order; each only when the spec has one */
+    if (t->blur.p > 0 && t->blur.pos == FL_BLUR_BEFORE_GRAY)
+        p.blur = fl_blur_draw(&t->blur, &rng);
     if (t->gray_p > 0)
         p.gray = fl_rng_uniform(&rng, 0.0, 1.0) < t->gray_p;
+    if (t->blur.p > 0 && t->blur.pos == FL_BLUR_AFTER_GRAY)
+        p.blur = fl_blur_draw(&t->blur, &rng);
     if (t->erase.p > 0)
         fl_erase_draw(&t->erase, &rng, &p);
     *out = p;

@@ -595,8 +595,10 @@ fl_render_policy_ops(const fl_plan *plan, const uint8_t *fill, uint8_t *img, int
 }
 
 /* The policy path: render the geometry to a uint8 HWC image in scratch->aux,
- * apply the plan's ops in order (augment.h), then convert its rows to the
- * output through the spec's table.  Contract as fl_render; needs a plan whose
+ * apply the plan's ops in order (augment.h), RandomGrayscale and
+ * GaussianBlur (in the spec's blur.pos order), then convert its rows to the
+ * output through the spec's table.  Its tmp is the larger of fl_aug_tmp_bytes
+ * and, for a spec with a blur, fl_gblur_tmp_bytes.  Contract as fl_render; needs a plan whose
  * out_w x out_h is the spec's fixed size (fl_tspec_check). */
 static int
 fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out, fl_scratch *scratch,
@@ -609,10 +611,18 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
         return -1;
     }
     const size_t lutb = 3 * 256 * 4, imgb = (size_t)w * h * C, rowb = (size_t)w * C;
-    const size_t tmpb = fl_aug_tmp_bytes(w, h, C);
+    size_t tmpb = fl_aug_tmp_bytes(w, h, C);
     if (tmpb == 0 || imgb / C / w != (size_t)h) {
         fl_err_set(err, FL_ERR_NOMEM, 0, "render: a %d x %d policy image overflows", w, h);
         return -1;
+    }
+    if (t->blur.p > 0) {   /* the blur's scratch (its padded float rows) when larger; by the spec, so it stays put */
+        const size_t bb = fl_gblur_tmp_bytes(w, h, C, t->blur.k.kx, t->blur.k.ky);
+        if (bb == 0) {
+            fl_err_set(err, FL_ERR_NOMEM, 0, "render: a %d x %d blur scratch overflows", w, h);
+            return -1;
+        }
+        tmpb = bb > tmpb ? bb : tmpb;
     }
     /* tmp must be 8-byte aligned (fl_aug_apply keeps an int table in it): the parts before it rounded up */
     const size_t imgb8 = (imgb + 7) & ~(size_t)7, rowb8 = (rowb + 7) & ~(size_t)7;
@@ -642,11 +652,13 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     u.normalize = 0;
     memset(&u.policy, 0, sizeof u.policy);
     memset(&u.jitter, 0, sizeof u.jitter);
+    memset(&u.blur, 0, sizeof u.blur);
     memset(&u.erase, 0, sizeof u.erase);
     fl_plan g = *plan;
     g.naug = 0;
     g.nerase = 0;
     g.gray = 0;   /* after the ops, below */
+    g.blur = 0.0;
     if (fl_render_fused(&u, &g, src, img, scratch, err) < 0)
         return -1;
     /* one fill: the policy's, or RandomRotation's (fl_tspec_check: equal when both) */
@@ -654,12 +666,19 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     uint8_t fill[3] = {(uint8_t)fv[0], (uint8_t)fv[1], (uint8_t)fv[2]};
     if (fl_render_policy_ops(plan, fill, img, w, h, C, tmp, mixb ? tmp + tmpb8 : NULL, err) < 0)
         return -1;
+    /* GaussianBlur, before or after the gray as the Compose has it */
+    const int blur = plan->blur > 0, blur_pos = t->blur.pos;
+    const float sigma = (float)plan->blur;
+    if (blur && blur_pos == FL_BLUR_BEFORE_GRAY && fl_gblur_apply(&t->blur.k, sigma, img, w, h, C, tmp, err) < 0)
+        return -1;
     if (plan->gray && C == 3) {   /* RandomGrayscale after the ops: Pillow's convert("L") in every channel */
         for (size_t i = 0; i < (size_t)w * h; i++) {
             uint8_t *q = img + 3 * i;
             q[0] = q[1] = q[2] = (uint8_t)((q[0] * 19595u + q[1] * 38470u + q[2] * 7471u + 0x8000u) >> 16);
         }
     }
+    if (blur && blur_pos == FL_BLUR_AFTER_GRAY && fl_gblur_apply(&t->blur.k, sigma, img, w, h, C, tmp, err) < 0)
+        return -1;
     fl_emit_fn emit = fl_convert_table(t, lut);
     const int simd = fl_use_avx2();
     for (int oy = 0; oy < h; oy++) {
@@ -751,8 +770,17 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
     }
     if (fl_tspec_check(t, err) < 0)   /* once per call: both paths rely on it */
         return -1;
-    int rc = plan->naug > 0 ? fl_render_augmented(t, plan, src, out, scratch, err)
-                            : fl_render_fused(t, plan, src, out, scratch, err);
+    if (!(plan->blur >= 0)) {   /* fl_gblur_apply checks its range */
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: the plan's blur sigma %g is not a sigma", plan->blur);
+        return -1;
+    }
+    if (plan->blur > 0 && t->blur.p == 0) {
+        fl_err_set(err, FL_ERR_INVALID, 0, "render: the plan blurs (sigma %g) but the spec has no GaussianBlur",
+                   plan->blur);
+        return -1;
+    }
+    int rc = plan->naug > 0 || plan->blur > 0 ? fl_render_augmented(t, plan, src, out, scratch, err)
+                                              : fl_render_fused(t, plan, src, out, scratch, err);
     if (rc == 0 && plan->nerase)
         rc = fl_render_erase(t, plan, out, err);
     return rc;
