@@ -1,7 +1,10 @@
 """torch's DataLoader semantics that its own test suite (test/test_dataloader.py)
 checks, asserted here in fastloader's terms: which worker takes which batch
 with in_order=False, for map-style and iterable datasets, in worker threads
-and processes, with torch's loader run alongside as the reference.
+and processes, with torch's loader run alongside as the reference; and the
+thread-mode differences docs/migrating.md lists (the shared generator's
+seed, nothing pickled), and where the worker pids are instead of torch's
+private iterator._workers.
 
 The datasets hold a sample back until the training loop has received
 another one (a fork-context Event the loop sets), so the order asserted
@@ -111,3 +114,85 @@ def test_in_order_iterable_alternates_workers(kind):
     ds.go.set()
     got = [tuple(b.reshape(-1).tolist()) for b in _loader(kind, ds, batch_size=None, num_workers=2)]
     assert got == [(i // 2 + 5 * (i % 2), i % 2) for i in range(10)]
+
+
+class Seeds(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return info.id, info.seed, torch.initial_seed()   # plain ints: a process's seed may not fit int64
+
+
+def _samples(batch):
+    return batch
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_worker_seed_and_torchs_initial_seed(kind):
+    """Worker processes seed torch per worker, so torch.initial_seed() is
+    get_worker_info().seed there; worker threads share the process's
+    generator (docs/migrating.md), so it is the process's seed in each."""
+    gen = torch.Generator().manual_seed(7)
+    rows = [r for b in _loader(kind, Seeds(), batch_size=1, num_workers=2, generator=gen, collate_fn=_samples)
+            for r in b]
+    seeds = {wid: seed for wid, seed, _ in rows}
+    assert len(set(seeds.values())) == 2 and seeds[1] == seeds[0] + 1   # base seed + worker id
+    if kind == "thread":
+        assert {s for _, _, s in rows} == {torch.initial_seed()}
+    else:
+        assert all(seed == initial for _, seed, initial in rows)
+
+
+def test_threads_pickle_nothing():
+    """worker_mode="thread": a local worker_init_fn and a spawn context are
+    fine; the context is ignored with a warning, and each worker ran the
+    init on its own copy of the dataset."""
+    if H.AGAINST_TORCH:
+        pytest.skip("fastloader's worker modes (FL_TEST_AGAINST_TORCH=1)")
+    import fastloader
+
+    class Tagged(Dataset):
+        tag = None
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.tensor([self.tag])
+
+    def init(wid):   # a local function: torch's spawn workers could not pickle it
+        get_worker_info().dataset.tag = 10 + wid
+
+    ds = Tagged()
+    with pytest.warns(UserWarning, match="ignores multiprocessing_context with worker_mode='thread'"):
+        dl = fastloader.DataLoader(ds, batch_size=1, num_workers=2, worker_mode="thread", worker_init_fn=init,
+                                   multiprocessing_context="spawn")
+    assert [int(b) for b in dl] == [10, 11, 10, 11]
+    assert ds.tag is None
+
+
+def test_worker_process_pids_are_in_stats():
+    """torch's private iterator._workers has no counterpart; the worker
+    processes' pids are in stats()["workers"]."""
+    if H.AGAINST_TORCH:
+        pytest.skip("fastloader's stats() (FL_TEST_AGAINST_TORCH=1)")
+    import os
+
+    import fastloader
+
+    class Pid(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.tensor([os.getpid()])
+
+    dl = fastloader.DataLoader(Pid(), batch_size=1, num_workers=2, worker_mode="process",
+                               multiprocessing_context=_FORK)
+    it = iter(dl)
+    pids = [int(next(it)), int(next(it))]
+    assert [w["pid"] for w in dl.stats()["workers"]] == pids
+    assert os.getpid() not in pids
+    del it
