@@ -224,30 +224,63 @@ class PythonBackend(_Backend):
     def _start_turns(self, ep):
         self.active = [True] * self.num_workers  # iterable datasets: workers whose iterator has not ended
         self.cycle = itertools.cycle(range(self.num_workers))
+        self.sent_to = {}   # seq -> the worker it was sent to, until finish() hands it back
+        self.tasks = [0] * self.num_workers   # torch's _workers_num_tasks
         if ep.resume is not None:  # a resumed iterable: ended workers idle, the round robin where it was
             ep.resume.restore_workers(self)
 
-    def _next_worker(self):
-        for _ in range(self.num_workers):
-            w = next(self.cycle)
-            if self.active[w]:
-                return w
-        return None
+    # Which worker takes a job is torch's _try_put_index, so that each
+    # worker's copy of the dataset sees the batches it would see under torch:
+    # map-style batch k on worker k mod N, an iterable's next job on the next
+    # worker in turn whose iterator has not ended, and with in_order=False
+    # the next in turn with fewer than its share of the prefetch window
+    # outstanding.  The iterator sets these three per epoch.
+    in_order = True
+    free_worker = False   # num_workers="auto" on threads: a free thread takes the next map-style batch
+    max_tasks = 0         # prefetch_factor x num_workers, torch's max_tasks
 
-    # map-style batch k goes to worker k mod N, torch's round robin, so that
-    # each worker's copy of the dataset sees the batches it would see under
-    # torch; the iterator turns it off for in_order=False and under
-    # num_workers="auto" (a free worker takes the next batch)
-    round_robin = True
+    def _usable(self, w):
+        return self.active[w]
+
+    def _all_usable(self):
+        return True
 
     def _pick_worker(self, seq):
-        # an iterable's job is pinned to a worker, which keeps its own iterator
-        if self.ep.iterable:
-            return self._next_worker()
-        return seq % self.num_workers if self.round_robin else ANY_WORKER
+        if not self.ep.iterable:
+            if self.free_worker:
+                return ANY_WORKER
+            if self.in_order and self._all_usable():
+                # also from the middle of a resumed epoch, whose batches keep their numbers
+                return seq % self.num_workers
+        return self._next_worker()
+
+    def _next_worker(self):
+        """The next usable worker in turn (with in_order=False: the next one
+        below its share of the window, or the least loaded should every share
+        be full); None when no worker is left (every iterator ended)."""
+        live = [w for w in range(self.num_workers) if self._usable(w)]
+        if not live:
+            return None
+        share = self.max_tasks // len(live)
+        for _ in range(self.num_workers):
+            w = next(self.cycle)
+            if self._usable(w) and (self.in_order or self.tasks[w] < share):
+                return w
+        return min(live, key=self.tasks.__getitem__)
+
+    def _assigned(self, seq, w):
+        if w >= 0:
+            self.sent_to[seq] = w
+            self.tasks[w] += 1
+
+    def _returned(self, seq):
+        w = self.sent_to.pop(seq, None)
+        if w is not None:
+            self.tasks[w] -= 1
 
     def _send(self, seq, indices, w):
         self.engine.submit(seq, (self.ep, seq, indices), w)
+        self._assigned(seq, w)
 
     def _load(self, seq, indices):
         status, value = _fetch(self.ep, -1, seq, indices)
@@ -269,6 +302,7 @@ class PythonBackend(_Backend):
                           "the dataset (a file it opens, worker_init_fn's state) is seen by all of them. "
                           "worker_mode='process' gives each worker its own, as torch's DataLoader does.",
                           UserWarning, stacklevel=5)
+        self._returned(seq)
         status, value = result
         if status == _EXHAUSTED:
             self.active[wid] = False
@@ -339,44 +373,15 @@ class ProcessBackend(PythonBackend):
         self._start_turns(ep)
         return None
 
-    def _next_worker(self):
-        limit = self.engine.active_n
-        for _ in range(self.num_workers):
-            w = next(self.cycle)
-            if self.active[w] and w < limit:
-                return w
-        return None
+    def _usable(self, w):
+        return self.active[w] and w < self.engine.active_n   # active_n: num_workers="auto"
 
-    def _pick_worker(self, seq):
-        if not self.ep.iterable and self.engine.active_n == self.num_workers:
-            if not self.round_robin:
-                return self._next_with_room()
-            # map-style, every worker active: batch k goes to worker k mod n,
-            # as torch's round robin gives it, also from the middle of a
-            # resumed epoch (whose batches keep their numbers), so that each
-            # worker's copy of the dataset sees the batches it saw before
-            return seq % self.num_workers
-        return self._next_worker()
-
-    def _next_with_room(self):
-        """in_order=False, as torch's: the next worker in turn with fewer
-        than its share of the prefetch window outstanding, so a slow worker
-        does not collect the batches fast ones could load (the fewest
-        outstanding, should every share be full)."""
-        pool = self.engine
-        busy = [0] * self.num_workers
-        for (g, _seq), (w, _slot, _idx) in pool.jobs.items():
-            if g == pool.gen:
-                busy[w] += 1
-        share = max(1, (pool.ring.nslots - 2) // self.num_workers)   # prefetch_factor per worker
-        for _ in range(self.num_workers):
-            w = next(self.cycle)
-            if busy[w] < share:
-                return w
-        return min(range(self.num_workers), key=busy.__getitem__)
+    def _all_usable(self):
+        return self.engine.active_n == self.num_workers
 
     def _send(self, seq, indices, w):
         self.engine.submit(seq, indices, w)
+        self._assigned(seq, w)
 
     def finish(self, seq, wid, result):
         if self.engine is not None:

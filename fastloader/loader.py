@@ -365,11 +365,11 @@ class _Iter:
         if getattr(loader, "_fl_auto", False) and not self._ep.iterable:
             self._tuner = AutoTuner(self._num_workers, self._t_start,
                                     active=self._engine.set_active(self._num_workers))
-        if isinstance(self._backend, ProcessBackend):
-            self._backend.round_robin = self._in_order   # in_order=False: the next worker with room
-        elif isinstance(self._backend, PythonBackend):
-            # torch's round robin, except where a free worker should take the next batch
-            self._backend.round_robin = self._in_order and self._tuner is None
+        if isinstance(self._backend, PythonBackend):   # processes too: torch's choice of worker per job
+            self._backend.in_order = self._in_order
+            self._backend.max_tasks = self._window
+            # num_workers="auto" on threads: a free thread takes the next batch
+            self._backend.free_worker = self._tuner is not None and not isinstance(self._backend, ProcessBackend)
         self._top_up()
 
     def _next_indices(self):
