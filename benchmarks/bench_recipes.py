@@ -267,6 +267,9 @@ RECIPES["timm-train-default"] = ("timm create_transform(is_training=True), its d
 RECIPES["tv-colour-v2"] = ("torchvision v2 Compose: RRC + flip + RandomApply(ColorJitter(0.4, 0.4, 0.4, 0.1), "
                            "p=0.8) + RandomGrayscale(0.2) + ToImage + ToDtype + Normalize (SimCLR's colour "
                            "distortion)", ("colour", {}), False)
+RECIPES["tv-simclr-v1"] = ("torchvision v1 Compose: RRC + flip + RandomApply(ColorJitter(0.4, 0.4, 0.4, 0.1), p=0.8) + "
+                           "RandomGrayscale(0.2) + GaussianBlur(23, (0.1, 2.0)) + ToTensor + Normalize (SimCLR's "
+                           "augmentation)", ("simclr", {}), False)
 RECIPES["tv-aerial-v1"] = ("torchvision v1 Compose: RRC + hflip + vflip + RandomRotation(15) + RandomGrayscale(0.1) "
                            "+ ToTensor + Normalize (an aerial / medical style recipe)", ("aerial", {}), False)
 RECIPES["user-pil-blur"] = ("torchvision v1 Compose: RRC + hflip + the user's RandomPILBlur(0.5) + ToTensor + "
@@ -326,6 +329,12 @@ def make_transform(recipe, crop_size, impl=None):
                            v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), v2.RandomGrayscale(0.2),
                            v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                            v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    if kind == "simclr":
+        from torchvision import transforms as T
+
+        return T.Compose([T.RandomResizedCrop(crop_size), T.RandomHorizontalFlip(),
+                          T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(0.2),
+                          T.GaussianBlur(23, (0.1, 2.0)), T.ToTensor(), T.Normalize(MEAN, STD)])
     if kind == "user":
         from torchvision import transforms as T
 
