@@ -213,7 +213,10 @@ def test_stats_from_another_thread_never_raises(persistent):
     errors, stop = [], threading.Event()
 
     def poll():
-        while not stop.is_set():
+        # a call every 0.2 ms, thousands an epoch; a loop without the pause keeps
+        # this thread running, and every worker fork under ASan waits up to 2 s
+        # for the process's threads to be still (scripts/test-asan.sh)
+        while not stop.wait(0.0002):
             try:
                 dl.stats()
             except Exception as e:  # noqa: BLE001 - any exception is the failure
