@@ -1038,6 +1038,24 @@ def _short(t: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
+# what the native path runs on the decoded (PIL-like) image, before the to-tensor step
+_PIL_STAGE_KINDS = frozenset(("gray", "rrc", "resize", "center_crop", "flip", "vflip", "rotate", "affine", "jitter",
+                              "policy", "blur", "random_gray"))
+
+
+def _tensor_first_note(t: Any) -> str:
+    """The note for a pipeline whose to-tensor step (ToImage, PILToTensor,
+    ToTensor) comes before a step the native path runs on the image: that
+    step then works on a tensor, with torchvision's tensor kernels, which
+    are not Pillow's (torch's antialiased uint8 resize is within 1 of
+    Pillow's bilinear and further from its bicubic, the colour ops compute
+    in float), so it stays in Python."""
+    return (f"{type(t).__name__} comes after the to-tensor step, so torchvision runs it on a tensor, whose kernels "
+            "the native path does not replicate; with the to-tensor step after the image steps (the order of "
+            "torchvision's reference presets) they run in C, with Pillow's pixels, which differ slightly from the "
+            "tensor kernels' (docs/recipes.md, 'Not native yet')")
+
+
 def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Callable | None, str]:
     """Split a pipeline into a native spec and a Python remainder.
 
@@ -1202,6 +1220,8 @@ def compile_transform(transform: Any, *, layout: str = "CHW") -> tuple[dict, Cal
             pos += 1
 
     native, remainder = items[:pos], items[pos:]
+    if tensor_stage and kind(pos) in _PIL_STAGE_KINDS:
+        notes.append(_tensor_first_note(items[pos]))
     rest = _PythonRest(remainder, to_pil=not tensor_stage, layout=layout) if remainder else None
     if not tensor_stage and not remainder:
         notes.append("no to-tensor step: samples come out as uint8 tensors, not PIL images")

@@ -361,6 +361,41 @@ def test_compile_torchvision_v2_with_rest(photos):
     assert "ColorJitter" in desc
 
 
+def test_steps_after_a_to_tensor_step_stay_in_python_with_a_note_saying_why(photos):
+    """torchvision v2's documented order, ToImage() first: every later step
+    runs on a tensor with torchvision's tensor kernels, which the native
+    path does not replicate, so it stays in Python and the description's
+    note says which step and what to do; the same steps with the to-tensor
+    step after them are native.  The note's claim holds on real photographs:
+    torch's antialiased uint8 resize is not Pillow's bilinear (within 1)."""
+    crop, flip = v2.RandomResizedCrop(160), v2.RandomHorizontalFlip()
+    tf = v2.Compose([v2.ToImage(), crop, flip, v2.ToDtype(torch.float32, scale=True)])
+    spec, rest, desc = T.compile_transform(tf)
+    assert spec["geom"] == "none" and rest is not None and rest.transforms[:2] == [crop, flip]
+    assert "note: RandomResizedCrop comes after the to-tensor step" in desc
+    assert "with the to-tensor step after the image steps" in desc
+    tf = v2.Compose([crop, v2.ToImage(), v2.ColorJitter(0.4), v2.ToDtype(torch.float32, scale=True)])
+    assert "note: ColorJitter comes after the to-tensor step" in T.compile_transform(tf)[2]
+    tf = v2.Compose([crop, flip, v2.ColorJitter(0.4), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    spec, rest, desc = T.compile_transform(tf)
+    assert rest is None and "note" not in desc
+    # the tensor kernel's pixels differ from Pillow's, by at most 1 for bilinear
+    from torchvision.transforms.v2 import functional as F
+    differ = 0
+    for name in ("land_500x375", "port_301x447", "odd_333x251"):
+        pil = photos[name]
+        img = np.asarray(pil)
+        t = torch.from_numpy(img.copy()).permute(2, 0, 1).contiguous()
+        h, w = img.shape[:2]
+        for top, left in ((0, 0), (h // 5, w // 7)):
+            a = np.asarray(F.resized_crop(pil, top, left, h // 2, w // 2, [160, 160]), dtype=np.int16)
+            b = F.resized_crop(t, top, left, h // 2, w // 2, [160, 160], antialias=True).permute(1, 2, 0).numpy()
+            d = np.abs(a - b.astype(np.int16))
+            assert d.max() <= 1
+            differ += int(d.max() == 1)
+    assert differ > 0
+
+
 def test_compile_partial_prefix_runs_rest_on_pil(photos):
     pil = photos["land_500x375"]
     # RandomPerspective is not native (GaussianBlur, the example here before, is since
