@@ -1,4 +1,5 @@
-"""Import-time checks of the C extension.
+"""Import-time checks of the C extension (and what its loading depends on:
+no exported function is resolved at load time).
 
 module.c creates one JPEG decompressor when fastloader._C is imported: a
 libjpeg at run time that does not match the headers of the build refuses
@@ -12,6 +13,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,3 +43,22 @@ def test_mismatched_libjpeg_fails_the_import_clearly(tmp_path):
     ok = subprocess.run([sys.executable, "-c", "import fastloader._C"], env=env, capture_output=True, text=True,
                         timeout=120)
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_no_exported_function_is_an_ifunc():
+    """Every function compiled with target_clones (the AVX2/FMA clones picked
+    at load time) is static: an exported one is a GLOBAL IFUNC that other
+    units reach through the GOT, and under ThreadSanitizer the loader then
+    jumped to an unrelocated address while importing the module (CI's TSan
+    pass died that way when fl_gblur_kernel1d was one)."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    import fastloader._C as C
+
+    out = subprocess.run([readelf, "-sW", C.__file__], capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    ifuncs = [r for r in rows if len(r) >= 8 and r[3] == "IFUNC"]
+    assert ifuncs, "no target_clones functions found: the check would pass vacuously"
+    exported = sorted({r[7] for r in ifuncs if r[4] != "LOCAL"})
+    assert not exported, f"exported IFUNC symbols (make them static, behind a plain wrapper): {exported}"

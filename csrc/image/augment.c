@@ -90,9 +90,10 @@ fl_py_round15(double x)
 /* ------------------------------------------------------------------------ */
 /* Tables and per-pixel passes                                              */
 
-/* Contract: augment_internal.h. */
-FL_HOT void
-fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
+/* fl_lut_apply1's body, cloned for AVX2; static, as every target_clones function
+ * here (augment_tensor.c fl_gb_kernel1d says why). */
+FL_HOT static void
+fl_lut_apply1_clone(uint8_t *p, size_t n, const uint8_t *lut)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -103,6 +104,13 @@ fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
     }
     for (; i < n; i++)
         p[i] = lut[p[i]];
+}
+
+/* Contract: augment_internal.h. */
+void
+fl_lut_apply1(uint8_t *p, size_t n, const uint8_t *lut)
+{
+    fl_lut_apply1_clone(p, n, lut);
 }
 
 /* The table ops that are plain arithmetic, as vector loops: Invert
@@ -130,9 +138,10 @@ fl_solarize_bytes(uint8_t *p, size_t n, uint8_t k)
         p[i] = p[i] < k ? p[i] : (uint8_t)(255 - p[i]);
 }
 
-/* Contract: augment_internal.h. */
-FL_HOT void
-fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
+/* fl_lut_apply3's body, cloned for AVX2; static, as every target_clones function
+ * here (augment_tensor.c fl_gb_kernel1d says why). */
+FL_HOT static void
+fl_lut_apply3_clone(uint8_t *p, size_t npix, const uint8_t *lut)
 {
     const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
     size_t i = 0;
@@ -146,6 +155,13 @@ fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
         p[1] = l1[p[1]];
         p[2] = l2[p[2]];
     }
+}
+
+/* Contract: augment_internal.h. */
+void
+fl_lut_apply3(uint8_t *p, size_t npix, const uint8_t *lut)
+{
+    fl_lut_apply3_clone(p, npix, lut);
 }
 
 /* Per-channel histograms (Image.histogram): hist[c * 256 + v].  Counted in

@@ -731,9 +731,12 @@ fl_gb_check(const fl_gblur *g, int k, float sigma, fl_err *err)
     return 0;
 }
 
-/* Contract: augment.h. */
-FL_HOT_FMA int
-fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err)
+/* fl_gblur_kernel1d's body, cloned for FMA (fmaf inline; the same values
+ * either way).  Static: an exported function with target_clones is an ifunc
+ * that other units reach through the GOT, and under TSan the dynamic loader
+ * then jumps to an unrelocated address while loading the module. */
+FL_HOT_FMA static int
+fl_gb_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err)
 {
     if (fl_gb_check(g, k, sigma, err) < 0)
         return -1;
@@ -776,6 +779,13 @@ fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err
     for (int i = 0; i < k; i++)
         out[i] = e[i] * r;
     return 0;
+}
+
+/* Contract: augment.h. */
+int
+fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err)
+{
+    return fl_gb_kernel1d(g, k, sigma, out, err);
 }
 
 /* Floats in one padded row of the ring: the reflect-padded row (w + 2 (kx /
