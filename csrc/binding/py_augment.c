@@ -77,6 +77,43 @@ fl_aug_fill_from_py(PyObject *obj, int channels, uint8_t out[3])
     return 0;
 }
 
+/* image must be a C-contiguous uint8 [H, W] or [H, W, C] numpy array
+ * (TypeError / ValueError naming fn otherwise); its sides into *h, *w,
+ * *channels.  Returns 0, or -1 with an exception.  GIL held. */
+static int
+fl_u8_image_arg(const char *fn, PyObject *image, int *h, int *w, int *channels)
+{
+    if (!PyArray_Check(image)) {
+        PyErr_Format(PyExc_TypeError, "%s: image must be a numpy array", fn);
+        return -1;
+    }
+    PyArrayObject *arr = (PyArrayObject *)image;
+    if (PyArray_TYPE(arr) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(arr)) {
+        PyErr_Format(PyExc_TypeError, "%s: image must be a C-contiguous uint8 array", fn);
+        return -1;
+    }
+    if (!(PyArray_NDIM(arr) == 2 || PyArray_NDIM(arr) == 3) || PyArray_DIM(arr, 0) > INT_MAX
+        || PyArray_DIM(arr, 1) > INT_MAX || (PyArray_NDIM(arr) == 3 && PyArray_DIM(arr, 2) > INT_MAX)) {
+        PyErr_Format(PyExc_ValueError, "%s: image must be an [H, W] or [H, W, C] array", fn);
+        return -1;
+    }
+    *h = (int)PyArray_DIM(arr, 0);
+    *w = (int)PyArray_DIM(arr, 1);
+    *channels = PyArray_NDIM(arr) == 3 ? (int)PyArray_DIM(arr, 2) : 1;
+    return 0;
+}
+
+/* A new C-ordered array holding a copy of arr (the ops work in place on
+ * it), or NULL with an exception.  GIL held. */
+static PyArrayObject *
+fl_u8_copy(PyArrayObject *arr)
+{
+    PyArrayObject *res = (PyArrayObject *)PyArray_NewLikeArray(arr, NPY_CORDER, NULL, 0);
+    if (res != NULL)
+        memcpy(PyArray_DATA(res), PyArray_DATA(arr), (size_t)PyArray_NBYTES(arr));
+    return res;
+}
+
 static PyObject *
 fl_py_augment_op(PyObject *m, PyObject *args, PyObject *kwargs)
 {
@@ -92,22 +129,10 @@ fl_py_augment_op(PyObject *m, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "idO|$iO:_augment_op", kwlist, &op, &magnitude, &image,
                                      &interp, &fill_obj))
         return NULL;
-    if (!PyArray_Check(image)) {
-        PyErr_SetString(PyExc_TypeError, "_augment_op: image must be a numpy array");
+    int h, w, channels;
+    if (fl_u8_image_arg("_augment_op", image, &h, &w, &channels) < 0)
         return NULL;
-    }
     arr = (PyArrayObject *)image;
-    if (PyArray_TYPE(arr) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(arr)) {
-        PyErr_SetString(PyExc_TypeError, "_augment_op: image must be a C-contiguous uint8 array");
-        return NULL;
-    }
-    if (!(PyArray_NDIM(arr) == 2 || PyArray_NDIM(arr) == 3) || PyArray_DIM(arr, 0) > INT_MAX
-        || PyArray_DIM(arr, 1) > INT_MAX || (PyArray_NDIM(arr) == 3 && PyArray_DIM(arr, 2) > INT_MAX)) {
-        PyErr_SetString(PyExc_ValueError, "_augment_op: image must be an [H, W] or [H, W, C] array");
-        return NULL;
-    }
-    int h = (int)PyArray_DIM(arr, 0), w = (int)PyArray_DIM(arr, 1);
-    int channels = PyArray_NDIM(arr) == 3 ? (int)PyArray_DIM(arr, 2) : 1;
     /* the core checks channels and sizes; the fill needs a sane count first */
     if (fl_aug_fill_from_py(fill_obj, channels == 3 ? 3 : 1, fill) < 0)
         return NULL;
@@ -118,12 +143,11 @@ fl_py_augment_op(PyObject *m, PyObject *args, PyObject *kwargs)
     tmp = (uint8_t *)malloc(nb ? nb : 1);
     if (tmp == NULL)
         return PyErr_NoMemory();
-    res = (PyArrayObject *)PyArray_NewLikeArray(arr, NPY_CORDER, NULL, 0);
+    res = fl_u8_copy(arr);
     if (res == NULL) {
         free(tmp);
         return NULL;
     }
-    memcpy(PyArray_DATA(res), PyArray_DATA(arr), (size_t)PyArray_NBYTES(arr));
 
     /* Only fl_aug_apply runs without the GIL; arr and res stay referenced. */
     Py_BEGIN_ALLOW_THREADS
@@ -190,29 +214,19 @@ fl_py_gaussian_blur(PyObject *m, PyObject *args, PyObject *kwargs)
         return NULL;
     if (fl_gblur_from_args(kx, ky, v2, lanes, exp, &g) < 0)
         return NULL;
-    if (!PyArray_Check(image) || PyArray_TYPE((PyArrayObject *)image) != NPY_UINT8
-        || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)image)) {
-        PyErr_SetString(PyExc_TypeError, "_gaussian_blur: image must be a C-contiguous uint8 numpy array");
+    int h, w, channels;
+    if (fl_u8_image_arg("_gaussian_blur", image, &h, &w, &channels) < 0)
         return NULL;
-    }
     PyArrayObject *arr = (PyArrayObject *)image;
-    if (!(PyArray_NDIM(arr) == 2 || PyArray_NDIM(arr) == 3) || PyArray_DIM(arr, 0) > INT_MAX
-        || PyArray_DIM(arr, 1) > INT_MAX || (PyArray_NDIM(arr) == 3 && PyArray_DIM(arr, 2) > INT_MAX)) {
-        PyErr_SetString(PyExc_ValueError, "_gaussian_blur: image must be an [H, W] or [H, W, C] array");
-        return NULL;
-    }
-    const int h = (int)PyArray_DIM(arr, 0), w = (int)PyArray_DIM(arr, 1);
-    const int channels = PyArray_NDIM(arr) == 3 ? (int)PyArray_DIM(arr, 2) : 1;
     size_t nb = fl_gblur_tmp_bytes(w, h, channels, kx, ky);   /* 0: fl_gblur_apply names the problem */
     uint8_t *tmp = (uint8_t *)malloc(nb ? nb : 1);
     if (tmp == NULL)
         return PyErr_NoMemory();
-    PyArrayObject *res = (PyArrayObject *)PyArray_NewLikeArray(arr, NPY_CORDER, NULL, 0);
+    PyArrayObject *res = fl_u8_copy(arr);
     if (res == NULL) {
         free(tmp);
         return NULL;
     }
-    memcpy(PyArray_DATA(res), PyArray_DATA(arr), (size_t)PyArray_NBYTES(arr));
     /* Only fl_gblur_apply runs without the GIL; arr and res stay referenced. */
     Py_BEGIN_ALLOW_THREADS
     rc = fl_gblur_apply(&g, sigma, (uint8_t *)PyArray_DATA(res), w, h, channels, nb ? tmp : NULL, &err);
