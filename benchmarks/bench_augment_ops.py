@@ -44,16 +44,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-# name, FL_AUG_* code, magnitude, interpolation (0 nearest, 1 bilinear)
+# name, FL_AUG_* code, magnitude, interpolation (0 nearest, 1 bilinear, 2 bicubic: timm's RandAugment and
+# AutoAugment warp with bilinear or bicubic; a shear or translation keeps one axis, a rotation neither)
 OPS = [
     ("Identity", 0, 0.0, 0),
     ("ShearX", 1, 0.3, 0),
     ("ShearX/bilinear", 1, 0.3, 1),
+    ("ShearX/bicubic", 1, 0.3, 2),
     ("ShearY", 2, -0.3, 0),
+    ("ShearY/bilinear", 2, -0.3, 1),
+    ("ShearY/bicubic", 2, -0.3, 2),
     ("TranslateX", 3, 45.0, 0),
+    ("TranslateX/bilinear", 3, 45.0, 1),
+    ("TranslateX/bicubic", 3, 45.0, 2),
     ("TranslateY", 4, -45.0, 0),
     ("Rotate", 5, 30.0, 0),
     ("Rotate/bilinear", 5, 30.0, 1),
+    ("Rotate/bicubic", 5, 30.0, 2),
     ("Brightness", 6, 0.5, 0),
     ("Color", 7, 0.5, 0),
     ("Contrast", 8, -0.5, 0),
@@ -193,7 +200,8 @@ def timed(fn, n: int, repeats: int) -> float:
 def v2_op(F, InterpolationMode, t, name, mag, interp):
     """torchvision v2's per-op call (what v2.RandAugment's
     _apply_image_or_video_transform does for each op name)."""
-    im = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
+    im = (InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)[interp] \
+        if name != "k23" else None   # k23's interp field is the kernel side
     fill = None
     if name == "Identity":
         return t
@@ -295,15 +303,19 @@ def main() -> None:
         if a.only is not None and not any(k in name for k in a.only):
             continue
         base = name.split("/")[0].split()[-1]
-        pil_interp = InterpolationMode.BILINEAR if interp else InterpolationMode.NEAREST
+        pil_interp = ((InterpolationMode.NEAREST, InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)[interp]
+                      if code >= 0 else InterpolationMode.NEAREST)
         c = run_c(exe, img, w, h, a.n, a.repeats, [(code, mag, interp)])[(code, interp)]
         if code == -1:   # torchvision's GaussianBlur: v1's weights (torch's exp) in _C
             py = timed(lambda: _C._gaussian_blur(arr, (interp, interp), mag, False), a.n, a.repeats) if _C else float("nan")
         else:
             py = timed(lambda: _C._augment_op(code, mag, arr, interp=interp), a.n, a.repeats) if _C else float("nan")
         p = timed(lambda: pil_op(aa, pil, base, mag, pil_interp), a.n, a.repeats)
-        v = (timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
-             if base != "GaussianBlur" else float("nan"))
+        try:   # v2 refuses some (bicubic warps of tensors): nan
+            v = (timed(lambda: v2_op(F, InterpolationMode, tens, base, mag, interp), a.n, a.repeats)
+                 if base != "GaussianBlur" else float("nan"))
+        except (ValueError, NotImplementedError):
+            v = float("nan")
         r1 = p / c if c > 0 else float("inf")
         r2 = v / c if c > 0 else float("inf")
         print(f"| {name:<26} | {c:7.1f} | {py:7.1f} | {p:7.1f} | {v:7.1f} | {r1:6.1f} | {r2:6.1f} |")

@@ -1055,6 +1055,33 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
                 c0[k] = xa * C;
                 c1[k] = xb * C;
             }
+            /* dy = 0 on every covered pixel of the chunk (ShearX,
+             * TranslateX): v1 + (v2 - v1) * 0 is v1 exactly, one lerp along
+             * the row; dx = 0 (ShearY, TranslateY): each row's lerp is its
+             * first neighbour, one lerp along the column.  As in
+             * fl_bicubic_chunked. */
+            int dy0 = 1, dx0 = 1;
+            for (int k = 0; k < n; k++) {
+                dy0 &= (dys[k] == 0.0) | !ok[k];
+                dx0 &= (dxs[k] == 0.0) | !ok[k];
+            }
+            if (dy0 || dx0) {
+                for (int k = 0; k < n; k++) {
+                    const uint8_t *s0 = src + (size_t)r0[k] * rs;
+                    memcpy(&u00[k], s0 + c0[k], 4);
+                    memcpy(&u01[k], dy0 ? s0 + c1[k] : src + (size_t)r1[k] * rs + c0[k], 4);
+                }
+                const double *dd = dy0 ? dxs : dys;
+                for (int c = 0; c < C; c++) {
+                    const int sh = 8 * c;
+                    for (int k = 0; k < n; k++) {
+                        int32_t p0 = (int32_t)((u00[k] >> sh) & 255u), p1 = (int32_t)((u01[k] >> sh) & 255u);
+                        double v = p0 + (p1 - p0) * dd[k];
+                        res[c][k] = (uint8_t)(int32_t)v;
+                    }
+                }
+                goto store;
+            }
             for (int k = 0; k < n; k++) {
                 const uint8_t *s0 = src + (size_t)r0[k] * rs, *s1 = src + (size_t)r1[k] * rs;
                 memcpy(&u00[k], s0 + c0[k], 4);
@@ -1073,6 +1100,7 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
                     res[c][k] = (uint8_t)(int32_t)v1;
                 }
             }
+        store:;
             uint8_t *restrict out = row + (size_t)x0 * C;
             if (C == 3) {
                 const uint8_t f0 = fill[0], f1 = fill[1], f2 = fill[2];
@@ -1163,6 +1191,38 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
                     rows[j][k] = ry < 0 ? 0 : ry >= h ? h - 1 : ry;
                 }
             }
+            /* A fraction that is exactly 0 on every covered pixel of the
+             * chunk (ShearX and TranslateX keep each row's y: dy = 0;
+             * ShearY and TranslateY keep x: dx = 0) makes Pillow's result one
+             * cubic: cubic(v1, v2, v3, v4, 0) = v2 + 0 * (finite) = v2 exactly,
+             * so the three other row cubics (dy = 0) or the row cubics
+             * themselves (dx = 0, each is its column-1 neighbour) need not
+             * be computed; the remaining one is Pillow's operations in its
+             * order.  Uncovered pixels are dropped, whatever their fraction. */
+            int dy0 = 1, dx0 = 1;
+            for (int k = 0; k < n; k++) {
+                dy0 &= (dys[k] == 0.0) | !ok[k];
+                dx0 &= (dxs[k] == 0.0) | !ok[k];
+            }
+            if (dy0 || dx0) {
+                for (int k = 0; k < n; k++)
+                    for (int j = 0; j < 4; j++)
+                        memcpy(&nb[j][k],
+                               src + (size_t)(dy0 ? rows[1][k] : rows[j][k]) * rs + (dy0 ? cols[j][k] : cols[1][k]),
+                               4);
+                const double *dd = dy0 ? dxs : dys;
+                for (int c = 0; c < C; c++) {
+                    const int sh = 8 * c;
+#define NB(q) ((int32_t)((nb[q][k] >> sh) & 255u))
+                    for (int k = 0; k < n; k++) {
+                        double v = fl_pil_cubic(NB(0), NB(1), NB(2), NB(3), dd[k]);
+                        v = v <= 0.0 ? 0.0 : v >= 255.0 ? 255.0 : v;
+                        res[c][k] = (uint8_t)(int32_t)v;
+                    }
+#undef NB
+                }
+                goto store;
+            }
             /* the neighbours: scalar loads into planes the arithmetic reads contiguously */
             for (int k = 0; k < n; k++)
                 for (int j = 0; j < 4; j++) {
@@ -1186,6 +1246,7 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
                 }
 #undef NB
             }
+        store:;
             uint8_t *restrict out = row + (size_t)x0 * C;
             for (int k = 0; k < n; k++)
                 for (int c = 0; c < C; c++)
