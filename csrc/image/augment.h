@@ -199,8 +199,8 @@ typedef struct {
 int fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err);
 
 /* Bytes of scratch fl_gblur_apply needs for a w x h image of `channels`
- * channels and a kx x ky kernel: the image copy, the 2-D kernel and ky
- * padded float rows.  0 when an argument is out of range (fl_gblur_apply's
+ * channels and a kx x ky kernel: the image copy, the 2-D kernel, ky + 1
+ * padded float rows and ky rows of the separable estimate.  0 when an argument is out of range (fl_gblur_apply's
  * checks) or the size overflows.  Pure; any thread. */
 size_t fl_gblur_tmp_bytes(int w, int h, int channels, int kx, int ky);
 
@@ -219,7 +219,10 @@ int fl_gblur_torch_gemm(int w, int h, int channels, int kx, int ky);
  * (channels 3) image, except where fl_gblur_torch_gemm says torch sums
  * otherwise: the conv2d as torch's oneDNN kernel sums it (each output a
  * chain of fused multiply-adds from 0 over the taps, kernel rows outer,
- * columns inner, of the reflect-padded image), rounded half to even.  Needs kx / 2 < w and ky / 2 < h (torch's reflect padding refuses
+ * columns inner, of the reflect-padded image), rounded half to even.  With
+ * AVX2 and FMA, a separable estimate decides every byte that a proven bound
+ * on its distance from torch's sum leaves no doubt about, and only the
+ * others are summed tap by tap (augment_tensor.c, fl_gb_margin).  Needs kx / 2 < w and ky / 2 < h (torch's reflect padding refuses
  * the rest).  img: h packed rows of w * channels bytes, caller-owned, not
  * aliasing tmp; tmp: caller-owned, 8-byte aligned, fl_gblur_tmp_bytes(w,
  * h, channels, kx, ky) bytes, contents unspecified on return.  Nothing is

@@ -789,17 +789,40 @@ fl_gblur_kernel1d(const fl_gblur *g, int k, float sigma, float *out, fl_err *err
 }
 
 /* Floats in one padded row of the ring: the reflect-padded row (w + 2 (kx /
- * 2)) and room for the last block of 32 outputs to read past it (zeros). */
+ * 2)) and room for the last block of 32 outputs (64 in the estimate's
+ * horizontal pass) to read past it (zeros). */
 static size_t
 fl_gb_rowlen(int w, int kx)
 {
-    return ((((size_t)w + 31) & ~(size_t)31) + (size_t)kx + 7) & ~(size_t)7;
+    return ((((size_t)w + 63) & ~(size_t)63) + (size_t)kx + 7) & ~(size_t)7;
+}
+
+/* A block of 8 outputs the estimate could not decide: output row y,
+ * columns xb.. */
+typedef struct {
+    int y, xb;
+} fl_gb_pend;
+
+/* Rows the ring of the estimate's path holds beyond the ky an output row
+ * needs: undecided blocks wait up to that many rows for a group to fill. */
+#define FL_GB_DEFER 8
+/* Blocks summed side by side by fl_gb_exact_avx2. */
+#define FL_GB_GROUP 8
+
+/* Floats in one row of the separable estimate's ring (fl_gb_fast_channel):
+ * w rounded up to the 64 outputs its blocks take. */
+static size_t
+fl_gb_hrowlen(int w)
+{
+    return ((size_t)w + 63) & ~(size_t)63;
 }
 
 /* Offsets in the op's scratch: the image copy at 0, then (64-byte steps)
- * the 2-D kernel and the ring of ky + 1 padded rows (two output rows'
- * worth).  Returns the total, or 0
- * on overflow. */
+ * the 2-D kernel and the ring of ky + FL_GB_DEFER padded rows (the direct
+ * sum uses ky + 1 of them: two output rows' worth), then the estimate's ky
+ * rows of its horizontal pass (fl_gb_hrowlen floats each) and its list of
+ * undecided blocks (FL_GB_GROUP + w / 8 + 1 of them).  Returns the total,
+ * or 0 on overflow. */
 static size_t
 fl_gb_layout(int w, int h, int channels, int kx, int ky, size_t *kern_off, size_t *ring_off)
 {
@@ -814,12 +837,13 @@ fl_gb_layout(int w, int h, int channels, int kx, int ky, size_t *kern_off, size_
     if (koff > SIZE_MAX - kbytes - 64)
         return 0;
     const size_t roff = (koff + kbytes + 63) & ~(size_t)63;
-    const size_t rl = fl_gb_rowlen(w, kx), nrows = (size_t)ky + 1;
-    if (rl > (SIZE_MAX - roff) / sizeof(float) / nrows)
+    const size_t rl = fl_gb_rowlen(w, kx), nrows = (size_t)ky + FL_GB_DEFER, hl = fl_gb_hrowlen(w);
+    const size_t pend = ((size_t)FL_GB_GROUP + uw / 8 + 1) * sizeof(fl_gb_pend);
+    if (rl + hl > (SIZE_MAX - roff - pend) / sizeof(float) / nrows)
         return 0;
     *kern_off = koff;
     *ring_off = roff;
-    return roff + rl * nrows * sizeof(float);
+    return roff + (rl * nrows + hl * (size_t)ky) * sizeof(float) + pend;
 }
 
 /* Whether w x h x channels and kx x ky are sizes the op takes. */
@@ -969,6 +993,213 @@ fl_gb_row2_avx2(const float *const *rows, const float *K, int kx, int ky, int w,
 #undef FL_GB_BLOCK2
 #endif
 
+/* The separable estimate and where it decides the byte.
+ *
+ * torch's value T of an output is the fused chain over the kx * ky taps
+ * (fl_gb_row).  The estimate E is the same blur done separably, also in
+ * float fused chains: each padded row through the 1-D kernel k_x (kx taps),
+ * then those rows through k_y (ky taps): kx + ky taps an output instead of
+ * kx * ky.  Every partial sum of either is below 256 (bytes <= 255 times
+ * non-negative weights summing to 1 within a few float ulps), where a
+ * float's half ulp is at most 2^-17, so:
+ *   |T - S| <= kx ky 2^-17        S: the exact sum with the 2-D weights
+ *   |E - S'| <= (kx + ky) 2^-17   S': the exact sum with k_y[a] k_x[b]
+ *                                 unrounded (k_y's rows carry k_x's error)
+ *   |S - S'| <= 255 2^-24 (sum of the weights) < 2^-16
+ * so |T - E| <= (kx ky + kx + ky) 2^-17 + 2^-16 =: B.  When E is farther
+ * than 2B from every half-integer, no half-integer lies between E and T
+ * and both round to the same integer (and the same byte after the clamp):
+ * E's byte is torch's.  The blocks of 8 outputs with any value nearer than
+ * that are summed as torch sums them (fl_gb_exact_avx2).  For 23 x 23,
+ * 2B = 0.0093: about 1.9% of the values, 14% of the blocks.  Kernels whose
+ * 2B passes FL_GB_FAST_MAX_MARGIN (about 48 x 48 taps) keep the direct sum
+ * for every output. */
+#define FL_GB_FAST_MAX_MARGIN 0.04
+
+/* The margin's two parts: *mk, the factor of the kx ky term (2 kx ky
+ * 2^-24 times the binade's power of two 2^e of T: a float's half ulp below
+ * 2^(e+1) is 2^(e-24)), and *mfix, 2 ((kx + ky) 2^-17 + 2^-16).  Returns
+ * 0, or -1 when the whole margin at the top binade (2^7) would pass
+ * FL_GB_FAST_MAX_MARGIN: the estimate is not worth it. */
+static int
+fl_gb_margin(int kx, int ky, float *mk, float *mfix)
+{
+    const double k2 = 2.0 * (double)kx * (double)ky * 0x1p-24;
+    const double fix = 2.0 * (((double)kx + (double)ky) * 0x1p-17 + 0x1p-16);
+    if (k2 * 128.0 + fix > FL_GB_FAST_MAX_MARGIN)
+        return -1;
+    *mk = (float)k2;
+    *mfix = (float)fix;
+    return 0;
+}
+
+#ifdef FL_T_HAVE_AVX2
+/* The horizontal pass of the estimate: out[x] for x < n (a multiple of 64)
+ * = the fused chain over b of p[x + b] * k[b], eight chains side by side
+ * (the FMA latency).  Reads p[0 .. n + kx - 1). */
+__attribute__((target("avx2,fma"))) static void
+fl_gb_hpass_avx2(const float *p, const float *k, int kx, int n, float *out)
+{
+    for (int x0 = 0; x0 < n; x0 += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm256_setzero_ps();
+        const float *q = p + x0;
+        for (int b = 0; b < kx; b++) {
+            const __m256 wv = _mm256_broadcast_ss(k + b);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + b + 8 * j), wv, a[j]);
+        }
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_ps(out + x0 + 8 * j, a[j]);
+    }
+}
+
+/* Rounded, clamped bytes of v's first n (<= 8) lanes into out[l * C]. */
+__attribute__((target("avx2,fma"))) static inline void
+fl_gb_store8(__m256i r, int n, uint8_t *out, int C)
+{
+    int32_t v[8];
+    _mm256_storeu_si256((__m256i *)(void *)v, r);
+    for (int l = 0; l < n; l++)
+        out[(size_t)l * (size_t)C] = (uint8_t)(v[l] < 0 ? 0 : v[l] > 255 ? 255 : v[l]);
+}
+
+/* The FL_GB_GROUP blocks pd[] (a block may repeat: it is stored twice, the
+ * same bytes) of channel c as torch sums them (fl_gb_row's chain; eight
+ * independent chains side by side cover the FMA latency), from the padded
+ * rows in ring (row j in slot j % slots, rowlen floats each: rows pd[i].y
+ * .. pd[i].y + ky - 1 must be there); into img (w x h x C); lanes past w
+ * are not stored. */
+__attribute__((target("avx2,fma"))) static void
+fl_gb_exact_avx2(const float *ring, size_t rowlen, int slots, const float *K, int kx, int ky, const fl_gb_pend *pd,
+                 int w, uint8_t *img, int C, int c)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int a = 0; a < ky; a++) {
+        const float *ka = K + (size_t)a * (size_t)kx, *r[FL_GB_GROUP];
+        for (int i = 0; i < FL_GB_GROUP; i++)
+            r[i] = ring + (size_t)((pd[i].y + a) % slots) * rowlen + pd[i].xb;
+        for (int b = 0; b < kx; b++) {
+            const __m256 wv = _mm256_broadcast_ss(ka + b);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r[0] + b), wv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r[1] + b), wv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r[2] + b), wv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r[3] + b), wv, a3);
+            a4 = _mm256_fmadd_ps(_mm256_loadu_ps(r[4] + b), wv, a4);
+            a5 = _mm256_fmadd_ps(_mm256_loadu_ps(r[5] + b), wv, a5);
+            a6 = _mm256_fmadd_ps(_mm256_loadu_ps(r[6] + b), wv, a6);
+            a7 = _mm256_fmadd_ps(_mm256_loadu_ps(r[7] + b), wv, a7);
+        }
+    }
+    const __m256 acc[FL_GB_GROUP] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int i = 0; i < FL_GB_GROUP; i++)
+        fl_gb_store8(_mm256_cvtps_epi32(acc[i]), w - pd[i].xb < 8 ? w - pd[i].xb : 8,
+                     img + ((size_t)pd[i].y * (size_t)w + (size_t)pd[i].xb) * (size_t)C + (size_t)c, C);
+}
+
+/* Output row y of channel c from the estimate: hrows[a] the horizontal pass
+ * of padded row y + a (hl floats, a multiple of 64).  Each value's margin
+ * is fl_gb_margin's 2B with the kx ky term's 2^-17 made the half ulp of
+ * the binade of E + 1/16, which holds T (mk times that binade's power of
+ * two), plus mfix.  Decided blocks are stored into img; the others are
+ * appended to pd[*np] (room for w / 8 + 1 more). */
+__attribute__((target("avx2,fma"))) static void
+fl_gb_vrow_avx2(const float *const *hrows, const float *k1y, int ky, int w, int hl, float mk, float mfix, int y,
+                uint8_t *img, int C, int c, fl_gb_pend *pd, int *np)
+{
+    const __m256 half = _mm256_set1_ps(0.5f), vmk = _mm256_set1_ps(mk), vfix = _mm256_set1_ps(mfix);
+    const __m256 up = _mm256_set1_ps(0.0625f);
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 expm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    uint8_t *out = img + (size_t)y * (size_t)w * (size_t)C + (size_t)c;
+    for (int x0 = 0; x0 < hl && x0 < w; x0 += 32) {
+        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+        for (int a = 0; a < ky; a++) {
+            const __m256 wv = _mm256_broadcast_ss(k1y + a);
+            const float *hr = hrows[a] + x0;
+            e0 = _mm256_fmadd_ps(_mm256_loadu_ps(hr), wv, e0);
+            e1 = _mm256_fmadd_ps(_mm256_loadu_ps(hr + 8), wv, e1);
+            e2 = _mm256_fmadd_ps(_mm256_loadu_ps(hr + 16), wv, e2);
+            e3 = _mm256_fmadd_ps(_mm256_loadu_ps(hr + 24), wv, e3);
+        }
+        const __m256 e[4] = {e0, e1, e2, e3};
+        for (int j = 0; j < 4; j++) {
+            const int xb = x0 + 8 * j;
+            if (xb >= w)
+                break;
+            const int n = w - xb < 8 ? w - xb : 8;
+            const __m256i r = _mm256_cvtps_epi32(e[j]);   /* nearest, ties to even: nearbyintf */
+            const __m256 d = _mm256_and_ps(_mm256_sub_ps(e[j], _mm256_cvtepi32_ps(r)), absm);
+            /* the binade's power of two: |E| + 1/16 with its mantissa cleared */
+            const __m256 p2 = _mm256_and_ps(_mm256_add_ps(_mm256_and_ps(e[j], absm), up), expm);
+            const __m256 lim = _mm256_sub_ps(half, _mm256_fmadd_ps(p2, vmk, vfix));
+            const int near = _mm256_movemask_ps(_mm256_cmp_ps(d, lim, _CMP_GT_OQ)) & ((1 << n) - 1);
+            if (near) {
+                pd[*np].y = y;
+                pd[(*np)++].xb = xb;
+            } else {
+                fl_gb_store8(r, n, out + (size_t)xb * (size_t)C, C);
+            }
+        }
+    }
+}
+
+/* The undecided blocks pd[0..np), in groups (the last one padded with
+ * repeats of its first block). */
+static void
+fl_gb_flush(const float *ring, size_t rowlen, int slots, const float *K, int kx, int ky, fl_gb_pend *pd, int np,
+            int w, uint8_t *img, int C, int c)
+{
+    for (int i = 0; i < np; i += FL_GB_GROUP) {
+        fl_gb_pend g[FL_GB_GROUP];
+        for (int k = 0; k < FL_GB_GROUP; k++)
+            g[k] = pd[i + k < np ? i + k : i];
+        fl_gb_exact_avx2(ring, rowlen, slots, K, kx, ky, g, w, img, C, c);
+    }
+}
+
+/* Channel c of the blur by the estimate (the comment above): padded rows
+ * into the ring (ky + FL_GB_DEFER slots) as fl_gblur_apply fills them, each
+ * one's horizontal pass into hring (ky rows of hl floats), each output row
+ * from those; the undecided blocks pend (pd: room for FL_GB_DEFER + 1 rows'
+ * blocks) until a group is full or their rows would leave the ring. */
+static void
+fl_gb_fast_channel(const uint8_t *src, uint8_t *img, int w, int h, int C, int c, int kx, int ky,
+                   const float *k1x, const float *k1y, const float *K, float *ring, size_t rowlen, float *hring,
+                   float mk, float mfix, fl_gb_pend *pd)
+{
+    const int px = kx / 2, py = ky / 2, slots = ky + FL_GB_DEFER;
+    const size_t hl = fl_gb_hrowlen(w);
+    const float *hrows[FL_GBLUR_MAX_K];
+    int filled = 0, np = 0;
+    for (int y = 0; y < h; y++) {
+        /* filling row y + ky - 1 overwrites row y + ky - 1 - slots = y - FL_GB_DEFER - 1: the blocks
+           of output rows up to y - FL_GB_DEFER - 1 (and any full group) are summed before */
+        if (np && pd[0].y < y - FL_GB_DEFER) {
+            fl_gb_flush(ring, rowlen, slots, K, kx, ky, pd, np, w, img, C, c);
+            np = 0;
+        }
+        for (; filled < y + ky; filled++) {
+            float *pr = ring + (size_t)(filled % slots) * rowlen;
+            fl_gb_fill_row(src, w, h, C, c, px, py, filled, pr, rowlen);
+            fl_gb_hpass_avx2(pr, k1x, kx, (int)hl, hring + (size_t)(filled % ky) * hl);
+        }
+        for (int a = 0; a < ky; a++)
+            hrows[a] = hring + (size_t)((y + a) % ky) * hl;
+        fl_gb_vrow_avx2(hrows, k1y, ky, w, (int)hl, mk, mfix, y, img, C, c, pd, &np);
+        if (np >= FL_GB_GROUP) {   /* the whole groups now, the rest waits */
+            const int whole = np - np % FL_GB_GROUP;
+            fl_gb_flush(ring, rowlen, slots, K, kx, ky, pd, whole, w, img, C, c);
+            memmove(pd, pd + whole, (size_t)(np - whole) * sizeof *pd);
+            np -= whole;
+        }
+    }
+    if (np)
+        fl_gb_flush(ring, rowlen, slots, K, kx, ky, pd, np, w, img, C, c);
+}
+#endif
+
 /* Contract: augment.h. */
 int
 fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int channels, uint8_t *tmp, fl_err *err)
@@ -1004,6 +1235,16 @@ fl_gblur_apply(const fl_gblur *g, float sigma, uint8_t *img, int w, int h, int c
     const int simd = fl_use_avx2() && __builtin_cpu_supports("fma");
 #else
     const int simd = 0;
+#endif
+#ifdef FL_T_HAVE_AVX2
+    float mk, mfix;
+    if (simd && fl_gb_margin(kx, ky, &mk, &mfix) == 0) {
+        float *hring = ring + (size_t)(ky + FL_GB_DEFER) * rowlen;
+        for (int c = 0; c < C; c++)
+            fl_gb_fast_channel(tmp, img, w, h, C, c, kx, ky, k1x, k1y, K, ring, rowlen, hring, mk, mfix,
+                               (fl_gb_pend *)(void *)(hring + (size_t)ky * fl_gb_hrowlen(w)));
+        return 0;
+    }
 #endif
     const float *rows[FL_GBLUR_MAX_K + 1];
     const int slots = ky + 1;
