@@ -129,18 +129,6 @@ fl_rng_normal(fl_rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-/* Two independent standard normal draws: both values of one Box-Muller
- * pair (the same two uniforms as fl_rng_normal; *z0 is its value), for
- * bulk noise at half the cost per value. */
-static inline void
-fl_rng_normal2(fl_rng *r, double *z0, double *z1)
-{
-    double u1 = 1.0 - fl_rng_uniform(r, 0.0, 1.0), u2 = fl_rng_uniform(r, 0.0, 1.0);
-    double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
-    *z0 = rad * cos(th);
-    *z1 = rad * sin(th);
-}
-
 /* A Gamma(a, 1) draw, a > 0: Marsaglia and Tsang's method, with the
  * U^(1/a) boost for a < 1 (MixUp's Beta and AugMix's Dirichlet weights). */
 static inline double

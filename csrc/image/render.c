@@ -693,12 +693,36 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     return 0;
 }
 
+/* n N(0, 1) values into z, from rng: Box-Muller in float (as torch's
+ * normal_ on a float tensor), on 24-bit uniforms, u1 in (0, 1] and u2 in
+ * [0, 1), each Philox block (two fl_rng_next) giving two pairs, both
+ * values of each pair used in turn.  |z| < 5.8 (u1 >= 2^-24).  Pure but
+ * for rng; no GIL. */
+static void
+fl_erase_normals(fl_rng *rng, float *z, int n)
+{
+    for (int k = 0; k < n; k += 4) {
+        const uint64_t b0 = fl_rng_next(rng), b1 = fl_rng_next(rng);
+        const uint32_t w[4] = {(uint32_t)b0, (uint32_t)(b0 >> 32), (uint32_t)b1, (uint32_t)(b1 >> 32)};
+        for (int p = 0; p < 2 && k + 2 * p < n; p++) {
+            const float u1 = (float)((w[2 * p] >> 8) + 1u) * 0x1p-24f;
+            const float u2 = (float)(w[2 * p + 1] >> 8) * 0x1p-24f;
+            const float r = sqrtf(-2.0f * logf(u1));
+            float sn, cs;
+            sincosf(6.28318530717958647692f * u2, &sn, &cs);
+            z[k + 2 * p] = r * cs;
+            if (k + 2 * p + 1 < n)
+                z[k + 2 * p + 1] = r * sn;
+        }
+    }
+}
+
 /* RandomErasing: write each of the plan's boxes, in order, into the
  * finished out_w x out_h sample at out (t's dtype and layout): the spec's
  * constant, or N(0, 1) values (one per element, FL_ERASE_NORMAL, channel-
- * major as torch's normal_([C, h, w]), both values of each Box-Muller pair
- * used along a row; or one per channel and box, FL_ERASE_CHANNEL) drawn
- * from rng.h keyed by the plan's erase_key.
+ * major as torch's normal_([C, h, w]), fl_erase_normals along each row;
+ * or one per channel and box, FL_ERASE_CHANNEL) drawn from rng.h keyed by
+ * the plan's erase_key.
  * Returns 0, or -1 with err filled (FL_ERR_INVALID) for a box outside the
  * sample. */
 static int
@@ -723,13 +747,7 @@ fl_render_erase(const fl_tspec *t, const fl_plan *plan, void *out, fl_err *err)
                 for (int y = y0; y < y0 + eh; y++)
                     for (int x1 = x0; x1 < x0 + ew; x1 += 256) {
                         int n = x0 + ew - x1 < 256 ? x0 + ew - x1 : 256;
-                        for (int k = 0; k < n; k += 2) {
-                            double z0, z1;
-                            fl_rng_normal2(&rng, &z0, &z1);
-                            noise[k] = (float)z0;
-                            if (k + 1 < n)
-                                noise[k + 1] = (float)z1;
-                        }
+                        fl_erase_normals(&rng, noise, n);
                         if (t->layout == FL_LAYOUT_CHW && t->dtype == FL_DT_F32) {
                             memcpy(o + (((size_t)c * H + y) * W + x1) * es, noise, (size_t)n * sizeof(float));
                             continue;
