@@ -654,7 +654,10 @@ def loader_end_to_end():
     "pinned" pool buffers (cudaHostAlloc), copied on the loader's stream,
     imported through DLPack on a consumer stream, read back and released.
     Over three persistent epochs they equal the CPU path bit for bit, the
-    device pool stops growing, and stats() reports the copies."""
+    device pool reuses its buffers (it stays within its cap of 4 a size
+    class over the 15 batches; how many of the 4 it needs depends on when
+    the fake's release events pass, so the count may differ between
+    epochs), and stats() reports the copies."""
     import tempfile
 
     import torch
@@ -681,7 +684,9 @@ def loader_end_to_end():
         st = dev.stats()
         pools.append((st["device_pool_buffers"], st["device_pool_bytes"]))
         assert st["h2d_bytes"] > 0 and st["h2d_gpu_s"] > 0 and st["device"] == "cuda:0", st
-    assert pools[1] == pools[2], pools
+    # 8 x 3 x 48 x 48 float32 -> the 256 KiB class, 8 int64 labels -> the 512-byte one; a buffer
+    # kept per batch would be 15 of the first by the third epoch
+    assert all(2 <= n <= 8 and b <= 4 * (262144 + 512) for n, b in pools), pools
     assert lib.fakecuda_counter(HOST_ALLOCS) > host_allocs  # the batch pool was page-locked
     del dev, cpu
 
