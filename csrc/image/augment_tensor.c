@@ -1001,19 +1001,24 @@ fl_gb_row2_avx2(const float *const *rows, const float *K, int kx, int ky, int w,
  * then those rows through k_y (ky taps): kx + ky taps an output instead of
  * kx * ky.  Every partial sum of either is below 256 (bytes <= 255 times
  * non-negative weights summing to 1 within a few float ulps), where a
- * float's half ulp is at most 2^-17, so:
- *   |T - S| <= kx ky 2^-17        S: the exact sum with the 2-D weights
+ * float's half ulp is at most 2^-17; torch's partial sums only grow (each
+ * adds a non-negative product; rounding is monotone), so each of its
+ * roundings is at most a half ulp of T's binade, 2^(e-24) for T in
+ * [2^e, 2^(e+1)).  So:
+ *   |T - S| <= kx ky 2^(e-24)     S: the exact sum with the 2-D weights
  *   |E - S'| <= (kx + ky) 2^-17   S': the exact sum with k_y[a] k_x[b]
  *                                 unrounded (k_y's rows carry k_x's error)
  *   |S - S'| <= 255 2^-24 (sum of the weights) < 2^-16
- * so |T - E| <= (kx ky + kx + ky) 2^-17 + 2^-16 =: B.  When E is farther
- * than 2B from every half-integer, no half-integer lies between E and T
- * and both round to the same integer (and the same byte after the clamp):
- * E's byte is torch's.  The blocks of 8 outputs with any value nearer than
- * that are summed as torch sums them (fl_gb_exact_avx2).  For 23 x 23,
- * 2B = 0.0093: about 1.9% of the values, 14% of the blocks.  Kernels whose
- * 2B passes FL_GB_FAST_MAX_MARGIN (about 48 x 48 taps) keep the direct sum
- * for every output. */
+ * so |T - E| <= kx ky 2^(e-24) + (kx + ky) 2^-17 + 2^-16 =: B, with 2^e
+ * taken as the binade of E + 1/16 (T <= E + B < E + 1/16).  When E is
+ * farther than 2B from every half-integer, no half-integer lies between E
+ * and T and both round to the same integer (and the same byte after the
+ * clamp): E's byte is torch's.  The blocks of 8 outputs with any value
+ * nearer than that are summed as torch sums them (fl_gb_exact_avx2).  For
+ * 23 x 23 and T in [64, 128), 2B = 0.0048; on a photograph 8% of the
+ * blocks go to the exact sum.  Kernels whose 2B at the top binade would
+ * pass FL_GB_FAST_MAX_MARGIN (about 50 x 50 taps) keep the direct sum for
+ * every output. */
 #define FL_GB_FAST_MAX_MARGIN 0.04
 
 /* The margin's two parts: *mk, the factor of the kx ky term (2 kx ky
