@@ -1012,6 +1012,24 @@ fl_affine_float(const uint8_t *src, uint8_t *img, int w, int h, int c, const dou
  * (vectorizable), the stores.  Each value goes through Pillow's double
  * operations in Pillow's order.  C: the channel count, a constant in each
  * caller. */
+/* Whether dy (*dy0) or dx (*dx0) is exactly 0 on every covered pixel
+ * (ok[k]) of a chunk of n: the warps that keep an axis (ShearX and
+ * TranslateX keep each row's y, ShearY and TranslateY keep x), where
+ * Pillow's interpolation reduces exactly to its one term along the other
+ * axis (v + 0 * finite = v).  Uncovered pixels are dropped, whatever their
+ * fraction.  Pure. */
+static inline __attribute__((always_inline)) void
+fl_zero_fractions(const double *dxs, const double *dys, const int32_t *ok, int n, int *dx0, int *dy0)
+{
+    int x = 1, y = 1;
+    for (int k = 0; k < n; k++) {
+        y &= (dys[k] == 0.0) | !ok[k];
+        x &= (dxs[k] == 0.0) | !ok[k];
+    }
+    *dx0 = x;
+    *dy0 = y;
+}
+
 #define FL_BL_CHUNK 64
 
 static inline __attribute__((always_inline)) void
@@ -1055,16 +1073,11 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
                 c0[k] = xa * C;
                 c1[k] = xb * C;
             }
-            /* dy = 0 on every covered pixel of the chunk (ShearX,
-             * TranslateX): v1 + (v2 - v1) * 0 is v1 exactly, one lerp along
-             * the row; dx = 0 (ShearY, TranslateY): each row's lerp is its
-             * first neighbour, one lerp along the column.  As in
-             * fl_bicubic_chunked. */
-            int dy0 = 1, dx0 = 1;
-            for (int k = 0; k < n; k++) {
-                dy0 &= (dys[k] == 0.0) | !ok[k];
-                dx0 &= (dxs[k] == 0.0) | !ok[k];
-            }
+            /* dy = 0 (fl_zero_fractions): v1 + (v2 - v1) * 0 is v1 exactly,
+             * one lerp along the row; dx = 0: each row's lerp is its first
+             * neighbour, one lerp along the column */
+            int dy0, dx0;
+            fl_zero_fractions(dxs, dys, ok, n, &dx0, &dy0);
             if (dy0 || dx0) {
                 for (int k = 0; k < n; k++) {
                     const uint8_t *s0 = src + (size_t)r0[k] * rs;
@@ -1191,19 +1204,14 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
                     rows[j][k] = ry < 0 ? 0 : ry >= h ? h - 1 : ry;
                 }
             }
-            /* A fraction that is exactly 0 on every covered pixel of the
-             * chunk (ShearX and TranslateX keep each row's y: dy = 0;
-             * ShearY and TranslateY keep x: dx = 0) makes Pillow's result one
-             * cubic: cubic(v1, v2, v3, v4, 0) = v2 + 0 * (finite) = v2 exactly,
-             * so the three other row cubics (dy = 0) or the row cubics
-             * themselves (dx = 0, each is its column-1 neighbour) need not
-             * be computed; the remaining one is Pillow's operations in its
-             * order.  Uncovered pixels are dropped, whatever their fraction. */
-            int dy0 = 1, dx0 = 1;
-            for (int k = 0; k < n; k++) {
-                dy0 &= (dys[k] == 0.0) | !ok[k];
-                dx0 &= (dxs[k] == 0.0) | !ok[k];
-            }
+            /* A zero fraction (fl_zero_fractions) makes Pillow's result one
+             * cubic: cubic(v1, v2, v3, v4, 0) = v2 + 0 * (finite) = v2
+             * exactly, so the three other row cubics (dy = 0) or the row
+             * cubics themselves (dx = 0, each is its column-1 neighbour)
+             * need not be computed; the remaining one is Pillow's
+             * operations in its order. */
+            int dy0, dx0;
+            fl_zero_fractions(dxs, dys, ok, n, &dx0, &dy0);
             if (dy0 || dx0) {
                 for (int k = 0; k < n; k++)
                     for (int j = 0; j < 4; j++)

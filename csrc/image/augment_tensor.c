@@ -1104,13 +1104,13 @@ fl_gb_exact_avx2(const float *ring, size_t rowlen, int slots, const float *K, in
 }
 
 /* Output row y of channel c from the estimate: hrows[a] the horizontal pass
- * of padded row y + a (hl floats, a multiple of 64).  Each value's margin
- * is fl_gb_margin's 2B with the kx ky term's 2^-17 made the half ulp of
- * the binade of E + 1/16, which holds T (mk times that binade's power of
- * two), plus mfix.  Decided blocks are stored into img; the others are
+ * of padded row y + a (fl_gb_hrowlen(w) floats: every 32-output block
+ * below w is there).  Each value's margin is fl_gb_margin's 2B with the
+ * kx ky term's 2^-17 made the half ulp of the binade of E + 1/16, which
+ * holds T (mk times that binade's power of two), plus mfix.  Decided blocks are stored into img; the others are
  * appended to pd[*np] (room for w / 8 + 1 more). */
 __attribute__((target("avx2,fma"))) static void
-fl_gb_vrow_avx2(const float *const *hrows, const float *k1y, int ky, int w, int hl, float mk, float mfix, int y,
+fl_gb_vrow_avx2(const float *const *hrows, const float *k1y, int ky, int w, float mk, float mfix, int y,
                 uint8_t *img, int C, int c, fl_gb_pend *pd, int *np)
 {
     const __m256 half = _mm256_set1_ps(0.5f), vmk = _mm256_set1_ps(mk), vfix = _mm256_set1_ps(mfix);
@@ -1118,7 +1118,7 @@ fl_gb_vrow_avx2(const float *const *hrows, const float *k1y, int ky, int w, int 
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 expm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
     uint8_t *out = img + (size_t)y * (size_t)w * (size_t)C + (size_t)c;
-    for (int x0 = 0; x0 < hl && x0 < w; x0 += 32) {
+    for (int x0 = 0; x0 < w; x0 += 32) {
         __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
         for (int a = 0; a < ky; a++) {
             const __m256 wv = _mm256_broadcast_ss(k1y + a);
@@ -1192,7 +1192,7 @@ fl_gb_fast_channel(const uint8_t *src, uint8_t *img, int w, int h, int C, int c,
         }
         for (int a = 0; a < ky; a++)
             hrows[a] = hring + (size_t)((y + a) % ky) * hl;
-        fl_gb_vrow_avx2(hrows, k1y, ky, w, (int)hl, mk, mfix, y, img, C, c, pd, &np);
+        fl_gb_vrow_avx2(hrows, k1y, ky, w, mk, mfix, y, img, C, c, pd, &np);
         if (np >= FL_GB_GROUP) {   /* the whole groups now, the rest waits */
             const int whole = np - np % FL_GB_GROUP;
             fl_gb_flush(ring, rowlen, slots, K, kx, ky, pd, whole, w, img, C, c);
