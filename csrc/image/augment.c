@@ -1032,6 +1032,157 @@ fl_zero_fractions(const double *dxs, const double *dys, const int32_t *ok, int n
 
 #define FL_BL_CHUNK 64
 
+#ifdef FL_AUG_X86
+/* The coordinates of output pixels x .. x + 7 of a row (centre y + 0.5: py =
+ * a1 (y + 0.5), qy = a4 (y + 0.5)) as fl_bilinear_chunked's and
+ * fl_bicubic_chunked's scalar loops compute them, the same double operations
+ * in the same order per pixel (no contraction; the floor of a value >= -0.5
+ * is roundpd's): the fractions dx, dy (4 pixels a vector), the floors xi, yi
+ * and the covered mask ok (all ones or 0, 8 lanes).  max/min clamp a NaN
+ * coordinate to 0 where the scalar clamp leaves it (no such matrix reaches
+ * here; a gather must never take one).  Pure. */
+typedef struct {
+    __m256d dx[2], dy[2];
+    __m256i xi, yi, ok;
+} fl_warp8;
+
+__attribute__((target("avx2"))) static inline void
+fl_warp8_coords(const double a[6], double py, double qy, int w, int h, int x, fl_warp8 *o)
+{
+    const __m256d W = _mm256_set1_pd((double)w), Hd = _mm256_set1_pd((double)h), zero = _mm256_setzero_pd();
+    const __m256d half = _mm256_set1_pd(0.5);
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m128i xi4[2], yi4[2], ok4[2];
+    for (int hf = 0; hf < 2; hf++) {
+        __m256d xin = _mm256_add_pd(_mm256_set1_pd((double)(x + 4 * hf)), _mm256_setr_pd(0.5, 1.5, 2.5, 3.5));
+        __m256d xs = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(a[0]), xin), _mm256_set1_pd(py)),
+                                   _mm256_set1_pd(a[2]));
+        __m256d ys = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(a[3]), xin), _mm256_set1_pd(qy)),
+                                   _mm256_set1_pd(a[5]));
+        __m256d ok = _mm256_and_pd(_mm256_and_pd(_mm256_cmp_pd(xs, zero, _CMP_GE_OQ), _mm256_cmp_pd(xs, W, _CMP_LT_OQ)),
+                                   _mm256_and_pd(_mm256_cmp_pd(ys, zero, _CMP_GE_OQ), _mm256_cmp_pd(ys, Hd, _CMP_LT_OQ)));
+        xs = _mm256_sub_pd(_mm256_min_pd(_mm256_max_pd(xs, zero), W), half);
+        ys = _mm256_sub_pd(_mm256_min_pd(_mm256_max_pd(ys, zero), Hd), half);
+        __m256d xf = _mm256_floor_pd(xs), yf = _mm256_floor_pd(ys);
+        o->dx[hf] = _mm256_sub_pd(xs, xf);
+        o->dy[hf] = _mm256_sub_pd(ys, yf);
+        xi4[hf] = _mm256_cvttpd_epi32(xf);
+        yi4[hf] = _mm256_cvttpd_epi32(yf);
+        /* the 4 all-ones / zero 64-bit masks as 4 32-bit ones */
+        ok4[hf] = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(ok), even));
+    }
+    o->xi = _mm256_set_m128i(xi4[1], xi4[0]);
+    o->yi = _mm256_set_m128i(yi4[1], yi4[0]);
+    o->ok = _mm256_set_m128i(ok4[1], ok4[0]);
+}
+
+/* Whether dy (bit 0) or dx (bit 1) is exactly 0 on every covered pixel of
+ * the 8 (fl_zero_fractions).  Pure. */
+__attribute__((target("avx2"))) static inline int
+fl_warp8_zero(const fl_warp8 *c)
+{
+    const __m256d zero = _mm256_setzero_pd();
+    int zy = 0, zx = 0;
+    for (int hf = 0; hf < 2; hf++) {
+        __m128i ok4 = hf ? _mm256_extracti128_si256(c->ok, 1) : _mm256_castsi256_si128(c->ok);
+        __m256d unc = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_xor_si128(ok4, _mm_set1_epi32(-1))));
+        zy |= _mm256_movemask_pd(_mm256_or_pd(_mm256_cmp_pd(c->dy[hf], zero, _CMP_EQ_OQ), unc)) << (4 * hf);
+        zx |= _mm256_movemask_pd(_mm256_or_pd(_mm256_cmp_pd(c->dx[hf], zero, _CMP_EQ_OQ), unc)) << (4 * hf);
+    }
+    return (zy == 0xff) | (zx == 0xff) << 1;
+}
+
+/* 8 pixels' 3 channels (bits 8c of each 32-bit lane, 0..255) with the fill
+ * where ok is 0, as 24 bytes at out.  Writes only out[0, 24). */
+__attribute__((target("avx2"))) static inline void
+fl_warp8_store3(__m256i px, __m256i ok, const uint8_t *fill, uint8_t *out)
+{
+    const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                                          0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    const __m256i fillpx = _mm256_set1_epi32((int32_t)((uint32_t)fill[0] | (uint32_t)fill[1] << 8
+                                                       | (uint32_t)fill[2] << 16));
+    px = _mm256_shuffle_epi8(_mm256_blendv_epi8(fillpx, px, ok), pack);
+    _mm_storeu_si128((__m128i *)(void *)out, _mm256_castsi256_si128(px));
+    /* bytes 12..15 of the first store are overwritten by the second */
+    uint8_t hi[16];
+    _mm_storeu_si128((__m128i *)(void *)hi, _mm256_extracti128_si256(px, 1));
+    memcpy(out + 12, hi, 12);
+}
+
+/* The first (w / 8) * 8 pixels of output row `out` of fl_bilinear_chunked
+ * with C = 3, 8 pixels a step (fl_warp8_coords, 4 in each double vector):
+ * the 4 neighbours as 32-bit gathers at row * rs + col * 3 (rs * h < 2^31,
+ * checked by the caller; 1 byte read past a pixel: tmp's slack), each
+ * channel's two lerps along x and one along y, or the one lerp where a
+ * fraction is 0 on all 8, in the scalar loop's double operations.  Returns
+ * the pixels done.  No GIL; writes only out[0, 3 * return). */
+__attribute__((target("avx2"))) static int
+fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double a[6], double py, double qy,
+                      const uint8_t *fill, uint8_t *out)
+{
+    const __m256i one = _mm256_set1_epi32(1), izero = _mm256_setzero_si256(), b255 = _mm256_set1_epi32(255);
+    const __m256i wm1 = _mm256_set1_epi32(w - 1), hv = _mm256_set1_epi32(h), vrs = _mm256_set1_epi32(rs);
+    int x = 0;
+    for (; x + 8 <= w; x += 8) {
+        fl_warp8 cw;
+        fl_warp8_coords(a, py, qy, w, h, x, &cw);
+        const __m256d *dx = cw.dx, *dy = cw.dy;
+        __m256i xa = _mm256_max_epi32(cw.xi, izero), xb = _mm256_min_epi32(_mm256_add_epi32(cw.xi, one), wm1);
+        __m256i ya = _mm256_max_epi32(cw.yi, izero), y1 = _mm256_add_epi32(cw.yi, one);
+        __m256i yb = _mm256_blendv_epi8(ya, y1, _mm256_cmpgt_epi32(hv, y1));
+        __m256i ra = _mm256_mullo_epi32(ya, vrs), rb = _mm256_mullo_epi32(yb, vrs);
+        __m256i ca = _mm256_add_epi32(xa, _mm256_slli_epi32(xa, 1)), cb = _mm256_add_epi32(xb, _mm256_slli_epi32(xb, 1));
+        const int *s32 = (const int *)(const void *)src;
+        __m256i g00 = _mm256_i32gather_epi32(s32, _mm256_add_epi32(ra, ca), 1);
+        __m256i px = _mm256_setzero_si256();
+        const int z = fl_warp8_zero(&cw);
+        if (z) {
+            const int along_x = z & 1;
+            __m256i g1 = _mm256_i32gather_epi32(s32, along_x ? _mm256_add_epi32(ra, cb) : _mm256_add_epi32(rb, ca), 1);
+            for (int c = 0; c < 3; c++) {
+                const int sh = 8 * c;
+                __m256i p0 = _mm256_and_si256(_mm256_srli_epi32(g00, sh), b255);
+                __m256i d0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(g1, sh), b255), p0);
+                __m128i r4[2];
+                for (int hf = 0; hf < 2; hf++) {
+                    __m128i lo = hf ? _mm256_extracti128_si256(p0, 1) : _mm256_castsi256_si128(p0);
+                    __m128i dd = hf ? _mm256_extracti128_si256(d0, 1) : _mm256_castsi256_si128(d0);
+                    __m256d v = _mm256_add_pd(_mm256_cvtepi32_pd(lo),
+                                              _mm256_mul_pd(_mm256_cvtepi32_pd(dd), along_x ? dx[hf] : dy[hf]));
+                    r4[hf] = _mm256_cvttpd_epi32(v);
+                }
+                px = _mm256_or_si256(px, _mm256_slli_epi32(_mm256_set_m128i(r4[1], r4[0]), sh));
+            }
+        } else {
+            __m256i g01 = _mm256_i32gather_epi32(s32, _mm256_add_epi32(ra, cb), 1);
+            __m256i g10 = _mm256_i32gather_epi32(s32, _mm256_add_epi32(rb, ca), 1);
+            __m256i g11 = _mm256_i32gather_epi32(s32, _mm256_add_epi32(rb, cb), 1);
+            for (int c = 0; c < 3; c++) {
+                const int sh = 8 * c;
+                __m256i p00 = _mm256_and_si256(_mm256_srli_epi32(g00, sh), b255);
+                __m256i p10 = _mm256_and_si256(_mm256_srli_epi32(g10, sh), b255);
+                __m256i d0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(g01, sh), b255), p00);
+                __m256i d1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(g11, sh), b255), p10);
+                __m128i r4[2];
+                for (int hf = 0; hf < 2; hf++) {
+#define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
+                    __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p00)),
+                                               _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d0)), dx[hf]));
+                    __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p10)),
+                                               _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d1)), dx[hf]));
+#undef FL_HALF
+                    v1 = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), dy[hf]));
+                    r4[hf] = _mm256_cvttpd_epi32(v1);
+                }
+                px = _mm256_or_si256(px, _mm256_slli_epi32(_mm256_set_m128i(r4[1], r4[0]), sh));
+            }
+        }
+        fl_warp8_store3(px, cw.ok, fill, out + (size_t)x * 3);
+    }
+    return x;
+}
+#endif
+
 static inline __attribute__((always_inline)) void
 fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const int C,
                     const double a[6], const uint8_t *fill)
@@ -1043,11 +1194,19 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
     uint8_t res[3][FL_BL_CHUNK];
     const double W = (double)w, Hd = (double)h;
     const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
+#ifdef FL_AUG_X86
+    const int simd = C == 3 && fl_use_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
+#endif
     for (int y = 0; y < h; y++) {
         uint8_t *restrict row = img + (size_t)y * rs;
         double yin = y + 0.5;
         double py = a[1] * yin, qy = a[4] * yin;
-        for (int x0 = 0; x0 < w; x0 += FL_BL_CHUNK) {
+        int xbeg = 0;
+#ifdef FL_AUG_X86
+        if (simd)
+            xbeg = fl_bilinear_run3_avx2(src, (int32_t)rs, w, h, a, py, qy, fill, row);
+#endif
+        for (int x0 = xbeg; x0 < w; x0 += FL_BL_CHUNK) {
             int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
             for (int k = 0; k < n; k++) {
                 double xin = (x0 + k) + 0.5;
@@ -1165,6 +1324,136 @@ fl_pil_cubic(double v1, double v2, double v3, double v4, double d)
     return p1 + d * (p2 + d * (p3 + d * p4));
 }
 
+#ifdef FL_AUG_X86
+/* fl_pil_cubic of 8 pixels' integer neighbours v1..v4 (0..255, 32-bit
+ * lanes) at the fractions d (4 a vector): p1..p4 are exact integers in
+ * Pillow's double arithmetic, so they are formed in integers, then its
+ * Horner steps in double, in its order.  Pure. */
+__attribute__((target("avx2"))) static inline void
+fl_cubic8_int(__m256i v1, __m256i v2, __m256i v3, __m256i v4, const __m256d d[2], __m256d r[2])
+{
+    __m256i p2 = _mm256_sub_epi32(v3, v1);
+    __m256i t = _mm256_sub_epi32(v1, v2);
+    __m256i p3 = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(t, t), v3), v4);
+    __m256i p4 = _mm256_add_epi32(_mm256_sub_epi32(_mm256_sub_epi32(v2, v1), v3), v4);
+    for (int hf = 0; hf < 2; hf++) {
+#define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
+        __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p3)), _mm256_mul_pd(d[hf], _mm256_cvtepi32_pd(FL_HALF(p4))));
+        q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p2)), _mm256_mul_pd(d[hf], q));
+        r[hf] = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(v2)), _mm256_mul_pd(d[hf], q));
+#undef FL_HALF
+    }
+}
+
+/* fl_pil_cubic of 4 pixels' double values r0..r3 at the fractions d, in its
+ * operations and order (-a + b is b - a exactly).  Pure. */
+__attribute__((target("avx2"))) static inline __m256d
+fl_cubic4_pd(__m256d r0, __m256d r1, __m256d r2, __m256d r3, __m256d d)
+{
+    __m256d p2 = _mm256_sub_pd(r2, r0);
+    __m256d t = _mm256_sub_pd(r0, r1);
+    __m256d p3 = _mm256_sub_pd(_mm256_add_pd(_mm256_add_pd(t, t), r2), r3);
+    __m256d p4 = _mm256_add_pd(_mm256_sub_pd(_mm256_sub_pd(r1, r0), r2), r3);
+    __m256d q = _mm256_add_pd(p3, _mm256_mul_pd(d, p4));
+    q = _mm256_add_pd(p2, _mm256_mul_pd(d, q));
+    return _mm256_add_pd(r1, _mm256_mul_pd(d, q));
+}
+
+/* Pillow's clip of the two halves' values to 0..255 (v <= 0 -> 0,
+ * v >= 255 -> 255), truncated, as 8 32-bit lanes.  Pure. */
+__attribute__((target("avx2"))) static inline __m256i
+fl_clip_trunc8(const __m256d v[2])
+{
+    const __m256d zero = _mm256_setzero_pd(), top = _mm256_set1_pd(255.0);
+    __m128i lo = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(v[0], zero), top));
+    __m128i hi = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(v[1], zero), top));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* The first (w / 8) * 8 pixels of output row `out` of fl_bicubic_chunked
+ * with C = 3, 8 pixels a step (fl_warp8_coords): the 4 x 4 neighbours as
+ * 32-bit loads (rows and columns clamped as the scalar loop clamps them;
+ * rs * h < 2^31, checked by the caller; 1 byte read past a pixel: tmp's
+ * slack), per channel the four row cubics along x (fl_cubic8_int) and the
+ * column cubic along y (fl_cubic4_pd), or the one cubic where a fraction is
+ * 0 on all 8 (fl_warp8_zero), clipped and truncated as Pillow does.  Returns
+ * the pixels done.  No GIL; writes only out[0, 3 * return). */
+__attribute__((target("avx2"))) static int
+fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double a[6], double py, double qy,
+                     const uint8_t *fill, uint8_t *out)
+{
+    const __m256i izero = _mm256_setzero_si256(), b255 = _mm256_set1_epi32(255);
+    const __m256i wm1 = _mm256_set1_epi32(w - 1), hm1 = _mm256_set1_epi32(h - 1), vrs = _mm256_set1_epi32(rs);
+    const int *s32 = (const int *)(const void *)src;
+    int x = 0;
+    for (; x + 8 <= w; x += 8) {
+        fl_warp8 cw;
+        fl_warp8_coords(a, py, qy, w, h, x, &cw);
+        __m256i col[4], row[4];
+        for (int j = 0; j < 4; j++) {
+            __m256i cx = _mm256_add_epi32(cw.xi, _mm256_set1_epi32(j - 1));
+            __m256i ry = _mm256_add_epi32(cw.yi, _mm256_set1_epi32(j - 1));
+            cx = _mm256_min_epi32(_mm256_max_epi32(cx, izero), wm1);
+            ry = _mm256_min_epi32(_mm256_max_epi32(ry, izero), hm1);
+            col[j] = _mm256_add_epi32(cx, _mm256_slli_epi32(cx, 1));
+            row[j] = _mm256_mullo_epi32(ry, vrs);
+        }
+        __m256i px = _mm256_setzero_si256();
+        const int z = fl_warp8_zero(&cw);
+        if (z) {
+            /* dy = 0: row 1 along x; dx = 0: column 1 along y */
+            const int along_x = z & 1;
+            __m256i g[4];
+            for (int j = 0; j < 4; j++)
+                g[j] = _mm256_i32gather_epi32(
+                    s32, along_x ? _mm256_add_epi32(row[1], col[j]) : _mm256_add_epi32(row[j], col[1]), 1);
+            for (int c = 0; c < 3; c++) {
+                const int sh = 8 * c;
+                __m256i v[4];
+                for (int j = 0; j < 4; j++)
+                    v[j] = _mm256_and_si256(_mm256_srli_epi32(g[j], sh), b255);
+                __m256d r[2];
+                fl_cubic8_int(v[0], v[1], v[2], v[3], along_x ? cw.dx : cw.dy, r);
+                px = _mm256_or_si256(px, _mm256_slli_epi32(fl_clip_trunc8(r), sh));
+            }
+        } else {
+            /* 128 scalar 32-bit loads, not 16 gathers: measurably faster
+             * on the AMD machines here, where a gather is microcoded */
+            int32_t ro[4][8], co[4][8], gv[16][8];
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_si256((__m256i *)(void *)ro[j], row[j]);
+                _mm256_storeu_si256((__m256i *)(void *)co[j], col[j]);
+            }
+            for (int l = 0; l < 8; l++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *sr = src + ro[j][l];
+                    for (int i = 0; i < 4; i++)
+                        memcpy(&gv[j * 4 + i][l], sr + co[i][l], 4);
+                }
+            __m256i g[16];
+            for (int q = 0; q < 16; q++)
+                g[q] = _mm256_loadu_si256((const __m256i *)(const void *)gv[q]);
+            for (int c = 0; c < 3; c++) {
+                const int sh = 8 * c;
+                __m256d r[4][2];
+                for (int j = 0; j < 4; j++) {
+                    __m256i v[4];
+                    for (int i = 0; i < 4; i++)
+                        v[i] = _mm256_and_si256(_mm256_srli_epi32(g[j * 4 + i], sh), b255);
+                    fl_cubic8_int(v[0], v[1], v[2], v[3], cw.dx, r[j]);
+                }
+                __m256d o[2];
+                for (int hf = 0; hf < 2; hf++)
+                    o[hf] = fl_cubic4_pd(r[0][hf], r[1][hf], r[2][hf], r[3][hf], cw.dy[hf]);
+                px = _mm256_or_si256(px, _mm256_slli_epi32(fl_clip_trunc8(o), sh));
+            }
+        }
+        fl_warp8_store3(px, cw.ok, fill, out + (size_t)x * 3);
+    }
+    return x;
+}
+#endif
+
 static inline __attribute__((always_inline)) void
 fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, int h, const int C,
                    const double a[6], const uint8_t *fill)
@@ -1178,11 +1467,19 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
     uint8_t res[3][FL_BL_CHUNK];
     const double W = (double)w, Hd = (double)h;
     const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
+#ifdef FL_AUG_X86
+    const int simd = C == 3 && fl_use_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
+#endif
     for (int y = 0; y < h; y++) {
         uint8_t *restrict row = img + (size_t)y * rs;
         double yin = y + 0.5;
         double py = a[1] * yin, qy = a[4] * yin;
-        for (int x0 = 0; x0 < w; x0 += FL_BL_CHUNK) {
+        int xbeg = 0;
+#ifdef FL_AUG_X86
+        if (simd)
+            xbeg = fl_bicubic_run3_avx2(src, (int32_t)rs, w, h, a, py, qy, fill, row);
+#endif
+        for (int x0 = xbeg; x0 < w; x0 += FL_BL_CHUNK) {
             int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
             for (int k = 0; k < n; k++) {
                 double xin = (x0 + k) + 0.5;
