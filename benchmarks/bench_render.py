@@ -155,7 +155,7 @@ def run_c(src_dir: str, w: int, h: int, n: int) -> str:
         stage = os.path.join(src_dir, "image") if os.path.isdir(os.path.join(src_dir, "image")) else src_dir
         units = [os.path.join(stage, u) for u in STAGE_UNITS if os.path.exists(os.path.join(stage, u))]
         cmd = [cc, "-O3", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-std=c11", "-D_GNU_SOURCE",
-               "-I", src_dir, "-I", stage, c, *units, "-o", exe, "-lm"]
+               "-I", src_dir, "-I", stage, c, *units, "-o", exe, "-lmvec", "-lm"]
         subprocess.run(cmd, check=True)
         return subprocess.run([exe, str(w), str(h), str(n)], check=True, capture_output=True, text=True).stdout
 
