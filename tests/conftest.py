@@ -8,6 +8,7 @@ fastloader-only features skip in that mode.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -18,6 +19,15 @@ import helpers_datasets as H  # noqa: E402
 from nginx_server import fault_proxy, nginx  # noqa: E402,F401  (fixtures: the real nginx, a fault proxy)
 
 AGAINST_TORCH = H.AGAINST_TORCH
+
+# A suite started as a background job of a non-interactive shell (`cmd &`
+# inside `( ... )`, say) inherits SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler: every Ctrl-C test would fail with "KeyboardInterrupt
+# was not raised" for a reason that is the launcher's, not the loader's.
+# Give this process what an interactive start gives it (its children then
+# start with SIGINT at its default, as exec resets a handled signal).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):
