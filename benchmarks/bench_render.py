@@ -4,7 +4,8 @@ Two measurements, both single-threaded, on a realistic decode size (default a
 470 x 386 RGB photo, ImageNet's typical size):
 
   * ``C``: a small C harness compiled here against the transform stage's
-    units (csrc/image/plan.c, resample.c, render.c, convert.c; or the single
+    units (csrc/image/plan.c, resample.c, render.c, convert.c, augment.c,
+    augment_tensor.c; or the single
     imgops.c of older trees) with the extension's flags, calling
     fl_plan_sample + fl_render in a loop with one reused fl_scratch --
     exactly what a loader worker does per sample.  It also prints a
@@ -141,7 +142,7 @@ int main(int argc, char **argv)
 
 
 # The transform stage's C units (imgops.c: trees before the split by stage).
-STAGE_UNITS = ["imgops.c", "plan.c", "resample.c", "render.c", "convert.c"]
+STAGE_UNITS = ["imgops.c", "plan.c", "resample.c", "render.c", "convert.c", "augment.c", "augment_tensor.c"]
 
 
 def run_c(src_dir: str, w: int, h: int, n: int) -> str:
