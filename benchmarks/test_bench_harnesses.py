@@ -1,0 +1,35 @@
+"""The C harnesses of bench_render.py and bench_augment_ops.py compile against
+today's csrc/ and run.  They link csrc/image/ units directly, not the
+extension, so a function that moves between units breaks them while every
+loader test passes (bench_render.py stopped linking when the policy path moved
+into render.c, and nothing noticed).  A few calls each; the figures mean
+nothing here.
+"""
+import os
+import re
+import subprocess
+import sys
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(script, *args):
+    r = subprocess.run([sys.executable, os.path.join(BENCH_DIR, script), *args], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"{script} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return r.stdout
+
+
+def test_bench_render_harness_runs():
+    out = _run("bench_render.py", "--n", "3", "--no-py")
+    rows = re.findall(r"^(val_u8|val_f32|train_u8|train_f32)\s+([0-9.]+) us/image\s+checksum ([0-9a-f]{16})$",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["val_u8", "val_f32", "train_u8", "train_f32"], out
+    assert all(float(r[1]) > 0 for r in rows)
+
+
+def test_bench_augment_ops_harness_runs():
+    out = _run("bench_augment_ops.py", "--n", "2", "--repeats", "1", "--only", "Rotate")
+    rows = re.findall(r"^\| (Rotate(?:/bilinear|/bicubic)?)\s+\|\s+([0-9.]+) \|", out, re.M)
+    assert [r[0] for r in rows] == ["Rotate", "Rotate/bilinear", "Rotate/bicubic"], out
+    assert all(float(r[1]) > 0 for r in rows)
