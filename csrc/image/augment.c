@@ -1030,13 +1030,40 @@ fl_zero_fractions(const double *dxs, const double *dys, const int32_t *ok, int n
     *dy0 = y;
 }
 
+/* The scalar loops' coordinates of output pixel x of a row (py = a1 (y +
+ * 0.5), qy = a4 (y + 0.5)) in Pillow's double operations: returns whether
+ * the centre maps inside [0, w) x [0, h) (W, Hd); the position, clamped to
+ * the image (a no-op on the covered pixels, so that the uncovered ones,
+ * whose bytes are dropped, index inside), shifted by -0.5 and floored (FLOOR()
+ * for values >= -0.5: the truncation, minus 1 below 0) in *xi, *yi, its
+ * fractions in *dx, *dy.  Pure. */
+static inline __attribute__((always_inline)) int32_t
+fl_warp_coord(const double a[6], double py, double qy, double W, double Hd, int x, int32_t *xi, int32_t *yi,
+              double *dx, double *dy)
+{
+    double xin = x + 0.5;
+    double xs = a[0] * xin + py + a[2];
+    double ys = a[3] * xin + qy + a[5];
+    int32_t ok = (xs >= 0.0) & (xs < W) & (ys >= 0.0) & (ys < Hd);
+    xs = xs < 0.0 ? 0.0 : xs;
+    xs = xs > W ? W : xs;
+    ys = ys < 0.0 ? 0.0 : ys;
+    ys = ys > Hd ? Hd : ys;
+    xs -= 0.5;
+    ys -= 0.5;
+    *xi = (int32_t)xs - (xs < 0.0);
+    *yi = (int32_t)ys - (ys < 0.0);
+    *dx = xs - *xi;
+    *dy = ys - *yi;
+    return ok;
+}
+
 #define FL_BL_CHUNK 64
 
 #ifdef FL_AUG_X86
 /* The coordinates of output pixels x .. x + 7 of a row (centre y + 0.5: py =
- * a1 (y + 0.5), qy = a4 (y + 0.5)) as fl_bilinear_chunked's and
- * fl_bicubic_chunked's scalar loops compute them, the same double operations
- * in the same order per pixel (no contraction; the floor of a value >= -0.5
+ * a1 (y + 0.5), qy = a4 (y + 0.5)) as fl_warp_coord computes them for the
+ * scalar loops, the same double operations in the same order per pixel (no contraction; the floor of a value >= -0.5
  * is roundpd's): the fractions dx, dy (4 pixels a vector), the floors xi, yi
  * and the covered mask ok (all ones or 0, 8 lanes).  max/min clamp a NaN
  * coordinate to 0 where the scalar clamp leaves it (no such matrix reaches
@@ -1207,7 +1234,6 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
     uint32_t u00[FL_BL_CHUNK], u01[FL_BL_CHUNK], u10[FL_BL_CHUNK], u11[FL_BL_CHUNK];
     uint8_t res[3][FL_BL_CHUNK];
     const double W = (double)w, Hd = (double)h;
-    const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
 #ifdef FL_AUG_X86
     const int simd = C == 3 && fl_use_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
 #endif
@@ -1223,22 +1249,8 @@ fl_bilinear_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, i
         for (int x0 = xbeg; x0 < w; x0 += FL_BL_CHUNK) {
             int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
             for (int k = 0; k < n; k++) {
-                double xin = (x0 + k) + 0.5;
-                double xs = a0 * xin + py + a2;
-                double ys = a3 * xin + qy + a5;
-                ok[k] = (xs >= 0.0) & (xs < W) & (ys >= 0.0) & (ys < Hd);
-                /* clamped (a no-op on the covered pixels), so that the
-                 * uncovered ones, whose bytes are dropped, index inside */
-                xs = xs < 0.0 ? 0.0 : xs;
-                xs = xs > W ? W : xs;
-                ys = ys < 0.0 ? 0.0 : ys;
-                ys = ys > Hd ? Hd : ys;
-                xs -= 0.5;
-                ys -= 0.5;
-                /* FLOOR() for xs >= -0.5: the truncation, minus 1 below 0 */
-                int32_t xi = (int32_t)xs - (xs < 0.0), yi = (int32_t)ys - (ys < 0.0);
-                dxs[k] = xs - xi;
-                dys[k] = ys - yi;
+                int32_t xi, yi;
+                ok[k] = fl_warp_coord(a, py, qy, W, Hd, x0 + k, &xi, &yi, &dxs[k], &dys[k]);
                 int32_t xa = xi < 0 ? 0 : xi, xb = xi + 1 < w ? xi + 1 : w - 1;
                 int32_t ya = yi < 0 ? 0 : yi, yb = yi + 1 < h ? yi + 1 : ya;
                 r0[k] = ya;
@@ -1466,7 +1478,6 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
                                        past the image they are tmp's slack, as in fl_bilinear_chunked) */
     uint8_t res[3][FL_BL_CHUNK];
     const double W = (double)w, Hd = (double)h;
-    const double a0 = a[0], a2 = a[2], a3 = a[3], a5 = a[5];
 #ifdef FL_AUG_X86
     const int simd = C == 3 && fl_use_avx2() && (uint64_t)rs * (uint64_t)h < ((uint64_t)1 << 31);
 #endif
@@ -1482,19 +1493,8 @@ fl_bicubic_chunked(const uint8_t *restrict src, uint8_t *restrict img, int w, in
         for (int x0 = xbeg; x0 < w; x0 += FL_BL_CHUNK) {
             int n = w - x0 < FL_BL_CHUNK ? w - x0 : FL_BL_CHUNK;
             for (int k = 0; k < n; k++) {
-                double xin = (x0 + k) + 0.5;
-                double xs = a0 * xin + py + a2;
-                double ys = a3 * xin + qy + a5;
-                ok[k] = (xs >= 0.0) & (xs < W) & (ys >= 0.0) & (ys < Hd);
-                xs = xs < 0.0 ? 0.0 : xs;
-                xs = xs > W ? W : xs;
-                ys = ys < 0.0 ? 0.0 : ys;
-                ys = ys > Hd ? Hd : ys;
-                xs -= 0.5;
-                ys -= 0.5;
-                int32_t xi = (int32_t)xs - (xs < 0.0), yi = (int32_t)ys - (ys < 0.0);
-                dxs[k] = xs - xi;
-                dys[k] = ys - yi;
+                int32_t xi, yi;
+                ok[k] = fl_warp_coord(a, py, qy, W, Hd, x0 + k, &xi, &yi, &dxs[k], &dys[k]);
                 for (int j = 0; j < 4; j++) {
                     int32_t cx = xi - 1 + j, ry = yi - 1 + j;
                     cols[j][k] = (cx < 0 ? 0 : cx >= w ? w - 1 : cx) * C;
