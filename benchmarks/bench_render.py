@@ -5,8 +5,8 @@ Two measurements, both single-threaded, on a realistic decode size (default a
 
   * ``C``: a small C harness compiled here against the transform stage's
     units (csrc/image/plan.c, resample.c, render.c, convert.c, augment.c,
-    augment_tensor.c; or the single
-    imgops.c of older trees) with the extension's flags, calling
+    augment_tensor.c; or the single imgops.c of older trees) with the
+    extension's flags, calling
     fl_plan_sample + fl_render in a loop with one reused fl_scratch --
     exactly what a loader worker does per sample.  It also prints a
     checksum (FNV-1a over every output byte), so two versions of the stage

@@ -697,11 +697,6 @@ fl_render_augmented(const fl_tspec *t, const fl_plan *plan, const fl_view *src, 
     return 0;
 }
 
-/* n N(0, 1) values into z, from rng: Box-Muller in float (as torch's
- * normal_ on a float tensor), on 24-bit uniforms, u1 in (0, 1] and u2 in
- * [0, 1), each Philox block (two fl_rng_next) giving two pairs, both
- * values of each pair used in turn.  |z| < 5.8 (u1 >= 2^-24).  Pure but
- * for rng; no GIL. */
 #if defined(FL_X86_SIMD) && defined(__GLIBC__)
 /* glibc's libmvec: logf, sinf, cosf on 8 floats (AVX2 variants, x86_64 vector ABI). */
 __attribute__((target("avx2"))) __m256 _ZGVdN8v_logf(__m256 x);
@@ -741,6 +736,11 @@ fl_erase_normals_avx2(fl_rng *rng, float *z, int n)
 }
 #endif
 
+/* n N(0, 1) values into z, from rng: Box-Muller in float (as torch's
+ * normal_ on a float tensor), on 24-bit uniforms, u1 in (0, 1] and u2 in
+ * [0, 1), each Philox block (two fl_rng_next) giving two pairs, both
+ * values of each pair used in turn.  |z| < 5.8 (u1 >= 2^-24).  Pure but
+ * for rng; no GIL. */
 static void
 fl_erase_normals(fl_rng *rng, float *z, int n)
 {
