@@ -51,6 +51,12 @@ void fl_rgb_to_luma(const uint8_t *src, size_t stride, int w, int h, uint8_t *ds
 typedef void (*fl_emit_fn)(const fl_tspec *t, const void *lut, const uint8_t *row, size_t ps, int wc, int out_w,
                            int out_h, int oy, void *out);
 
+/* convert.c: make the emitters' non-temporal stores (float32 rows on AVX2
+ * machines) visible to other threads: an sfence, called once a sample is
+ * written and before anything publishes it.  No GIL needed; a no-op
+ * elsewhere. */
+void fl_convert_fence(void);
+
 /* convert.c: store v as one element of t's dtype at dst (float16 and
  * bfloat16 rounded to nearest even; uint8 by truncation, for v a whole
  * number in 0..255 as fl_tspec_check requires of erase values). */

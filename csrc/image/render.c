@@ -849,5 +849,6 @@ fl_render(const fl_tspec *t, const fl_plan *plan, const fl_view *src, void *out,
                                               : fl_render_fused(t, plan, src, out, scratch, err);
     if (rc == 0 && plan->nerase)
         rc = fl_render_erase(t, plan, out, err);
+    fl_convert_fence();   /* the float rows' streamed stores, before the caller publishes out */
     return rc;
 }
