@@ -401,16 +401,23 @@ fl_vpass_c(const int32_t *k, int n, const uint8_t *const *rows, int32_t *acc, ui
 
 #ifdef FL_X86_SIMD
 /* AVX2 horizontal pass.  Outputs go in blocks of 8; lane l (outputs 4l..4l+3
- * of the block) works on 16 loaded plane bytes and, for tap j, one byte
- * shuffle puts each output's tap pixel, zero extended, in its 32-bit slot;
- * a 32-bit multiply by the tap weights (signed: bicubic's are negative
- * near its lobes) and an add follow.  The taps go in groups of gs
- * (taps [g * gs, (g + 1) * gs) of every output): each group of each lane
- * loads its own 16 bytes, from off[2 * (b * ng + g) + l].  tab holds per
- * block and tap the 32 shuffle bytes and the 8 weights (0 for missing
- * taps, whose shuffle byte is 0x80 = zero).  One group (ng = 1) when the 4
- * outputs' taps fit 16 bytes, as they do for bilinear up to a 3x and
- * bicubic up to a 2x downscale; more (wider downscales) otherwise. */
+ * of the block) works on 16 loaded plane bytes and, for taps j and j + 1,
+ * one byte shuffle puts each output's two tap pixels, zero extended to 16
+ * bits, side by side; vpmaddwd multiplies them by the taps' weights and
+ * adds the pair into the output's 32-bit slot.  The weights are Pillow's
+ * 22-bit fixed-point ones, split w = wh * 2^11 + wl (wl in 0..2047, wh
+ * signed: bicubic's are negative near its lobes), so two vpmaddwd give
+ * sum(p wh) and sum(p wl), and (sum(p wh) << 11) + sum(p wl) is sum(p w)
+ * exactly: the same integers as one 32-bit multiply a tap (vpmulld, half
+ * the rate of vpmaddwd on AMD Zen 1, and one shuffle a tap).  The taps go
+ * in groups of gs (taps [g * gs, (g + 1) * gs) of every output), paired
+ * within each group: each group of each lane loads its own 16 bytes, from
+ * off[2 * (b * ng + g) + l].  tab holds per block and tap pair
+ * FL_HTAB_TAP bytes: 32 shuffle bytes, 16 wh and 16 wl (int16; 0 for
+ * missing taps, whose shuffle bytes are 0x80 = zero).  One group (ng = 1)
+ * when the 4 outputs' taps fit 16 bytes, as they do for bilinear up to a
+ * 3x and bicubic up to a 2x downscale; more (wider downscales) otherwise. */
+#define FL_HSPLIT 11
 
 /* The tap group size for a filled axis: the largest gs <= kb such that
  * every lane's outputs, taps [g * gs, (g + 1) * gs) each, lie within 16
@@ -440,10 +447,13 @@ fl_htab_group(const fl_axis *a, int nh, int kb)
 }
 
 /* Build the table (off: 2 * ng int32 per block, tab: kb * FL_HTAB_TAP bytes
- * per block) for nh outputs of a filled axis, kb taps in groups of gs, ng
- * = ceil(kb / gs) groups.  A lane's group with no taps loads from 0 (its
- * weights are 0).  Returns 0, or -1 when some tap lies outside its
- * group's 16 bytes (not for the gs fl_htab_group picks). */
+ * per block, at most kb pairs used) for nh outputs of a filled axis, kb
+ * taps in groups of gs, ng = ceil(kb / gs) groups, each group's taps in
+ * pairs (the last one alone when the group's count is odd).  A lane's group
+ * with no taps loads from 0 (its weights are 0).  Returns 0, or -1 when
+ * some tap lies outside its group's 16 bytes (not for the gs fl_htab_group
+ * picks) or a weight's high part does not fit 16 bits (weights are below
+ * 2^23 in magnitude: not for Pillow's filters). */
 static int
 fl_htab_build(const fl_axis *a, int nh, int kb, int gs, int32_t *off, uint8_t *tab)
 {
@@ -451,6 +461,7 @@ fl_htab_build(const fl_axis *a, int nh, int kb, int gs, int32_t *off, uint8_t *t
     for (int b = 0; b < nb; b++) {
         uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
         for (int l = 0; l < 2; l++) {
+            int pair = 0;
             for (int g = 0; g < ng; g++) {
                 const int j0 = g * gs, j1 = j0 + gs < kb ? j0 + gs : kb;
                 int base = -1;
@@ -462,20 +473,30 @@ fl_htab_build(const fl_axis *a, int nh, int kb, int gs, int32_t *off, uint8_t *t
                 if (base < 0)
                     base = 0;
                 off[2 * (b * ng + g) + l] = base;
-                for (int q = 0; q < 4; q++) {
-                    int i = 8 * b + 4 * l + q;
-                    for (int j = j0; j < j1; j++) {
-                        uint8_t *ix = T + (size_t)j * FL_HTAB_TAP + 16 * l + 4 * q;
-                        int32_t w = 0;
-                        ix[0] = ix[1] = ix[2] = ix[3] = 0x80;
-                        if (i < nh && j < a->cnt[i]) {
-                            int p = a->lo[i] + j - base;
-                            if (p < 0 || p > 15)
+                for (int jp = j0; jp < j1; jp += 2, pair++) {
+                    uint8_t *P = T + (size_t)pair * FL_HTAB_TAP;
+                    for (int q = 0; q < 4; q++) {
+                        int i = 8 * b + 4 * l + q;
+                        for (int t = 0; t < 2; t++) {
+                            const int j = jp + t;
+                            uint8_t *ix = P + 16 * l + 4 * q + 2 * t;
+                            int32_t w = 0;
+                            ix[0] = ix[1] = 0x80;
+                            if (j < j1 && i < nh && j < a->cnt[i]) {
+                                int p = a->lo[i] + j - base;
+                                if (p < 0 || p > 15)
+                                    return -1;
+                                ix[0] = (uint8_t)p;
+                                w = a->k[(size_t)i * ks + j];
+                            }
+                            const int32_t wh = w >> FL_HSPLIT;   /* arithmetic: floor */
+                            if (wh < INT16_MIN || wh > INT16_MAX)
                                 return -1;
-                            ix[0] = (uint8_t)p;
-                            w = a->k[(size_t)i * ks + j];
+                            const int16_t h16 = (int16_t)wh, l16 = (int16_t)(w - wh * (1 << FL_HSPLIT));
+                            const size_t slot = (size_t)(8 * l + 2 * q + t) * sizeof(int16_t);
+                            memcpy(P + 32 + slot, &h16, sizeof h16);
+                            memcpy(P + 64 + slot, &l16, sizeof l16);
                         }
-                        memcpy(T + (size_t)j * FL_HTAB_TAP + 32 + 4 * (4 * l + q), &w, sizeof w);
                     }
                 }
             }
@@ -491,40 +512,44 @@ fl_load2x128(const uint8_t *p0, const uint8_t *p1)
                                    _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
 }
 
-/* acc += shuffle(d, tap j's bytes) * tap j's weights */
-#define FL_HTAP(acc, d, T, j)                                                                       \
-    acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(                                                  \
-        _mm256_shuffle_epi8(d, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP))), \
-        _mm256_loadu_si256((const __m256i *)(const void *)((T) + (j) * FL_HTAB_TAP + 32))))
+/* ah += pairs(d, pair P) . wh, al += pairs(d, pair P) . wl */
+#define FL_HPAIR(ah, al, d, T, P)                                                                   \
+    do {                                                                                            \
+        const __m256i x_ = _mm256_shuffle_epi8(d, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (P) * FL_HTAB_TAP)));  \
+        ah = _mm256_add_epi32(ah, _mm256_madd_epi16(x_, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (P) * FL_HTAB_TAP + 32)))); \
+        al = _mm256_add_epi32(al, _mm256_madd_epi16(x_, _mm256_loadu_si256((const __m256i *)(const void *)((T) + (P) * FL_HTAB_TAP + 64)))); \
+    } while (0)
+
+/* (ah << FL_HSPLIT) + al, shifted down by FL_PREC (al holds the rounding). */
+#define FL_HSUM(ah, al) _mm256_srai_epi32(_mm256_add_epi32(_mm256_slli_epi32(ah, FL_HSPLIT), al), FL_PREC)
 
 /* The kernel for nb blocks; kb, ng and gs are compile-time constants in
- * the common cases (fl_hpass_avx2 below), which unrolls the tap loops. */
+ * the common cases (fl_hpass_avx2 below), which unrolls the pair loops. */
 FL_AVX2 static inline __attribute__((always_inline)) void
 fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int kb, const int ng, const int gs,
                    const int32_t *off, const uint8_t *tab, uint8_t *out, size_t ops)
 {
-    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1));
+    const __m256i rnd = _mm256_set1_epi32(1 << (FL_PREC - 1)), zero = _mm256_setzero_si256();
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     if (wc == 3) {
         for (int b = 0; b < nb; b++) {
             const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
             const int32_t *o = off + 2 * (size_t)b * ng;
-            __m256i a0 = rnd, a1 = rnd, a2 = rnd;
+            __m256i h0 = zero, h1 = zero, h2 = zero, l0 = rnd, l1 = rnd, l2 = rnd;
+            int P = 0;
             for (int g = 0; g < ng; g++) {
                 const uint8_t *p0 = planes + o[2 * g], *p1 = planes + o[2 * g + 1];
                 const __m256i d0 = fl_load2x128(p0, p1);
                 const __m256i d1 = fl_load2x128(p0 + ips, p1 + ips);
                 const __m256i d2 = fl_load2x128(p0 + 2 * ips, p1 + 2 * ips);
                 const int j1 = (g + 1) * gs < kb ? (g + 1) * gs : kb;
-                for (int j = g * gs; j < j1; j++) {
-                    FL_HTAP(a0, d0, T, j);
-                    FL_HTAP(a1, d1, T, j);
-                    FL_HTAP(a2, d2, T, j);
+                for (int j = g * gs; j < j1; j += 2, P++) {
+                    FL_HPAIR(h0, l0, d0, T, P);
+                    FL_HPAIR(h1, l1, d1, T, P);
+                    FL_HPAIR(h2, l2, d2, T, P);
                 }
             }
-            a0 = _mm256_srai_epi32(a0, FL_PREC);
-            a1 = _mm256_srai_epi32(a1, FL_PREC);
-            a2 = _mm256_srai_epi32(a2, FL_PREC);
+            const __m256i a0 = FL_HSUM(h0, l0), a1 = FL_HSUM(h1, l1), a2 = FL_HSUM(h2, l2);
             /* saturating packs clip to 0..255: below 0 (negative lobes) to 0,
              * above 255 to 255 (a shifted sum is within -512..511) */
             /* lane 0 bytes: a0[0..3] a1[0..3] a2[0..3] a2[0..3]; lane 1 the same for [4..7] */
@@ -540,15 +565,15 @@ fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int 
         for (int b = 0; b < nb; b++) {
             const uint8_t *T = tab + (size_t)b * kb * FL_HTAB_TAP;
             const int32_t *o = off + 2 * (size_t)b * ng;
-            __m256i a0 = rnd;
+            __m256i h0 = zero, l0 = rnd;
+            int P = 0;
             for (int g = 0; g < ng; g++) {
                 const __m256i d0 = fl_load2x128(planes + o[2 * g], planes + o[2 * g + 1]);
                 const int j1 = (g + 1) * gs < kb ? (g + 1) * gs : kb;
-                for (int j = g * gs; j < j1; j++)
-                    FL_HTAP(a0, d0, T, j);
+                for (int j = g * gs; j < j1; j += 2, P++)
+                    FL_HPAIR(h0, l0, d0, T, P);
             }
-            a0 = _mm256_srai_epi32(a0, FL_PREC);
-            __m256i p = _mm256_packus_epi32(a0, a0);
+            __m256i p = _mm256_packus_epi32(FL_HSUM(h0, l0), FL_HSUM(h0, l0));
             p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
             _mm_storel_epi64((__m128i *)(void *)(out + 8 * (size_t)b), _mm256_castsi256_si128(p));
         }

@@ -33,7 +33,7 @@
 #define FL_AVX2 __attribute__((target("avx2")))
 #endif
 
-#define FL_HTAB_TAP 64   /* AVX2 horizontal table: bytes per (block, tap) */
+#define FL_HTAB_TAP 96   /* AVX2 horizontal table: bytes per (block, tap pair); reserved per tap */
 
 /* One axis of the resample: the box [in0, in1) relative to buffer index
  * `base` (which may lie outside the buffer), `insize` pixels from base form
