@@ -1136,11 +1136,15 @@ fl_warp8_store3(__m256i px, __m256i ok, const uint8_t *fill, uint8_t *out)
     memcpy(out + 12, hi, 12);
 }
 
-/* Channel c (bits 8c..8c+7) of each 32-bit lane of g, as 0..255.  Pure. */
+/* Channel c (bits 8c..8c+7) of each 32-bit lane of g, as 0..255: one byte
+ * shuffle (byte c of each lane, the other three zeroed), where a shift and
+ * a mask took two operations.  Pure. */
 __attribute__((target("avx2"))) static inline __m256i
 fl_chan8(__m256i g, int c)
 {
-    return _mm256_and_si256(_mm256_srli_epi32(g, 8 * c), _mm256_set1_epi32(255));
+    const char z = (char)0x80, a = (char)c, b = (char)(c + 4), d = (char)(c + 8), e = (char)(c + 12);
+    return _mm256_shuffle_epi8(g, _mm256_setr_epi8(a, z, z, z, b, z, z, z, d, z, z, z, e, z, z, z,
+                                                   a, z, z, z, b, z, z, z, d, z, z, z, e, z, z, z));
 }
 
 /* The 32-bit values at src + idx[l] for the 8 lanes (unaligned; the caller
