@@ -21,7 +21,9 @@
  * message; a valid region (computed with fl_jpeg_scaled_size from the header)
  * is never refused as outside the image; an invalid one is never accepted;
  * and a region decoded without warnings equals the same window of a full
- * decode at the same scale (jpeg.h's promise), when that full decode succeeds.
+ * decode at the same scale (jpeg.h's promise), when that full decode succeeds;
+ * fl_jpeg_decode_wide gives the same outcome and, at the column it reports,
+ * the same bytes.
  * Each input gets fresh decoders (one for the header and the region, one for
  * the full decode), so nothing carries over between inputs or decodes.
  */
@@ -179,6 +181,31 @@ region_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
             fz_check_err(&e2, "fl_jpeg_decode(full, for comparison)");
         }
         free(all);
+    }
+    /* fl_jpeg_decode_wide (the native pipeline's call): the same outcome, and
+     * the region's bytes at the column it reports in rows as wide as the
+     * scaled image */
+    {
+        const size_t wstride = (size_t)sw * (size_t)ch + pad;
+        const size_t wneed = (size_t)(r.h - 1) * wstride + (size_t)sw * (size_t)ch;
+        uint8_t *wide = fz_guarded_alloc(wneed);
+        size_t col = 0;
+        fl_err e3 = {0, ""};
+        int wrc = fl_jpeg_decode_wide(dec, file, len, &r, wide, wstride, &col, &e3);
+        fz_guard_check(wide, wneed, "fl_jpeg_decode_wide");
+        if (wrc != rc)
+            FZ_FAIL("fl_jpeg_decode_wide returned %d where fl_jpeg_decode returned %d (%s)", wrc, rc, e3.msg);
+        if (wrc < 0)
+            fz_check_err(&e3, "fl_jpeg_decode_wide");
+        else if (col + (size_t)r.w > (size_t)sw)
+            FZ_FAIL("fl_jpeg_decode_wide: column %zu + width %d past the scaled width %d", col, r.w, sw);
+        else if (fl_jpeg_last_warnings(dec) == 0 && warnings == 0)
+            for (int y = 0; y < r.h; y++)
+                if (memcmp(wide + (size_t)y * wstride + col * (size_t)ch, out + (size_t)y * stride,
+                           (size_t)r.w * (size_t)ch) != 0)
+                    FZ_FAIL("fl_jpeg_decode_wide: row %d of region %d,%d %dx%d (ch %d, scale %d/8) differs from "
+                            "fl_jpeg_decode's", y, r.x, r.y, r.w, r.h, ch, scale);
+        free(wide);
     }
     free(out);
     return;

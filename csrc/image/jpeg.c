@@ -866,11 +866,13 @@ fl_imcu_width(j_decompress_ptr cinfo)
 #endif
 }
 
-/* Body of fl_jpeg_decode.  Returns 0, or -1 with err filled for errors found
+/* Body of fl_jpeg_decode and fl_jpeg_decode_wide (col_out non-NULL: rows of
+ * out_stride bytes hold libjpeg's whole cropped window, the region from
+ * column *col_out).  Returns 0, or -1 with err filled for errors found
  * here; libjpeg errors longjmp out of it. */
 static int
 fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *r,
-               uint8_t *out, size_t out_stride, fl_err *err)
+               uint8_t *out, size_t out_stride, size_t *col_out, fl_err *err)
 {
     j_decompress_ptr cinfo = &j->cinfo;
     J_COLOR_SPACE want;
@@ -956,6 +958,15 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     }
     col = (size_t)((JDIMENSION)r->x - xoff);
     direct = col == 0 && cw == (JDIMENSION)r->w && nc == r->out_channels;
+    if (col_out != NULL) {
+        /* wide: libjpeg's window straight into the caller's rows, which
+         * hold it (out_stride >= the scaled width), the region at col */
+        *col_out = 0;
+        if (nc == r->out_channels && out_stride >= (size_t)cw * (size_t)nc) {
+            direct = 1;
+            *col_out = col;
+        }
+    }
 
     if (r->y > 0)
         jpeg_skip_scanlines(cinfo, (JDIMENSION)r->y);
@@ -1006,6 +1017,7 @@ typedef struct {
     const fl_jpeg_region *region;
     uint8_t *out;
     size_t out_stride;
+    size_t *col_out;        /* NULL: fl_jpeg_decode; else fl_jpeg_decode_wide */
 } fl_decode_args;
 
 /* fl_decode_body as an fl_body_fn (arg: an fl_decode_args); may longjmp. */
@@ -1013,12 +1025,13 @@ static int
 fl_decode_guarded(fl_jpeg *j, const uint8_t *data, size_t len, void *arg, fl_err *err)
 {
     const fl_decode_args *a = arg;
-    return fl_decode_body(j, data, len, a->region, a->out, a->out_stride, err);
+    return fl_decode_body(j, data, len, a->region, a->out, a->out_stride, a->col_out, err);
 }
 
-int
-fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
-               uint8_t *out, size_t out_stride, fl_err *err)
+/* fl_jpeg_decode and fl_jpeg_decode_wide (col_out non-NULL). */
+static int
+fl_decode_checked(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region, uint8_t *out,
+                  size_t out_stride, size_t *col_out, fl_err *err)
 {
     fl_decode_args args;
     if (region->out_channels != 1 && region->out_channels != 3) {
@@ -1036,7 +1049,23 @@ fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     args.region = region;
     args.out = out;
     args.out_stride = out_stride;
+    args.col_out = col_out;
     return fl_guarded(j, data, len, fl_decode_guarded, &args, err);
+}
+
+int
+fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
+               uint8_t *out, size_t out_stride, fl_err *err)
+{
+    return fl_decode_checked(j, data, len, region, out, out_stride, NULL, err);
+}
+
+int
+fl_jpeg_decode_wide(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
+                    uint8_t *out, size_t out_stride, size_t *col, fl_err *err)
+{
+    *col = 0;
+    return fl_decode_checked(j, data, len, region, out, out_stride, col, err);
 }
 
 /* ------------------------------------------------------------------------ */

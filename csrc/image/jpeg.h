@@ -97,6 +97,17 @@ typedef struct {
 int fl_jpeg_decode(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
                    uint8_t *out, size_t out_stride, fl_err *err);
 
+/* As fl_jpeg_decode, without copying the region out of libjpeg's cropped
+ * window: out's rows (out_stride bytes apart, out_stride at least the scaled
+ * image's width * out_channels) receive the whole window, iMCU-aligned and
+ * wider than the region, and the region's row r is out + r * out_stride +
+ * *col * out_channels.  out must hold (h-1)*out_stride + the scaled width *
+ * out_channels bytes.  Where the window cannot land as it is (a conversion
+ * after libjpeg: RGB to L, CMYK) the region is copied to column 0 and *col
+ * is 0.  Same pixels, errors and GIL-free contract as fl_jpeg_decode. */
+int fl_jpeg_decode_wide(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region *region,
+                        uint8_t *out, size_t out_stride, size_t *col, fl_err *err);
+
 /* Apply EXIF orientation (1..8, as PIL.ImageOps.exif_transpose; anything
  * else copies) to a packed HWC image: src is w x h x c; dst must hold w*h*c
  * bytes and not alias src; the dst dims are h x w (swapped) for orientations

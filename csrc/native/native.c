@@ -290,17 +290,20 @@ decode_render(fl_native_worker *w, const fl_native_ds *ds, const uint8_t *data, 
         y1 = y0 + 1;
     int ch = ds->spec.out_channels == 1 ? 1 : 3;
     fl_jpeg_region reg = {ch, m, x0, y0, x1 - x0, y1 - y0};
-    size_t stride = (size_t)reg.w * (size_t)ch;
+    /* rows as wide as the scaled image: libjpeg's cropped window lands in
+     * them as it is, and the view starts at the region's column in it */
+    size_t stride = (size_t)sw * (size_t)ch, col = 0;
     if (fl_bytes_reserve(&w->pix, stride * (size_t)reg.h) < 0) {
         err->code = FL_ERR_NOMEM;
         snprintf(err->msg, sizeof err->msg, "out of memory for a %dx%d region", reg.w, reg.h);
         return -1;
     }
-    if (fl_jpeg_decode(w->jpeg, data, (size_t)len, &reg, w->pix.data, stride, &jerr) < 0)
+    if (fl_jpeg_decode_wide(w->jpeg, data, (size_t)len, &reg, w->pix.data, stride, &col, &jerr) < 0)
         goto jpeg_error;
     uint64_t t2 = timing ? fl_now_ns() : 0;
     w->decode_ns += t2 - t1;
-    fl_view view = {w->pix.data, reg.w, reg.h, stride, ch, (double)x0, (double)y0, m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
+    fl_view view = {w->pix.data + col * (size_t)ch, reg.w, reg.h, stride, ch, (double)x0, (double)y0,
+                    m == 8 ? 1.0 : fx, m == 8 ? 1.0 : fy};
     if (fl_render(&ds->spec, &plan, &view, out, &w->scratch, err) < 0)
         return -1;
     if (timing)
