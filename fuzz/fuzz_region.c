@@ -184,10 +184,11 @@ region_checks(fl_jpeg *dec, const uint8_t *data, size_t size)
     }
     /* fl_jpeg_decode_wide (the native pipeline's call): the same outcome, and
      * the region's bytes at the column it reports in rows as wide as the
-     * scaled image */
-    {
-        const size_t wstride = (size_t)sw * (size_t)ch + pad;
-        const size_t wneed = (size_t)(r.h - 1) * wstride + (size_t)sw * (size_t)ch;
+     * scaled image (when those rows fit the harness's output bound: a narrow
+     * region of a very wide image would not) */
+    const size_t wstride = (size_t)sw * (size_t)ch + pad;
+    const size_t wneed = (size_t)(r.h - 1) * wstride + (size_t)sw * (size_t)ch;
+    if (wneed <= FZ_MAX_OUT_BYTES) {
         uint8_t *wide = fz_guarded_alloc(wneed);
         size_t col = 0;
         fl_err e3 = {0, ""};
