@@ -15,6 +15,19 @@ bash scripts/setup.sh
 VENV="${FASTLOADER_VENV:-.venv}"
 full=1
 if [ "${1:-}" = "--no-asan" ]; then full=0; shift; fi
+# Wait for the background pass $1, print its title $3 and its log $2, and
+# stop with its exit status if it failed.
+finish_beside() {
+    local status=0
+    wait "$1" || status=$?
+    echo "== $3"
+    cat "$2"
+    if [ "$status" -ne 0 ]; then
+        echo "== $3: failed (exit $status)"
+        exit "$status"
+    fi
+}
+
 # The release and ASan passes run side by side: each keeps about one of the
 # two CPUs busy on average (the release pass: 14.4 CPU-minutes in 12.5
 # minutes; much of a test's time is worker start-up, sleeps and waits), so
@@ -36,19 +49,13 @@ fi
 echo "== pytest (release build)"
 "$VENV/bin/python" -m pytest -q --timeout=300 "$@" tests
 bench=("$VENV/bin/python" -m pytest -q --timeout=300 benchmarks --bench-quick --benchmark-columns=median,ops,rounds)
+bench_title="pytest benchmarks/ --bench-quick (each benchmark runs, its batches right; the figures mean nothing)"
 if [ $full = 0 ]; then
-    echo "== pytest benchmarks/ --bench-quick (each benchmark runs, its batches right; the figures mean nothing)"
+    echo "== $bench_title"
     "${bench[@]}"
     exit 0
 fi
-asan_status=0
-wait "$asan_pid" || asan_status=$?
-echo "== pytest (ASan + UBSan build)"
-cat "$asan_log"
-if [ "$asan_status" -ne 0 ]; then
-    echo "== pytest (ASan + UBSan build) failed (exit $asan_status)"
-    exit "$asan_status"
-fi
+finish_beside "$asan_pid" "$asan_log" "pytest (ASan + UBSan build)"
 # The quick benchmarks check batches, not speed, and the fuzz smoke and the
 # TSan pass keep about one of the two CPUs busy, so they run side by side
 # (about 5 of CI's minutes).
@@ -60,11 +67,4 @@ echo "== fuzz smoke (60 s)"
 FASTLOADER_VENV="$VENV" bash scripts/fuzz.sh 60
 echo "== pytest (TSan build: engine and loader tests)"
 FASTLOADER_VENV="$VENV" bash scripts/test-tsan.sh
-bench_status=0
-wait "$bench_pid" || bench_status=$?
-echo "== pytest benchmarks/ --bench-quick (each benchmark runs, its batches right; the figures mean nothing)"
-cat "$bench_log"
-if [ "$bench_status" -ne 0 ]; then
-    echo "== pytest benchmarks/ --bench-quick failed (exit $bench_status)"
-    exit "$bench_status"
-fi
+finish_beside "$bench_pid" "$bench_log" "$bench_title"

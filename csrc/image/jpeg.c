@@ -960,8 +960,8 @@ fl_decode_body(fl_jpeg *j, const uint8_t *data, size_t len, const fl_jpeg_region
     direct = col == 0 && cw == (JDIMENSION)r->w && nc == r->out_channels;
     if (col_out != NULL) {
         /* wide: libjpeg's window straight into the caller's rows, which
-         * hold it (out_stride >= the scaled width), the region at col */
-        *col_out = 0;
+         * hold it (out_stride >= the scaled width), the region at col;
+         * else *col_out stays fl_jpeg_decode_wide's 0 */
         if (nc == r->out_channels && out_stride >= (size_t)cw * (size_t)nc) {
             direct = 1;
             *col_out = col;

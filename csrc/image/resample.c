@@ -573,7 +573,8 @@ fl_hpass_avx2_body(const uint8_t *planes, size_t ips, int wc, int nb, const int 
                 for (int j = g * gs; j < j1; j += 2, P++)
                     FL_HPAIR(h0, l0, d0, T, P);
             }
-            __m256i p = _mm256_packus_epi32(FL_HSUM(h0, l0), FL_HSUM(h0, l0));
+            const __m256i a0 = FL_HSUM(h0, l0);
+            __m256i p = _mm256_packus_epi32(a0, a0);
             p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p, p), perm);
             _mm_storel_epi64((__m128i *)(void *)(out + 8 * (size_t)b), _mm256_castsi256_si128(p));
         }
