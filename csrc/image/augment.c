@@ -1178,6 +1178,11 @@ fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double
     for (; x + 8 <= w; x += 8) {
         fl_warp8 cw;
         fl_warp8_coords(a, py, qy, w, h, x, &cw);
+        if (_mm256_testz_si256(cw.ok, cw.ok)) {
+            /* none covered: the fill */
+            fl_warp8_store3(_mm256_setzero_si256(), cw.ok, fill, out + (size_t)x * 3);
+            continue;
+        }
         const __m256d *dx = cw.dx, *dy = cw.dy;
         __m256i xa = _mm256_max_epi32(cw.xi, izero), xb = _mm256_min_epi32(_mm256_add_epi32(cw.xi, one), wm1);
         __m256i ya = _mm256_max_epi32(cw.yi, izero), y1 = _mm256_add_epi32(cw.yi, one);
@@ -1515,6 +1520,11 @@ fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double 
     for (; x + 8 <= w; x += 8) {
         fl_warp8 cw;
         fl_warp8_coords(a, py, qy, w, h, x, &cw);
+        if (_mm256_testz_si256(cw.ok, cw.ok)) {
+            /* none covered: the fill (fl_warp8_store3's bytes) */
+            fl_warp8_store3(_mm256_setzero_si256(), cw.ok, fill, out + (size_t)x * 3);
+            continue;
+        }
         const int z = fl_warp8_zero(&cw);
         if (z && fl_bicubic_run8_straight(src, rs, w, h, &cw, z, out + (size_t)x * 3))
             continue;
