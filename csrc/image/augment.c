@@ -1161,12 +1161,125 @@ fl_load8(const uint8_t *src, __m256i idx)
     return _mm256_loadu_si256((const __m256i *)(const void *)v);
 }
 
+/* Pillow's cubic (fl_pil_cubic below) of 4 bytes' neighbours at the fraction d, from the
+ * neighbours' int16 differences (p2 = v3 - v1, p3 = 2 (v1 - v2) + v3 - v4,
+ * p4 = -v1 + v2 - v3 + v4 and v2 itself, in lanes 4k .. 4k + 3 of the four
+ * 8-lane int16 vectors; exact, as Pillow's int arithmetic), Horner in
+ * double in Pillow's order, clipped to 0..255 and truncated: 4 int32
+ * lanes.  Pure. */
+__attribute__((target("avx2"))) static inline __m128i
+fl_cubic4_i16(__m128i v2, __m128i p2, __m128i p3, __m128i p4, int k, __m256d d)
+{
+    const __m256d zero = _mm256_setzero_pd(), top = _mm256_set1_pd(255.0);
+#define FL_Q4(v) _mm256_cvtepi32_pd(k ? _mm_cvtepi16_epi32(_mm_unpackhi_epi64((v), (v))) : _mm_cvtepi16_epi32(v))
+    __m256d q = _mm256_add_pd(FL_Q4(p3), _mm256_mul_pd(d, FL_Q4(p4)));
+    q = _mm256_add_pd(FL_Q4(p2), _mm256_mul_pd(d, q));
+    q = _mm256_add_pd(FL_Q4(v2), _mm256_mul_pd(d, q));
+#undef FL_Q4
+    return _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(q, zero), top));
+}
+
+/* Pillow's one cubic of 8 bytes: tap k at s + k * stride + 0..7 (the 4
+ * neighbours of each byte along the kept axis's other one), fraction d,
+ * into out[0, 8).  Reads exactly 8 bytes a tap.  Pure but for the store. */
+__attribute__((target("avx2"))) static inline void
+fl_cubic_bytes8(const uint8_t *s, ptrdiff_t stride, __m256d d, uint8_t *out)
+{
+    __m128i v1 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)s));
+    __m128i v2 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + stride)));
+    __m128i v3 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + 2 * stride)));
+    __m128i v4 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + 3 * stride)));
+    __m128i p2 = _mm_sub_epi16(v3, v1);
+    __m128i t = _mm_sub_epi16(v1, v2);
+    __m128i p3 = _mm_sub_epi16(_mm_add_epi16(_mm_add_epi16(t, t), v3), v4);
+    __m128i p4 = _mm_add_epi16(_mm_sub_epi16(_mm_sub_epi16(v2, v1), v3), v4);
+    __m128i lo = fl_cubic4_i16(v2, p2, p3, p4, 0, d), hi = fl_cubic4_i16(v2, p2, p3, p4, 1, d);
+    __m128i b = _mm_packus_epi16(_mm_packs_epi32(lo, hi), _mm_setzero_si128());
+    _mm_storel_epi64((__m128i *)(void *)out, b);
+}
+
+/* Pillow's lerp of 8 bytes (bilinear with one fraction 0): a + (b - a) * d
+ * with a at s + 0..7 and b at s + stride + 0..7, the difference in int (as
+ * Pillow's), the product and sum in double, truncated, into out[0, 8).
+ * Reads exactly 8 bytes a tap.  Pure but for the store. */
+__attribute__((target("avx2"))) static inline void
+fl_lerp_bytes8(const uint8_t *s, ptrdiff_t stride, __m256d d, uint8_t *out)
+{
+    __m128i a = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)s));
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + stride)));
+    __m128i df = _mm_sub_epi16(b, a);
+    __m128i r[2];
+    for (int k = 0; k < 2; k++) {
+        __m128i a4 = _mm_cvtepi16_epi32(k ? _mm_unpackhi_epi64(a, a) : a);
+        __m128i d4 = _mm_cvtepi16_epi32(k ? _mm_unpackhi_epi64(df, df) : df);
+        r[k] = _mm256_cvttpd_epi32(_mm256_add_pd(_mm256_cvtepi32_pd(a4), _mm256_mul_pd(_mm256_cvtepi32_pd(d4), d)));
+    }
+    _mm_storel_epi64((__m128i *)(void *)out, _mm_packus_epi16(_mm_packs_epi32(r[0], r[1]), _mm_setzero_si128()));
+}
+
+/* The 8 pixels of cw (C = 3) where they are one straight run: one fraction
+ * 0 on all of them (z, fl_warp8_zero), every one covered, the floors
+ * consecutive along x (xi0 + lane) on one row (yi), the other fraction the
+ * same on all 8, and no neighbour clamped.  TranslateX, ShearX and
+ * TranslateY give such runs nearly everywhere (a0 = 1, a3 = 0: the
+ * fraction only changes where the coordinate crosses a power of two).
+ * There every output byte is Pillow's one cubic (taps = 4) or lerp (taps =
+ * 2) of source bytes a fixed step apart (3 along x, the row stride along
+ * y) at one fraction, so the 24 bytes come from contiguous 24-byte runs
+ * rather than from 32-bit gathers and channel shuffles; the arithmetic is
+ * that of the one-fraction paths of fl_bicubic_run3_avx2 and
+ * fl_bilinear_run3_avx2, value for value.  Returns 1 with out[0, 24)
+ * written, or 0 (nothing written) where the 8 are not such a run.  Reads
+ * only inside the image (rs * h bytes at src).  No GIL. */
+__attribute__((target("avx2"))) static int
+fl_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, int z, int taps, uint8_t *out)
+{
+    if (_mm256_movemask_epi8(cw->ok) != -1)
+        return 0;
+    const int32_t xi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->xi));
+    const int32_t yi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->yi));
+    const __m256i want_x = _mm256_add_epi32(_mm256_set1_epi32(xi0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i same = _mm256_and_si256(_mm256_cmpeq_epi32(cw->xi, want_x),
+                                          _mm256_cmpeq_epi32(cw->yi, _mm256_set1_epi32(yi0)));
+    if (_mm256_movemask_epi8(same) != -1)
+        return 0;
+    const int along_x = z & 1;
+    const __m256d *f = along_x ? cw->dx : cw->dy;
+    const __m256d d = _mm256_permute4x64_pd(f[0], 0x00);
+    if ((_mm256_movemask_pd(_mm256_and_pd(_mm256_cmp_pd(f[0], d, _CMP_EQ_OQ), _mm256_cmp_pd(f[1], d, _CMP_EQ_OQ)))
+         != 0xf))
+        return 0;
+    /* the neighbours: before (1 for the cubic) and after (2 or 1) the floor */
+    const int before = taps == 4, after = taps == 4 ? 2 : 1;
+    const uint8_t *s;
+    ptrdiff_t stride;
+    if (along_x) {
+        if (xi0 - before < 0 || xi0 + 7 + after > w - 1 || yi0 < 0 || yi0 > h - 1)
+            return 0;
+        s = src + (size_t)yi0 * (size_t)rs + (size_t)(xi0 - before) * 3;
+        stride = 3;
+    } else {
+        if (yi0 - before < 0 || yi0 + after > h - 1 || xi0 < 0 || xi0 + 7 > w - 1)
+            return 0;
+        s = src + (size_t)(yi0 - before) * (size_t)rs + (size_t)xi0 * 3;
+        stride = rs;
+    }
+    for (int o = 0; o < 24; o += 8) {
+        if (taps == 4)
+            fl_cubic_bytes8(s + o, stride, d, out + o);
+        else
+            fl_lerp_bytes8(s + o, stride, d, out + o);
+    }
+    return 1;
+}
+
 /* The first (w / 8) * 8 pixels of output row `out` of fl_bilinear_chunked
  * with C = 3, 8 pixels a step (fl_warp8_coords, 4 in each double vector):
  * the 4 neighbours as 32-bit gathers at row * rs + col * 3 (rs * h < 2^31,
  * checked by the caller; 1 byte read past a pixel: tmp's slack), each
  * channel's two lerps along x and one along y, or the one lerp where a
- * fraction is 0 on all 8, in the scalar loop's double operations.  Returns
+ * fraction is 0 on all 8 (from contiguous runs where the 8 are one straight
+ * run, fl_run8_straight), in the scalar loop's double operations.  Returns
  * the pixels done.  No GIL; writes only out[0, 3 * return). */
 __attribute__((target("avx2"))) static int
 fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double a[6], double py, double qy,
@@ -1183,6 +1296,9 @@ fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double
             fl_warp8_store3(_mm256_setzero_si256(), cw.ok, fill, out + (size_t)x * 3);
             continue;
         }
+        const int z = fl_warp8_zero(&cw);
+        if (z && fl_run8_straight(src, rs, w, h, &cw, z, 2, out + (size_t)x * 3))
+            continue;
         const __m256d *dx = cw.dx, *dy = cw.dy;
         __m256i xa = _mm256_max_epi32(cw.xi, izero), xb = _mm256_min_epi32(_mm256_add_epi32(cw.xi, one), wm1);
         __m256i ya = _mm256_max_epi32(cw.yi, izero), y1 = _mm256_add_epi32(cw.yi, one);
@@ -1192,7 +1308,6 @@ fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double
         const int *s32 = (const int *)(const void *)src;
         __m256i g00 = _mm256_i32gather_epi32(s32, _mm256_add_epi32(ra, ca), 1);
         __m256i px = _mm256_setzero_si256();
-        const int z = fl_warp8_zero(&cw);
         if (z) {
             const int along_x = z & 1;
             __m256i g1 = _mm256_i32gather_epi32(s32, along_x ? _mm256_add_epi32(ra, cb) : _mm256_add_epi32(rb, ca), 1);
@@ -1412,94 +1527,6 @@ fl_clip_trunc8(const __m256d v[2])
     return _mm256_set_m128i(hi, lo);
 }
 
-/* fl_pil_cubic of 4 bytes' neighbours at the fraction d, from the
- * neighbours' int16 differences (p2 = v3 - v1, p3 = 2 (v1 - v2) + v3 - v4,
- * p4 = -v1 + v2 - v3 + v4 and v2 itself, in lanes 4k .. 4k + 3 of the four
- * 8-lane int16 vectors; exact, as Pillow's int arithmetic), Horner in
- * double in Pillow's order, clipped to 0..255 and truncated: 4 int32
- * lanes.  Pure. */
-__attribute__((target("avx2"))) static inline __m128i
-fl_cubic4_i16(__m128i v2, __m128i p2, __m128i p3, __m128i p4, int k, __m256d d)
-{
-    const __m256d zero = _mm256_setzero_pd(), top = _mm256_set1_pd(255.0);
-#define FL_Q4(v) _mm256_cvtepi32_pd(k ? _mm_cvtepi16_epi32(_mm_unpackhi_epi64((v), (v))) : _mm_cvtepi16_epi32(v))
-    __m256d q = _mm256_add_pd(FL_Q4(p3), _mm256_mul_pd(d, FL_Q4(p4)));
-    q = _mm256_add_pd(FL_Q4(p2), _mm256_mul_pd(d, q));
-    q = _mm256_add_pd(FL_Q4(v2), _mm256_mul_pd(d, q));
-#undef FL_Q4
-    return _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(q, zero), top));
-}
-
-/* Pillow's one cubic of 8 bytes: tap k at s + k * stride + 0..7 (the 4
- * neighbours of each byte along the kept axis's other one), fraction d,
- * into out[0, 8).  Reads exactly 8 bytes a tap.  Pure but for the store. */
-__attribute__((target("avx2"))) static inline void
-fl_cubic_bytes8(const uint8_t *s, ptrdiff_t stride, __m256d d, uint8_t *out)
-{
-    __m128i v1 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)s));
-    __m128i v2 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + stride)));
-    __m128i v3 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + 2 * stride)));
-    __m128i v4 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(s + 3 * stride)));
-    __m128i p2 = _mm_sub_epi16(v3, v1);
-    __m128i t = _mm_sub_epi16(v1, v2);
-    __m128i p3 = _mm_sub_epi16(_mm_add_epi16(_mm_add_epi16(t, t), v3), v4);
-    __m128i p4 = _mm_add_epi16(_mm_sub_epi16(_mm_sub_epi16(v2, v1), v3), v4);
-    __m128i lo = fl_cubic4_i16(v2, p2, p3, p4, 0, d), hi = fl_cubic4_i16(v2, p2, p3, p4, 1, d);
-    __m128i b = _mm_packus_epi16(_mm_packs_epi32(lo, hi), _mm_setzero_si128());
-    _mm_storel_epi64((__m128i *)(void *)out, b);
-}
-
-/* The 8 pixels of cw (C = 3) where they are one straight run: one fraction
- * 0 on all of them (z, fl_warp8_zero), every one covered, the floors
- * consecutive along x (xi0 + lane) on one row (yi), the other fraction the
- * same on all 8, and no neighbour clamped.  TranslateX, ShearX and
- * TranslateY give such runs nearly everywhere (a0 = 1, a3 = 0: the
- * fraction only changes where the coordinate crosses a power of two).
- * There every output byte is Pillow's one cubic of 4 source bytes a fixed
- * step apart (3 along x, the row stride along y) at one fraction, so the
- * 24 bytes come from 4 contiguous 24-byte runs rather than from 32-bit
- * gathers and channel shuffles; the arithmetic is fl_bicubic_run3_avx2's
- * one-cubic path's, value for value.  Returns 1 with out[0, 24) written,
- * or 0 (nothing written) where the 8 are not such a run.  Reads only
- * inside the image (rs * h bytes at src).  No GIL. */
-__attribute__((target("avx2"))) static int
-fl_bicubic_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, int z, uint8_t *out)
-{
-    if (_mm256_movemask_epi8(cw->ok) != -1)
-        return 0;
-    const int32_t xi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->xi));
-    const int32_t yi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->yi));
-    const __m256i want_x = _mm256_add_epi32(_mm256_set1_epi32(xi0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i same = _mm256_and_si256(_mm256_cmpeq_epi32(cw->xi, want_x),
-                                          _mm256_cmpeq_epi32(cw->yi, _mm256_set1_epi32(yi0)));
-    if (_mm256_movemask_epi8(same) != -1)
-        return 0;
-    const int along_x = z & 1;
-    const __m256d *f = along_x ? cw->dx : cw->dy;
-    const __m256d d = _mm256_permute4x64_pd(f[0], 0x00);
-    if ((_mm256_movemask_pd(_mm256_and_pd(_mm256_cmp_pd(f[0], d, _CMP_EQ_OQ), _mm256_cmp_pd(f[1], d, _CMP_EQ_OQ)))
-         != 0xf))
-        return 0;
-    const uint8_t *s;
-    ptrdiff_t stride;
-    if (along_x) {
-        /* columns xi0 - 1 .. xi0 + 9 of row yi0 */
-        if (xi0 < 1 || xi0 + 9 > w - 1 || yi0 < 0 || yi0 > h - 1)
-            return 0;
-        s = src + (size_t)yi0 * (size_t)rs + (size_t)(xi0 - 1) * 3;
-        stride = 3;
-    } else {
-        /* rows yi0 - 1 .. yi0 + 2 of columns xi0 .. xi0 + 7 */
-        if (yi0 < 1 || yi0 + 2 > h - 1 || xi0 < 0 || xi0 + 7 > w - 1)
-            return 0;
-        s = src + (size_t)(yi0 - 1) * (size_t)rs + (size_t)xi0 * 3;
-        stride = rs;
-    }
-    for (int o = 0; o < 24; o += 8)
-        fl_cubic_bytes8(s + o, stride, d, out + o);
-    return 1;
-}
-
 /* The first (w / 8) * 8 pixels of output row `out` of fl_bicubic_chunked
  * with C = 3, 8 pixels a step (fl_warp8_coords): the 4 x 4 neighbours as
  * 32-bit loads (rows and columns clamped as the scalar loop clamps them;
@@ -1507,7 +1534,7 @@ fl_bicubic_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_
  * slack), per channel the four row cubics along x (fl_cubic8_int) and the
  * column cubic along y (fl_cubic4_pd), or the one cubic where a fraction is
  * 0 on all 8 (fl_warp8_zero; from contiguous runs where the 8 are one
- * straight run, fl_bicubic_run8_straight), clipped and truncated as Pillow
+ * straight run, fl_run8_straight), clipped and truncated as Pillow
  * does.  Returns
  * the pixels done.  No GIL; writes only out[0, 3 * return). */
 __attribute__((target("avx2"))) static int
@@ -1526,7 +1553,7 @@ fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double 
             continue;
         }
         const int z = fl_warp8_zero(&cw);
-        if (z && fl_bicubic_run8_straight(src, rs, w, h, &cw, z, out + (size_t)x * 3))
+        if (z && fl_run8_straight(src, rs, w, h, &cw, z, 4, out + (size_t)x * 3))
             continue;
         __m256i col[4], row[4];
         for (int j = 0; j < 4; j++) {
