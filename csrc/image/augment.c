@@ -1502,6 +1502,21 @@ fl_cubic8_int(__m256i v1, __m256i v2, __m256i v3, __m256i v4, const __m256d d[2]
     }
 }
 
+/* fl_cubic8_int from the differences already formed (v2, p2, p3, p4: 8
+ * pixels' exact integers, 32-bit lanes): Pillow's Horner steps in double,
+ * in its order.  Pure. */
+__attribute__((target("avx2"))) static inline void
+fl_cubic8_diffs(__m256i v2, __m256i p2, __m256i p3, __m256i p4, const __m256d d[2], __m256d r[2])
+{
+    for (int hf = 0; hf < 2; hf++) {
+#define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
+        __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p3)), _mm256_mul_pd(d[hf], _mm256_cvtepi32_pd(FL_HALF(p4))));
+        q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p2)), _mm256_mul_pd(d[hf], q));
+        r[hf] = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(v2)), _mm256_mul_pd(d[hf], q));
+#undef FL_HALF
+    }
+}
+
 /* fl_pil_cubic of 4 pixels' double values r0..r3 at the fractions d, in its
  * operations and order (-a + b is b - a exactly).  Pure. */
 __attribute__((target("avx2"))) static inline __m256d
@@ -1525,6 +1540,79 @@ fl_clip_trunc8(const __m256d v[2])
     __m128i lo = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(v[0], zero), top));
     __m128i hi = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_max_pd(v[1], zero), top));
     return _mm256_set_m128i(hi, lo);
+}
+
+/* The 8 pixels of cw (C = 3) when every one is covered and its 4 x 4
+ * neighbours need no clamping (columns xi - 1 .. xi + 2 with xi <= w - 5,
+ * so that a 16-byte load from column xi - 1 stays in the row; rows yi - 1
+ * .. yi + 2): the rotations' interior.  Each pixel's neighbour row is one
+ * 16-byte load (4 pixels x 3 channels), shuffled to channel-major (channel
+ * c's 4 taps in 32-bit word c) and transposed so that word c of the 8
+ * pixels fills one vector; Pillow's integer differences then come from
+ * byte multiply-adds (p2 = -n0 + n2, p3 = 2 n0 - 2 n1 + n2 - n3, p4 = -n0 +
+ * n1 - n2 + n3, exact in int16 before their pairs are summed in int32), and
+ * the doubles are fl_bicubic_run3_avx2's (fl_cubic8_diffs, fl_cubic4_pd),
+ * value for value.  Returns 1 with out[0, 24) written, or 0 (nothing
+ * written) where the 8 are not all interior.  Reads only inside the image.
+ * No GIL. */
+__attribute__((target("avx2"))) static int
+fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, uint8_t *out)
+{
+    if (_mm256_movemask_epi8(cw->ok) != -1)
+        return 0;
+    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, _mm256_setzero_si256()),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 4), cw->xi));
+    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, _mm256_setzero_si256()),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 2), cw->yi));
+    if (_mm256_movemask_epi8(_mm256_and_si256(xin, yin)) != -1)
+        return 0;
+    /* each pixel's top-left neighbour: (yi - 1) * rs + (xi - 1) * 3 */
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256i cx = _mm256_sub_epi32(cw->xi, one);
+    __m256i base = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(cw->yi, one), _mm256_set1_epi32(rs)),
+                                    _mm256_add_epi32(cx, _mm256_slli_epi32(cx, 1)));
+    int32_t off[8];
+    _mm256_storeu_si256((__m256i *)(void *)off, base);
+    /* n0c0 n0c1 n0c2 n1c0 ... n3c2 -> c0: n0 n1 n2 n3 | c1: ... | c2: ... | 0 */
+    const __m256i cmajor = _mm256_setr_epi8(0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, -1, -1, -1, -1,
+                                            0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, -1, -1, -1, -1);
+    /* signed byte coefficients per tap n0..n3 (little-endian words) */
+    const __m256i c_p2 = _mm256_set1_epi32((int32_t)(0x00u | 0x01u << 16 | 0xffu));          /* -1, 0, 1, 0 */
+    const __m256i c_p3 = _mm256_set1_epi32((int32_t)(0x02u | 0xfeu << 8 | 0x01u << 16 | 0xffu << 24)); /* 2, -2, 1, -1 */
+    const __m256i c_p4 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8 | 0xffu << 16 | 0x01u << 24)); /* -1, 1, -1, 1 */
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const char z = (char)0x80;
+    const __m256i tap1 = _mm256_setr_epi8(1, z, z, z, 5, z, z, z, 9, z, z, z, 13, z, z, z,
+                                          1, z, z, z, 5, z, z, z, 9, z, z, z, 13, z, z, z);
+    __m256d r[3][4][2];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *rowp = src + (size_t)j * (size_t)rs;
+        __m256i y[4];
+        for (int p = 0; p < 4; p++) {
+            __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(rowp + off[p]));
+            __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(rowp + off[p + 4]));
+            y[p] = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), cmajor);
+        }
+        __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
+        __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+        __m256i wc[3] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1), _mm256_unpacklo_epi64(t2, t3)};
+        for (int c = 0; c < 3; c++) {
+            __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_p2), ones16);
+            __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_p3), ones16);
+            __m256i p4 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_p4), ones16);
+            __m256i v2 = _mm256_shuffle_epi8(wc[c], tap1);
+            fl_cubic8_diffs(v2, p2, p3, p4, cw->dx, r[c][j]);
+        }
+    }
+    __m256i px = _mm256_setzero_si256();
+    for (int c = 0; c < 3; c++) {
+        __m256d o[2];
+        for (int hf = 0; hf < 2; hf++)
+            o[hf] = fl_cubic4_pd(r[c][0][hf], r[c][1][hf], r[c][2][hf], r[c][3][hf], cw->dy[hf]);
+        px = _mm256_or_si256(px, _mm256_slli_epi32(fl_clip_trunc8(o), 8 * c));
+    }
+    fl_warp8_store3(px, cw->ok, (const uint8_t[3]){0, 0, 0}, out);
+    return 1;
 }
 
 /* The first (w / 8) * 8 pixels of output row `out` of fl_bicubic_chunked
@@ -1553,7 +1641,8 @@ fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double 
             continue;
         }
         const int z = fl_warp8_zero(&cw);
-        if (z && fl_run8_straight(src, rs, w, h, &cw, z, 4, out + (size_t)x * 3))
+        if (z ? fl_run8_straight(src, rs, w, h, &cw, z, 4, out + (size_t)x * 3)
+              : fl_bicubic_run8_interior(src, rs, w, h, &cw, out + (size_t)x * 3))
             continue;
         __m256i col[4], row[4];
         for (int j = 0; j < 4; j++) {
