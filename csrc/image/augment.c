@@ -1273,6 +1273,73 @@ fl_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *c
     return 1;
 }
 
+/* The 8 pixels of cw (C = 3) when every one is covered and its 2 x 2
+ * neighbours need no clamping (xi >= 0 and xi <= w - 3, so that an 8-byte
+ * load from column xi stays in the row; yi >= 0 and yi + 1 <= h - 1): a
+ * rotation's interior.  Each pixel's two neighbour rows are two 8-byte
+ * loads, shuffled to channel-major (channel c's p00 p01 p10 p11 in 32-bit
+ * word c) and transposed so that word c of the 8 pixels fills one vector;
+ * Pillow's integer differences p01 - p00 and p11 - p10 come from byte
+ * multiply-adds, and the doubles are fl_bilinear_run3_avx2's, value for
+ * value.  Returns 1 with out[0, 24) written, or 0 (nothing written) where
+ * the 8 are not all interior.  Reads only inside the image.  No GIL. */
+__attribute__((target("avx2"))) static int
+fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, uint8_t *out)
+{
+    if (_mm256_movemask_epi8(cw->ok) != -1)
+        return 0;
+    const __m256i m1 = _mm256_set1_epi32(-1);
+    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, m1), _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 2), cw->xi));
+    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, m1), _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 1), cw->yi));
+    if (_mm256_movemask_epi8(_mm256_and_si256(xin, yin)) != -1)
+        return 0;
+    __m256i base = _mm256_add_epi32(_mm256_mullo_epi32(cw->yi, _mm256_set1_epi32(rs)),
+                                    _mm256_add_epi32(cw->xi, _mm256_slli_epi32(cw->xi, 1)));
+    int32_t off[8];
+    _mm256_storeu_si256((__m256i *)(void *)off, base);
+    /* a: n0c0 n0c1 n0c2 n1c0 n1c1 n1c2 . . | b: the same -> c0: a0 a1 b0 b1 | c1 | c2 | 0 */
+    const __m256i cmajor = _mm256_setr_epi8(0, 3, 8, 11, 1, 4, 9, 12, 2, 5, 10, 13, -1, -1, -1, -1,
+                                            0, 3, 8, 11, 1, 4, 9, 12, 2, 5, 10, 13, -1, -1, -1, -1);
+    const __m256i c_d0 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8));              /* -1, 1, 0, 0 */
+    const __m256i c_d1 = _mm256_set1_epi32((int32_t)(0xffu << 16 | 0x01u << 24));       /* 0, 0, -1, 1 */
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const char z = (char)0x80;
+    const __m256i tap0 = _mm256_setr_epi8(0, z, z, z, 4, z, z, z, 8, z, z, z, 12, z, z, z,
+                                          0, z, z, z, 4, z, z, z, 8, z, z, z, 12, z, z, z);
+    const __m256i tap2 = _mm256_setr_epi8(2, z, z, z, 6, z, z, z, 10, z, z, z, 14, z, z, z,
+                                          2, z, z, z, 6, z, z, z, 10, z, z, z, 14, z, z, z);
+    __m256i y[4];
+    for (int p = 0; p < 4; p++) {
+        const uint8_t *a = src + off[p], *b = src + off[p + 4];
+        __m128i lo = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)a),
+                                        _mm_loadl_epi64((const __m128i *)(const void *)(a + rs)));
+        __m128i hi = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)b),
+                                        _mm_loadl_epi64((const __m128i *)(const void *)(b + rs)));
+        y[p] = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), cmajor);
+    }
+    __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
+    __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    __m256i wc[3] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1), _mm256_unpacklo_epi64(t2, t3)};
+    __m256i px = _mm256_setzero_si256();
+    for (int c = 0; c < 3; c++) {
+        __m256i p00 = _mm256_shuffle_epi8(wc[c], tap0), p10 = _mm256_shuffle_epi8(wc[c], tap2);
+        __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_d0), ones16);
+        __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_d1), ones16);
+        __m128i r4[2];
+        for (int hf = 0; hf < 2; hf++) {
+#define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
+            __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p00)), _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d0)), cw->dx[hf]));
+            __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p10)), _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d1)), cw->dx[hf]));
+#undef FL_HALF
+            v1 = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), cw->dy[hf]));
+            r4[hf] = _mm256_cvttpd_epi32(v1);
+        }
+        px = _mm256_or_si256(px, _mm256_slli_epi32(_mm256_set_m128i(r4[1], r4[0]), 8 * c));
+    }
+    fl_warp8_store3(px, cw->ok, (const uint8_t[3]){0, 0, 0}, out);
+    return 1;
+}
+
 /* The first (w / 8) * 8 pixels of output row `out` of fl_bilinear_chunked
  * with C = 3, 8 pixels a step (fl_warp8_coords, 4 in each double vector):
  * the 4 neighbours as 32-bit gathers at row * rs + col * 3 (rs * h < 2^31,
@@ -1297,7 +1364,8 @@ fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double
             continue;
         }
         const int z = fl_warp8_zero(&cw);
-        if (z && fl_run8_straight(src, rs, w, h, &cw, z, 2, out + (size_t)x * 3))
+        if (z ? fl_run8_straight(src, rs, w, h, &cw, z, 2, out + (size_t)x * 3)
+              : fl_bilinear_run8_interior(src, rs, w, h, &cw, out + (size_t)x * 3))
             continue;
         const __m256d *dx = cw.dx, *dy = cw.dy;
         __m256i xa = _mm256_max_epi32(cw.xi, izero), xb = _mm256_min_epi32(_mm256_add_epi32(cw.xi, one), wm1);
