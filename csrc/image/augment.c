@@ -1161,8 +1161,8 @@ fl_load8(const uint8_t *src, __m256i idx)
     return _mm256_loadu_si256((const __m256i *)(const void *)v);
 }
 
-/* Pillow's cubic (fl_pil_cubic below) of 4 bytes' neighbours at the fraction d, from the
- * neighbours' int16 differences (p2 = v3 - v1, p3 = 2 (v1 - v2) + v3 - v4,
+/* Pillow's cubic (fl_pil_cubic below) of 4 bytes' neighbours at the
+ * fraction d, from the neighbours' int16 differences (p2 = v3 - v1, p3 = 2 (v1 - v2) + v3 - v4,
  * p4 = -v1 + v2 - v3 + v4 and v2 itself, in lanes 4k .. 4k + 3 of the four
  * 8-lane int16 vectors; exact, as Pillow's int arithmetic), Horner in
  * double in Pillow's order, clipped to 0..255 and truncated: 4 int32
@@ -1289,8 +1289,10 @@ fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl
     if (_mm256_movemask_epi8(cw->ok) != -1)
         return 0;
     const __m256i m1 = _mm256_set1_epi32(-1);
-    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, m1), _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 2), cw->xi));
-    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, m1), _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 1), cw->yi));
+    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, m1),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 2), cw->xi));
+    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, m1),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 1), cw->yi));
     if (_mm256_movemask_epi8(_mm256_and_si256(xin, yin)) != -1)
         return 0;
     __m256i base = _mm256_add_epi32(_mm256_mullo_epi32(cw->yi, _mm256_set1_epi32(rs)),
@@ -1300,8 +1302,8 @@ fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl
     /* a: n0c0 n0c1 n0c2 n1c0 n1c1 n1c2 . . | b: the same -> c0: a0 a1 b0 b1 | c1 | c2 | 0 */
     const __m256i cmajor = _mm256_setr_epi8(0, 3, 8, 11, 1, 4, 9, 12, 2, 5, 10, 13, -1, -1, -1, -1,
                                             0, 3, 8, 11, 1, 4, 9, 12, 2, 5, 10, 13, -1, -1, -1, -1);
-    const __m256i c_d0 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8));              /* -1, 1, 0, 0 */
-    const __m256i c_d1 = _mm256_set1_epi32((int32_t)(0xffu << 16 | 0x01u << 24));       /* 0, 0, -1, 1 */
+    const __m256i c_d0 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8));          /* -1, 1, 0, 0 */
+    const __m256i c_d1 = _mm256_set1_epi32((int32_t)(0xffu << 16 | 0x01u << 24));   /* 0, 0, -1, 1 */
     const __m256i ones16 = _mm256_set1_epi16(1);
     const char z = (char)0x80;
     const __m256i tap0 = _mm256_setr_epi8(0, z, z, z, 4, z, z, z, 8, z, z, z, 12, z, z, z,
@@ -1328,8 +1330,10 @@ fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl
         __m128i r4[2];
         for (int hf = 0; hf < 2; hf++) {
 #define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
-            __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p00)), _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d0)), cw->dx[hf]));
-            __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p10)), _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d1)), cw->dx[hf]));
+            __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p00)),
+                                       _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d0)), cw->dx[hf]));
+            __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p10)),
+                                       _mm256_mul_pd(_mm256_cvtepi32_pd(FL_HALF(d1)), cw->dx[hf]));
 #undef FL_HALF
             v1 = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), cw->dy[hf]));
             r4[hf] = _mm256_cvttpd_epi32(v1);
@@ -1578,7 +1582,8 @@ fl_cubic8_diffs(__m256i v2, __m256i p2, __m256i p3, __m256i p4, const __m256d d[
 {
     for (int hf = 0; hf < 2; hf++) {
 #define FL_HALF(v) (hf ? _mm256_extracti128_si256((v), 1) : _mm256_castsi256_si128(v))
-        __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p3)), _mm256_mul_pd(d[hf], _mm256_cvtepi32_pd(FL_HALF(p4))));
+        __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p3)),
+                                  _mm256_mul_pd(d[hf], _mm256_cvtepi32_pd(FL_HALF(p4))));
         q = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(p2)), _mm256_mul_pd(d[hf], q));
         r[hf] = _mm256_add_pd(_mm256_cvtepi32_pd(FL_HALF(v2)), _mm256_mul_pd(d[hf], q));
 #undef FL_HALF
@@ -1644,10 +1649,11 @@ fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_
     /* n0c0 n0c1 n0c2 n1c0 ... n3c2 -> c0: n0 n1 n2 n3 | c1: ... | c2: ... | 0 */
     const __m256i cmajor = _mm256_setr_epi8(0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, -1, -1, -1, -1,
                                             0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, -1, -1, -1, -1);
-    /* signed byte coefficients per tap n0..n3 (little-endian words) */
-    const __m256i c_p2 = _mm256_set1_epi32((int32_t)(0x00u | 0x01u << 16 | 0xffu));          /* -1, 0, 1, 0 */
-    const __m256i c_p3 = _mm256_set1_epi32((int32_t)(0x02u | 0xfeu << 8 | 0x01u << 16 | 0xffu << 24)); /* 2, -2, 1, -1 */
-    const __m256i c_p4 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8 | 0xffu << 16 | 0x01u << 24)); /* -1, 1, -1, 1 */
+    /* signed byte coefficients of taps n0..n3 (little-endian words): p2 -1, 0, 1, 0;
+     * p3 2, -2, 1, -1; p4 -1, 1, -1, 1 */
+    const __m256i c_p2 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 16));
+    const __m256i c_p3 = _mm256_set1_epi32((int32_t)(0x02u | 0xfeu << 8 | 0x01u << 16 | 0xffu << 24));
+    const __m256i c_p4 = _mm256_set1_epi32((int32_t)(0xffu | 0x01u << 8 | 0xffu << 16 | 0x01u << 24));
     const __m256i ones16 = _mm256_set1_epi16(1);
     const char z = (char)0x80;
     const __m256i tap1 = _mm256_setr_epi8(1, z, z, z, 5, z, z, z, 9, z, z, z, 13, z, z, z,
