@@ -1217,9 +1217,32 @@ fl_lerp_bytes8(const uint8_t *s, ptrdiff_t stride, __m256d d, uint8_t *out)
     _mm_storel_epi64((__m128i *)(void *)out, _mm_packus_epi16(_mm_packs_epi32(r[0], r[1]), _mm_setzero_si128()));
 }
 
+/* Whether every lane of v lies in [lo, hi].  Pure. */
+__attribute__((target("avx2"))) static inline int
+fl_all_in(__m256i v, int32_t lo, int32_t hi)
+{
+    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(v, _mm256_set1_epi32(lo - 1)),
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32(hi + 1), v));
+    return _mm256_movemask_epi8(in) == -1;
+}
+
+/* The interiors' transpose: y[p] holds pixel p's channel-major words (word
+ * c: channel c's neighbour bytes) in its low lane and pixel p + 4's in its
+ * high lane; wc[c] gets word c of pixels 0..7, one a 32-bit lane.  Pure. */
+__attribute__((target("avx2"))) static inline void
+fl_cmajor_words(const __m256i y[4], __m256i wc[3])
+{
+    __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
+    __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    wc[0] = _mm256_unpacklo_epi64(t0, t1);
+    wc[1] = _mm256_unpackhi_epi64(t0, t1);
+    wc[2] = _mm256_unpacklo_epi64(t2, t3);
+}
+
 /* The 8 pixels of cw (C = 3) where they are one straight run: one fraction
- * 0 on all of them (z, fl_warp8_zero), every one covered, the floors
- * consecutive along x (xi0 + lane) on one row (yi), the other fraction the
+ * 0 on all of them (z, fl_warp8_zero), every one covered and the floors
+ * consecutive along x on one row (the caller's preconditions,
+ * fl_warp8_shortcut, fl_warp8_one_row), the other fraction the
  * same on all 8, and no neighbour clamped.  TranslateX, ShearX and
  * TranslateY give such runs nearly everywhere (a0 = 1, a3 = 0: the
  * fraction only changes where the coordinate crosses a power of two).
@@ -1234,15 +1257,8 @@ fl_lerp_bytes8(const uint8_t *s, ptrdiff_t stride, __m256d d, uint8_t *out)
 __attribute__((target("avx2"))) static int
 fl_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, int z, int taps, uint8_t *out)
 {
-    if (_mm256_movemask_epi8(cw->ok) != -1)
-        return 0;
     const int32_t xi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->xi));
     const int32_t yi0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(cw->yi));
-    const __m256i want_x = _mm256_add_epi32(_mm256_set1_epi32(xi0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i same = _mm256_and_si256(_mm256_cmpeq_epi32(cw->xi, want_x),
-                                          _mm256_cmpeq_epi32(cw->yi, _mm256_set1_epi32(yi0)));
-    if (_mm256_movemask_epi8(same) != -1)
-        return 0;
     const int along_x = z & 1;
     const __m256d *f = along_x ? cw->dx : cw->dy;
     const __m256d d = _mm256_permute4x64_pd(f[0], 0x00);
@@ -1273,7 +1289,8 @@ fl_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *c
     return 1;
 }
 
-/* The 8 pixels of cw (C = 3) when every one is covered and its 2 x 2
+/* The 8 pixels of cw (C = 3), every one covered (the caller's
+ * precondition, fl_warp8_shortcut), when its 2 x 2
  * neighbours need no clamping (xi >= 0 and xi <= w - 3, so that an 8-byte
  * load from column xi stays in the row; yi >= 0 and yi + 1 <= h - 1): a
  * rotation's interior.  Each pixel's two neighbour rows are two 8-byte
@@ -1286,14 +1303,7 @@ fl_run8_straight(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *c
 __attribute__((target("avx2"))) static int
 fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, uint8_t *out)
 {
-    if (_mm256_movemask_epi8(cw->ok) != -1)
-        return 0;
-    const __m256i m1 = _mm256_set1_epi32(-1);
-    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, m1),
-                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 2), cw->xi));
-    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, m1),
-                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 1), cw->yi));
-    if (_mm256_movemask_epi8(_mm256_and_si256(xin, yin)) != -1)
+    if (!fl_all_in(cw->xi, 0, w - 3) || !fl_all_in(cw->yi, 0, h - 2))
         return 0;
     __m256i base = _mm256_add_epi32(_mm256_mullo_epi32(cw->yi, _mm256_set1_epi32(rs)),
                                     _mm256_add_epi32(cw->xi, _mm256_slli_epi32(cw->xi, 1)));
@@ -1319,9 +1329,8 @@ fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl
                                         _mm_loadl_epi64((const __m128i *)(const void *)(b + rs)));
         y[p] = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), cmajor);
     }
-    __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
-    __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
-    __m256i wc[3] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1), _mm256_unpacklo_epi64(t2, t3)};
+    __m256i wc[3];
+    fl_cmajor_words(y, wc);
     __m256i px = _mm256_setzero_si256();
     for (int c = 0; c < 3; c++) {
         __m256i p00 = _mm256_shuffle_epi8(wc[c], tap0), p10 = _mm256_shuffle_epi8(wc[c], tap2);
@@ -1344,13 +1353,53 @@ fl_bilinear_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl
     return 1;
 }
 
+__attribute__((target("avx2"))) static int
+fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, uint8_t *out);
+
+/* Whether the 8 floors of cw are consecutive along x (xi0 + lane) on one row
+ * (yi): inline, so that the warps whose rows move per pixel (ShearY) reject
+ * a straight run without a call, which would spill the loop's vectors.
+ * Pure. */
+__attribute__((target("avx2"))) static inline int
+fl_warp8_one_row(const fl_warp8 *cw)
+{
+    const __m256i x0 = _mm256_permutevar8x32_epi32(cw->xi, _mm256_setzero_si256());
+    const __m256i y0 = _mm256_permutevar8x32_epi32(cw->yi, _mm256_setzero_si256());
+    const __m256i same = _mm256_and_si256(
+        _mm256_cmpeq_epi32(cw->xi, _mm256_add_epi32(x0, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))),
+        _mm256_cmpeq_epi32(cw->yi, y0));
+    return _mm256_movemask_epi8(same) == -1;
+}
+
+/* The two warp loops' cheap cases for 8 pixels of cw (C = 3; z from
+ * fl_warp8_zero; taps 2 for bilinear, 4 for bicubic): none covered -> the
+ * fill; all covered -> a straight run (fl_run8_straight) where a fraction
+ * is 0 and the floors are one row's (fl_warp8_one_row), else a rotation's interior (fl_bilinear_run8_interior,
+ * fl_bicubic_run8_interior).  Returns 1 with out[0, 24) written, or 0
+ * (nothing written) for the general path.  No GIL. */
+__attribute__((target("avx2"))) static inline int
+fl_warp8_shortcut(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, int z, int taps,
+                  const uint8_t *fill, uint8_t *out)
+{
+    if (_mm256_testz_si256(cw->ok, cw->ok)) {
+        fl_warp8_store3(_mm256_setzero_si256(), cw->ok, fill, out);
+        return 1;
+    }
+    if (_mm256_movemask_epi8(cw->ok) != -1)
+        return 0;
+    if (z)
+        return fl_warp8_one_row(cw) && fl_run8_straight(src, rs, w, h, cw, z, taps, out);
+    return taps == 4 ? fl_bicubic_run8_interior(src, rs, w, h, cw, out)
+                     : fl_bilinear_run8_interior(src, rs, w, h, cw, out);
+}
+
 /* The first (w / 8) * 8 pixels of output row `out` of fl_bilinear_chunked
  * with C = 3, 8 pixels a step (fl_warp8_coords, 4 in each double vector):
  * the 4 neighbours as 32-bit gathers at row * rs + col * 3 (rs * h < 2^31,
  * checked by the caller; 1 byte read past a pixel: tmp's slack), each
  * channel's two lerps along x and one along y, or the one lerp where a
- * fraction is 0 on all 8 (from contiguous runs where the 8 are one straight
- * run, fl_run8_straight), in the scalar loop's double operations.  Returns
+ * fraction is 0 on all 8, in the scalar loop's double operations; the
+ * fill, straight runs and interiors by fl_warp8_shortcut.  Returns
  * the pixels done.  No GIL; writes only out[0, 3 * return). */
 __attribute__((target("avx2"))) static int
 fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double a[6], double py, double qy,
@@ -1362,14 +1411,8 @@ fl_bilinear_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double
     for (; x + 8 <= w; x += 8) {
         fl_warp8 cw;
         fl_warp8_coords(a, py, qy, w, h, x, &cw);
-        if (_mm256_testz_si256(cw.ok, cw.ok)) {
-            /* none covered: the fill */
-            fl_warp8_store3(_mm256_setzero_si256(), cw.ok, fill, out + (size_t)x * 3);
-            continue;
-        }
         const int z = fl_warp8_zero(&cw);
-        if (z ? fl_run8_straight(src, rs, w, h, &cw, z, 2, out + (size_t)x * 3)
-              : fl_bilinear_run8_interior(src, rs, w, h, &cw, out + (size_t)x * 3))
+        if (fl_warp8_shortcut(src, rs, w, h, &cw, z, 2, fill, out + (size_t)x * 3))
             continue;
         const __m256d *dx = cw.dx, *dy = cw.dy;
         __m256i xa = _mm256_max_epi32(cw.xi, izero), xb = _mm256_min_epi32(_mm256_add_epi32(cw.xi, one), wm1);
@@ -1615,7 +1658,8 @@ fl_clip_trunc8(const __m256d v[2])
     return _mm256_set_m128i(hi, lo);
 }
 
-/* The 8 pixels of cw (C = 3) when every one is covered and its 4 x 4
+/* The 8 pixels of cw (C = 3), every one covered (the caller's
+ * precondition, fl_warp8_shortcut), when its 4 x 4
  * neighbours need no clamping (columns xi - 1 .. xi + 2 with xi <= w - 5,
  * so that a 16-byte load from column xi - 1 stays in the row; rows yi - 1
  * .. yi + 2): the rotations' interior.  Each pixel's neighbour row is one
@@ -1631,13 +1675,7 @@ fl_clip_trunc8(const __m256d v[2])
 __attribute__((target("avx2"))) static int
 fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_warp8 *cw, uint8_t *out)
 {
-    if (_mm256_movemask_epi8(cw->ok) != -1)
-        return 0;
-    const __m256i xin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->xi, _mm256_setzero_si256()),
-                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 4), cw->xi));
-    const __m256i yin = _mm256_and_si256(_mm256_cmpgt_epi32(cw->yi, _mm256_setzero_si256()),
-                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(h - 2), cw->yi));
-    if (_mm256_movemask_epi8(_mm256_and_si256(xin, yin)) != -1)
+    if (!fl_all_in(cw->xi, 1, w - 5) || !fl_all_in(cw->yi, 1, h - 3))
         return 0;
     /* each pixel's top-left neighbour: (yi - 1) * rs + (xi - 1) * 3 */
     const __m256i one = _mm256_set1_epi32(1);
@@ -1667,9 +1705,8 @@ fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_
             __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(rowp + off[p + 4]));
             y[p] = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), cmajor);
         }
-        __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
-        __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
-        __m256i wc[3] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1), _mm256_unpacklo_epi64(t2, t3)};
+        __m256i wc[3];
+        fl_cmajor_words(y, wc);
         for (int c = 0; c < 3; c++) {
             __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_p2), ones16);
             __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], c_p3), ones16);
@@ -1695,9 +1732,8 @@ fl_bicubic_run8_interior(const uint8_t *src, int32_t rs, int w, int h, const fl_
  * rs * h < 2^31, checked by the caller; 1 byte read past a pixel: tmp's
  * slack), per channel the four row cubics along x (fl_cubic8_int) and the
  * column cubic along y (fl_cubic4_pd), or the one cubic where a fraction is
- * 0 on all 8 (fl_warp8_zero; from contiguous runs where the 8 are one
- * straight run, fl_run8_straight), clipped and truncated as Pillow
- * does.  Returns
+ * 0 on all 8 (fl_warp8_zero), clipped and truncated as Pillow does; the
+ * fill, straight runs and interiors by fl_warp8_shortcut.  Returns
  * the pixels done.  No GIL; writes only out[0, 3 * return). */
 __attribute__((target("avx2"))) static int
 fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double a[6], double py, double qy,
@@ -1709,14 +1745,8 @@ fl_bicubic_run3_avx2(const uint8_t *src, int32_t rs, int w, int h, const double 
     for (; x + 8 <= w; x += 8) {
         fl_warp8 cw;
         fl_warp8_coords(a, py, qy, w, h, x, &cw);
-        if (_mm256_testz_si256(cw.ok, cw.ok)) {
-            /* none covered: the fill (fl_warp8_store3's bytes) */
-            fl_warp8_store3(_mm256_setzero_si256(), cw.ok, fill, out + (size_t)x * 3);
-            continue;
-        }
         const int z = fl_warp8_zero(&cw);
-        if (z ? fl_run8_straight(src, rs, w, h, &cw, z, 4, out + (size_t)x * 3)
-              : fl_bicubic_run8_interior(src, rs, w, h, &cw, out + (size_t)x * 3))
+        if (fl_warp8_shortcut(src, rs, w, h, &cw, z, 4, fill, out + (size_t)x * 3))
             continue;
         __m256i col[4], row[4];
         for (int j = 0; j < 4; j++) {
