@@ -126,6 +126,17 @@ def prepare(work_dir, n, quality):
     return files
 
 
+def best_ms(fn, items, repeats):
+    """The best over `repeats` passes of fn over items, in ms an item."""
+    best = 1e30
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for x in items:
+            fn(x)
+        best = min(best, (time.perf_counter() - t0) / len(items))
+    return best * 1e3
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=150)
@@ -168,24 +179,12 @@ def main(argv=None):
         im.load()
         return im
 
-    best = 1e30
-    for _ in range(a.repeats):
-        t0 = time.perf_counter()
-        for b in data:
-            pil_decode(b)
-        best = min(best, (time.perf_counter() - t0) / len(data))
-    pillow_ms = best * 1e3
+    pillow_ms = best_ms(pil_decode, data, a.repeats)
 
     tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     ims = [pil_decode(b) for b in data]
-    best = 1e30
-    for _ in range(a.repeats):
-        t0 = time.perf_counter()
-        for im in ims:
-            tf(im)
-        best = min(best, (time.perf_counter() - t0) / len(ims))
-    torch_tf_ms = best * 1e3
+    torch_tf_ms = best_ms(tf, ims, a.repeats)
 
     mean_px = sum(im.width * im.height for im in ims) / len(ims)
     mean_kib = sum(map(len, data)) / len(data) / 1024
