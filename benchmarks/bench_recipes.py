@@ -46,7 +46,7 @@ Recipes (``--list`` prints them):
            torch's generator) + Normalize ("user-tensor-noise").  On
            fastloader the prefix runs in C and the rest in Python, in worker
            processes by default (worker_mode "auto"; --worker-mode sets it).
-  *+mixcut the ta_wide v2 preset plus train.py's batch stage:
+  *+mixcut a v2 preset plus train.py's batch stage:
            collate_fn(batch) = RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])(*default_collate(batch))
            -- torch gets it as collate_fn (train.py's spelling); fastloader
            gets the same RandomChoice object as batch_transform= (its
@@ -276,9 +276,11 @@ RECIPES["user-pil-blur"] = ("torchvision v1 Compose: RRC + hflip + the user's Ra
                              "Normalize", ("user", dict(kind="pil")), False)
 RECIPES["user-tensor-noise"] = ("torchvision v1 Compose: RRC + hflip + ToTensor + the user's AddGaussianNoise(0.05) + "
                                 "Normalize", ("user", dict(kind="tensor")), False)
-RECIPES["tv-ta_wide-re0.1-v2+mixcut"] = ("ta_wide v2 preset + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)",
-                                         ("tv", dict(auto_augment_policy="ta_wide", random_erase_prob=0.1,
-                                                     use_v2=True)), True)
+# train.py's batch stage on each v2 preset (with use_v2=False train.py uses the MixUp/CutMix classes of its own
+# references/classification/transforms.py, not a library's, so only the v2 presets get it here)
+for _pol in ("classic", "ta_wide-re0.1", "ra-m9", "augmix", "aa-imagenet"):
+    _what, _build, _ = RECIPES[f"tv-{_pol}-v2"]
+    RECIPES[f"tv-{_pol}-v2+mixcut"] = (_what + " + MixUp(0.2)/CutMix(1.0) in collate_fn (train.py)", _build, True)
 
 
 def timm_posterize_zero_bits_as_before_pillow13():
