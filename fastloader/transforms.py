@@ -602,9 +602,13 @@ def _blur_check(kx: int, ky: int, lo: float, hi: float, v2: bool, out_w: int, ou
     from . import _C
 
     capability = torch.backends.cpu.get_cpu_capability()
-    lanes = {"AVX2": 8, "AVX512": 16}.get(capability)
-    if lanes is None:
+    if capability not in ("AVX2", "AVX512"):
         return f"GaussianBlur stays in Python: torch's CPU capability {capability} (native: AVX2, AVX512)"
+    # the width of the one sum each version runs: v2's softmax kernel is registered for AVX512 too
+    # (ALSO_REGISTER_AVX512_DISPATCH), so it sums 16 lanes there; v1's pdf.sum() is sum_stub, registered
+    # by REGISTER_DISPATCH, which leaves ATen's AVX512 slot empty, so an AVX512 machine runs its AVX2
+    # kernel: 8 lanes on both
+    lanes = 16 if v2 and capability == "AVX512" else 8
     exp = "sleef" if v2 or not torch.backends.mkl.is_available() else "mkl"
     kernel1d = F_misc._get_gaussian_kernel1d if v2 else F_t._get_gaussian_kernel1d
     rng = np.random.default_rng(0x6A55)
