@@ -47,4 +47,7 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check huggingface_hub safetensors pyyaml
 echo "setup: building fastloader._C"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+# the bytecode a regular pip install writes and an editable one does not (PYTHONDONTWRITEBYTECODE
+# machines never write it at import): without it every process compiles the package again
+"$VENV/bin/python" -m compileall -q fastloader
 "$VENV/bin/python" -c "import fastloader, json; print('setup: ok', json.dumps(fastloader.build_info()))"
