@@ -289,9 +289,17 @@ def child(cfg):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
+        c0 = os.times()
         # warm rate: past torch's prefetch window (num_workers x prefetch_factor 2 batches)
         r = C.H.time_loader(make, epochs=1, max_batches=max_batches, hold_batch=True,
                             on_first=lambda b: {"structure": structure(b)}, warm_batches=2 * w)
+        c1 = os.times()
+    # CPU of the whole tree: this process's threads, and its worker processes, which both loaders have joined
+    # (and so reaped) by now, the iterator being gone; what the run cost the machine, whatever its wall time
+    r["tree_cpu_s"] = sum(getattr(c1, f) - getattr(c0, f)
+                          for f in ("user", "system", "children_user", "children_system"))
+    r["cpu_ms_per_sample"] = r["tree_cpu_s"] / r["samples"] * 1e3 if r.get("samples") else None
+    r["children_cpu_s"] = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
     if impl == "fastloader":
         try:
             st = holder["dl"].stats()
@@ -432,6 +440,9 @@ def main(argv=None):
                           cg_ratio=C.paired_ratio(f_, t_, "cgroup_peak_mib"),
                           torch_total=med(d, w, "torch", "peak_mib"), fl_total=med(d, w, "fastloader", "peak_mib"),
                           total_ratio=C.paired_ratio(f_, t_, "peak_mib"),
+                          cpu_ratio=C.paired_ratio(f_, t_, "cpu_ms_per_sample"),
+                          torch_cpu=med(d, w, "torch", "cpu_ms_per_sample"),
+                          fl_cpu=med(d, w, "fastloader", "cpu_ms_per_sample"),
                           torch_ttfb=med(d, w, "torch", "ttfb_s"), fl_ttfb=med(d, w, "fastloader", "ttfb_s"),
                           fl_worker_mode=modes, fl_path=paths,
                           sampler_cpu_pct={impl: C.median_of([dict(x, pct=100 * x["sampler_cpu_s"] / x["wall_s"])
@@ -491,11 +502,14 @@ def main(argv=None):
     rep.add("")
     rep.add("## Summary (target: fl/torch >= 1.00x at every num_workers >= 1 and best/best; memory <= 1.00x)")
     rep.add("")
-    rep.add("Each nw cell: epoch fl/torch (warm fl/torch). Memory: peak (cgroup) fl/torch at each nw, "
-            "then the sampled PSS's.")
+    rep.add("Each nw cell: epoch fl/torch (warm fl/torch). CPU a sample: the CPU time of the loader's whole "
+            "process tree (main process and workers, user + system) over the samples delivered, fl/torch: what "
+            "each loader costs the machine per sample, which the machine's noise moves far less than the rates "
+            "(<1: fastloader spends less). Memory: peak (cgroup) fl/torch at each nw, then the sampled PSS's.")
     rep.add("")
-    hdr = ["dataset"] + [f"nw={w}" for w in workers] + ["best/best (fl nw, torch nw)", "peak (cgroup) at nw",
-                                                        "PSS at nw", "peak at best", "fl worker mode"]
+    hdr = ["dataset"] + [f"nw={w}" for w in workers] + ["best/best (fl nw, torch nw)", "CPU a sample at nw",
+                                                        "peak (cgroup) at nw", "PSS at nw", "peak at best",
+                                                        "fl worker mode"]
     rows = []
     for d in datasets:
         s = summary[d]
@@ -504,6 +518,7 @@ def main(argv=None):
             pw = s["per_workers"][w]
             row.append(f"{C.fmt_ratio(pw['rate_ratio'])} ({C.fmt_ratio(pw['warm_ratio'])})")
         row.append(f"{C.fmt_ratio(s['best_ratio'])} ({s['fl_best_nw']}, {s['torch_best_nw']})")
+        row.append(", ".join(C.fmt(s["per_workers"][w]["cpu_ratio"], ".2f") for w in workers))
         row.append(", ".join(C.fmt(s["per_workers"][w]["cg_ratio"], ".2f") for w in workers))
         row.append(", ".join(C.fmt(s["per_workers"][w]["pss_ratio"], ".2f") for w in workers))
         row.append(C.fmt_ratio(s["best_cg_ratio"] if s["best_cg_ratio"] is not None else s["best_pss_ratio"]))
@@ -531,12 +546,14 @@ def main(argv=None):
 
             rows.append([str(w), rate("torch"), rate("fastloader"), C.fmt_ratio(pw["rate_ratio"]),
                          C.fmt_ratio(pw["warm_ratio"]), C.fmt_ratio(pw["first_ratio"]),
+                         C.fmt(pw["torch_cpu"], ".3f"), C.fmt(pw["fl_cpu"], ".3f"), C.fmt_ratio(pw["cpu_ratio"]),
                          C.fmt(pw["torch_cg"]), C.fmt(pw["fl_cg"]), C.fmt_ratio(pw["cg_ratio"]),
                          C.fmt(pw["torch_pss"]), C.fmt(pw["fl_pss"]), C.fmt_ratio(pw["pss_ratio"]),
                          C.fmt_ratio(pw["total_ratio"]), C.fmt(pw["torch_ttfb"], ".2f"), C.fmt(pw["fl_ttfb"], ".2f"),
                          "/".join(pw["fl_worker_mode"]) + " " + "/".join(pw["fl_path"])])
         rows.append(["best", f"{C.fmt(s['torch_best'])} (nw {s['torch_best_nw']})",
                      f"{C.fmt(s['fl_best'])} (nw {s['fl_best_nw']})", C.fmt_ratio(s["best_ratio"]), "", "",
+                     "", "", "",
                      C.fmt(mem(d, s["torch_best_nw"], "torch", "cgroup_peak_mib"))
                      if s["torch_best_nw"] is not None else "-",
                      C.fmt(mem(d, s["fl_best_nw"], "fastloader", "cgroup_peak_mib"))
@@ -546,7 +563,8 @@ def main(argv=None):
                      C.fmt(mem(d, s["fl_best_nw"], "fastloader")) if s["fl_best_nw"] is not None else "-",
                      C.fmt_ratio(s["best_pss_ratio"]), "", "", "", ""])
         rep.add(C.markdown_table(["nw", "torch samples/s", "fl samples/s", "fl/torch", "warm fl/torch",
-                                  "after 1st fl/torch", "torch peak (cgroup)", "fl peak (cgroup)",
+                                  "after 1st fl/torch", "torch CPU ms a sample", "fl CPU ms a sample",
+                                  "CPU fl/torch", "torch peak (cgroup)", "fl peak (cgroup)",
                                   "peak fl/torch", "torch peak PSS",
                                   "fl peak PSS", "mem fl/torch", "total fl/torch", "torch first (s)",
                                   "fl first (s)",
