@@ -299,7 +299,6 @@ def child(cfg):
     r["tree_cpu_s"] = sum(getattr(c1, f) - getattr(c0, f)
                           for f in ("user", "system", "children_user", "children_system"))
     r["cpu_ms_per_sample"] = r["tree_cpu_s"] / r["samples"] * 1e3 if r.get("samples") else None
-    r["children_cpu_s"] = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
     if impl == "fastloader":
         try:
             st = holder["dl"].stats()

@@ -48,16 +48,17 @@ def main() -> int:
     from torchvision.transforms import _functional_tensor as F_t
     from torchvision.transforms.v2.functional import _misc as F_misc
 
-    found = {}
-    for v2_ in (False, True):   # the sums' widths differ by version on AVX512 (transforms._blur_check)
+    lanes = {}   # by version: the sums' widths differ on AVX512 (transforms._blur_check)
+    for v2_ in (False, True):
         verdict = _blur_check(3, 3, 0.1, 2.0, v2_, 16, 16, 3)
         if isinstance(verdict, str):
             print(verdict)
             return 1
-        found[v2_] = verdict
-    exp = found[False][1]
+        lanes[v2_], exp_ = verdict
+        if not v2_:
+            exp = exp_   # v1's exp (v2's is always SLEEF's)
     print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}: lanes v1 "
-          f"{found[False][0]}, v2 {found[True][0]}, v1 exp {exp}")
+          f"{lanes[False]}, v2 {lanes[True]}, v1 exp {exp}")
     rng = np.random.default_rng(2024)
     bad = 0
 
@@ -72,7 +73,7 @@ def main() -> int:
         for k in range(1, 128, 2):
             for s in map(float, sigmas(args.sigmas if k <= 31 else max(1, args.sigmas // 20))):
                 want = ref(k, s, dtype=torch.float32, device=torch.device("cpu")).numpy()
-                got = _C._gaussian_kernel(k, s, v2, lanes=found[v2][0], exp=exp)
+                got = _C._gaussian_kernel(k, s, v2, lanes=lanes[v2], exp=exp)
                 n += 1
                 if not np.array_equal(want.view(np.int32), got.view(np.int32)):
                     bad += 1
@@ -86,8 +87,8 @@ def main() -> int:
             for ky in (kx, int(rng.choice(np.arange(1, 32, 2)))):
                 for s in map(float, sigmas(max(2, args.sigmas // 1000))):
                     want = ref([kx, ky], [s, s], dtype=torch.float32, device=torch.device("cpu")).numpy()
-                    gx = _C._gaussian_kernel(kx, s, v2, lanes=found[v2][0], exp=exp)
-                    gy = _C._gaussian_kernel(ky, s, v2, lanes=found[v2][0], exp=exp)
+                    gx = _C._gaussian_kernel(kx, s, v2, lanes=lanes[v2], exp=exp)
+                    gy = _C._gaussian_kernel(ky, s, v2, lanes=lanes[v2], exp=exp)
                     got = np.outer(gy, gx).astype(np.float32)   # one rounded float32 product each
                     n += 1
                     if not np.array_equal(want.view(np.int32), got.view(np.int32)):
@@ -110,7 +111,7 @@ def main() -> int:
         s = float(np.float32(np.exp(rng.uniform(np.log(0.01), np.log(20.0)))))
         v2 = bool(i % 2)
         want = np.asarray((TF2 if v2 else TF).gaussian_blur(pil, [kx, ky], [s, s]))
-        got = _C._gaussian_blur(np.asarray(pil), (kx, ky), s, v2, lanes=found[v2][0], exp=exp)
+        got = _C._gaussian_blur(np.asarray(pil), (kx, ky), s, v2, lanes=lanes[v2], exp=exp)
         if mode == "L" and (kx, ky) != (1, 1) and (kx <= 3 or ky <= 3) and (w + kx // 2 * 2) * (h + ky // 2 * 2) <= 20480:
             # torch's GEMM convolution (augment.h fl_gblur_torch_gemm): not native, counted apart
             gemm_n += 1
