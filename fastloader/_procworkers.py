@@ -10,8 +10,8 @@ processes and the loop each of them runs.
     submit:
       ("job", gen, seq, indices) ------------->  ring.claim(i); fetch(...): __getitem__ /
                                                    __getitems__ / next(it), collate_fn; default
-                                                   collation's first stack takes the lowest
-                                                   free slot and stacks straight into it
+                                                   collation's first row / stack takes the
+                                                   lowest free slot and writes straight into it
     wait: the pipes and the processes'   <-----  the batch pickled with every array/tensor
       sentinels (a death is seen at once)          replaced by (slot, offset, dtype, shape):
     ring.adopt(slot, i); arrays -> views of        only that descriptor (and the slot) crosses
@@ -19,10 +19,13 @@ processes and the loop each of them runs.
     the slot is free again when the job's
       reference and every view are gone (a dead worker's slots: ring.reclaim(i))
 
-A slot is taken when the batch is collated, not when the job is sent, so a
-slot (and its pages, which stay resident once written) serves only batches
-that exist: the slots ever written are the most batches alive at once, as
-torch's per-batch shared memory is, not the whole prefetch window.
+A slot is taken when the batch's first sample is written into it (default
+collation writes each sample's large arrays into their rows as the sample
+comes, collate.RowWriter; otherwise at collation), not when the job is
+sent, so a slot (and its pages, which stay resident once written) serves
+only batches that exist or are being loaded, not the whole prefetch
+window: one slot a busy worker, where torch's worker holds the batch's
+samples in its heap and then a shared-memory batch beside them.
 
 Semantics follow torch's worker processes: job k goes to worker k mod N
 (the next worker whose iterable has not ended), each worker runs its jobs in

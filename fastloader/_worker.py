@@ -16,7 +16,7 @@ import time
 import types
 from dataclasses import replace
 
-from .collate import collate_into, fast_default_collate
+from .collate import RowWriter, collate_into, fast_default_collate
 from .worker_info import WorkerInfo, tls
 
 def annotate(exc, where):
@@ -119,6 +119,7 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
     where_worker = f"worker {wid}" if wid >= 0 else "the main thread (num_workers=0)"
     t0 = time.perf_counter()
     _at_sample(None)
+    rows = None
     try:
         if ep.iterable:
             if wid in ep.ended:
@@ -130,11 +131,15 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
                     it = ep.iters[wid] = ep.resume.restore_iter(ep, wid, it)
             if ep.auto_collation:
                 data = []
+                rows = _row_writer(ep, ep.batch_size)
                 for _ in range(ep.batch_size):
                     if ep.cancelled:
                         return (CANCELLED, None)
                     try:
-                        data.append(next(it))
+                        item = next(it)
+                        if rows is not None:   # rebinding `item` lets the sample's own arrays go now
+                            item = rows.take(item)
+                        data.append(item)
                     except StopIteration:
                         ep.ended.add(wid)
                         break
@@ -169,14 +174,18 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
                     return (ERR, annotate(e, f"batch {seq} (indices {_short(indices)}) via __getitems__ in {where_worker}"))
             else:
                 data = []
+                rows = _row_writer(ep, len(indices))
                 for idx in indices:
                     if ep.cancelled:
                         return (CANCELLED, None)
                     _at_sample(idx)
                     try:
-                        data.append(dataset[idx])
+                        item = dataset[idx]
                     except Exception as e:
                         return (ERR, annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
+                    if rows is not None:   # rebinding `item` lets the sample's own arrays go now
+                        item = rows.take(item)
+                    data.append(item)
         else:
             # a key from a custom sampler may be anything; only an int is an index
             _at_sample(indices if isinstance(indices, numbers.Integral) else None)
@@ -189,7 +198,7 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
         target = None
         try:
             if ep.pool is not None:
-                batch, target = collate_into(ep.pool, ep.collate_fn, data)
+                batch, target = collate_into(ep.pool, ep.collate_fn, data, rows)
             else:
                 batch = ep.collate_fn(data)
         except Exception as e:
@@ -208,6 +217,15 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
         return (OK, batch)
     except Exception as e:
         return (ERR, annotate(e, f"batch {seq} in {where_worker}"))
+
+
+def _row_writer(ep, nrows):
+    """With default collation into the loader's buffers, a RowWriter: each
+    sample's arrays go into the batch as the sample comes, so a worker
+    never holds a batch of samples beside the batch; else None."""
+    if ep.pool is None or ep.collate_fn is not fast_default_collate or nrows <= 0:
+        return None
+    return RowWriter(ep.pool, nrows)
 
 
 def _short(indices):

@@ -34,11 +34,14 @@ class CollateTarget:
     their addresses unique until the worker has pinned the rest of the
     batch (see cuda_delivery.pin_batch)."""
 
-    __slots__ = ("pool", "pinned")
+    __slots__ = ("pool", "pinned", "rows")
 
-    def __init__(self, pool):
+    def __init__(self, pool, rows=None):
         self.pool = pool
         self.pinned = []
+        self.rows = rows.by_first if rows is not None else None  # RowWriter's columns, by their first row's id
+        if rows is not None:
+            self.pinned.extend(b for b in rows.buffers if b.pinned)
 
     def pinned_ptrs(self):
         """Addresses of the page-locked buffers the batch was stacked into."""
@@ -48,16 +51,158 @@ class CollateTarget:
 _target = threading.local()
 
 
-def collate_into(pool, collate_fn, data):
+def collate_into(pool, collate_fn, data, rows=None):
     """collate_fn(data) with fast_default_collate stacking into `pool` (a
-    _C.BatchPool) on this thread.  Returns (batch, CollateTarget)."""
-    target = CollateTarget(pool)
+    _C.BatchPool) on this thread, taking the columns `rows` (a RowWriter
+    that `data` went through) as they are.  Returns (batch, CollateTarget)."""
+    target = CollateTarget(pool, rows)
     prev = getattr(_target, "t", None)
     _target.t = target
     try:
         return collate_fn(data), target
     finally:
         _target.t = prev
+
+
+class _Column:
+    """One array/tensor field of the samples, written row by row into a
+    batch buffer (RowWriter)."""
+
+    __slots__ = ("kind", "dtype", "shape", "out", "rows", "dead")
+
+    def __init__(self, kind, dtype, shape, out):
+        self.kind = kind      # "t": torch.Tensor, "n": np.ndarray
+        self.dtype = dtype
+        self.shape = shape
+        self.out = out        # [nrows, *shape], a view of the batch buffer (tensor or array, as the samples)
+        self.rows = []        # out[0], out[1], ...: what the samples carry instead of their own arrays
+        self.dead = False     # a sample did not fit: collation stacks the rows and the rest as usual
+
+
+class RowWriter:
+    """Default collation a sample at a time, so that a worker never holds a
+    batch's worth of samples.
+
+    take(sample) copies each array or tensor of the sample of at least
+    MIN_BYTES (in a tuple / list / dict, the exact types, nested) into its
+    row of a batch buffer taken from `pool` at the first sample
+    (_C.batch_buffer: a BatchPool's buffer, the slot a process worker is
+    filling, or fresh memory), and returns the sample with those rows in place of
+    its own arrays; the sample's arrays are then free.  Collation, run under
+    collate_into(..., rows=this writer), recognises a column whose rows are
+    the batch's items, in order, and returns the buffer itself instead of
+    stacking: the same values, dtype and shape as torch's stack.  A sample
+    whose array does not match the first one's type, dtype or shape is left
+    as it is, and that column is stacked as usual (with torch's checks and
+    messages).  One difference from collation at the end: each sample's
+    values are taken when it is returned, so a dataset that returns one
+    array and overwrites it in place for the next sample gets each sample's
+    own values, where a stack at the end would repeat the last one."""
+
+    MIN_BYTES = 16 << 10
+
+    def __init__(self, pool, nrows):
+        self.pool = pool
+        self.nrows = nrows
+        self.buffers = []     # the batch buffers taken (CollateTarget keeps the page-locked ones)
+        self.cols = {}        # field path -> _Column (None: not written by rows)
+        self.by_first = {}    # id(column.rows[0]) -> _Column
+        self.i = 0
+        self.off = False
+
+    def take(self, sample):
+        """`sample`, with its large arrays' values moved into their rows."""
+        if self.off:
+            return sample
+        i = self.i
+        if i >= self.nrows:
+            self.off = True
+            return sample
+        self.i = i + 1
+        out = self._swap(sample, (), i, 0)
+        if i == 0 and not any(c is not None for c in self.cols.values()):
+            self.off = True
+        return out
+
+    def _swap(self, obj, path, i, depth):
+        tp = type(obj)
+        if tp is tuple or tp is list:
+            if depth >= 4:
+                return obj
+            items = [self._swap(x, path + (k,), i, depth + 1) for k, x in enumerate(obj)]
+            return tuple(items) if tp is tuple else items
+        if tp is dict:
+            if depth >= 4:
+                return obj
+            return {k: self._swap(v, path + (k,), i, depth + 1) for k, v in obj.items()}
+        if tp is np.ndarray:
+            kind = "n"
+        elif torch is not None and tp is torch.Tensor:
+            kind = "t"
+        else:
+            return obj
+        if i == 0:
+            col = self.cols[path] = self._column(obj, kind)
+        else:
+            col = self.cols.get(path)
+        if col is None or col.dead:
+            return obj
+        if (kind != col.kind or obj.dtype != col.dtype or tuple(obj.shape) != col.shape or len(col.rows) != i
+                or (kind == "t" and not _plain_tensor(obj))):
+            col.dead = True
+            return obj
+        row = col.out[i]
+        if kind == "t":
+            row.copy_(obj)
+        else:
+            np.copyto(row, obj, casting="no")
+        if i == 0:
+            self.by_first[id(row)] = col
+        col.rows.append(row)
+        return row
+
+    def _column(self, obj, kind):
+        """A column for `obj`'s field (None: left to collation)."""
+        if kind == "t":
+            if not _plain_tensor(obj):
+                return None
+            nbytes = obj.numel() * obj.element_size()
+        else:
+            if obj.dtype.hasobject or obj.dtype.kind in "SaUOVMm":
+                return None
+            nbytes = obj.nbytes
+        if nbytes < self.MIN_BYTES:
+            return None
+        buf = _C.batch_buffer(nbytes * self.nrows, pool=self.pool)
+        self.buffers.append(buf)
+        shape = tuple(obj.shape)
+        if kind == "t":
+            out = torch.from_dlpack(buf).view(obj.dtype).view((self.nrows,) + shape)
+        else:
+            out = np.from_dlpack(buf).view(obj.dtype).reshape((self.nrows,) + shape)
+            if not out.flags.writeable:  # NumPy < 2 reads DLPack as read-only: collation stacks this one
+                return None
+        return _Column(kind, obj.dtype, shape, out)
+
+
+def _plain_tensor(t):
+    return (t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad and not t.is_nested
+            and not t.is_quantized and not t.is_conj() and not t.is_neg())
+
+
+def _written_rows(batch):
+    """The batch buffer when `batch` is exactly a RowWriter column's rows,
+    in order (a view of its first len(batch) rows), else None."""
+    target = getattr(_target, "t", None)
+    if target is None or not target.rows:
+        return None
+    col = target.rows.get(id(batch[0]))
+    if col is None or len(batch) != len(col.rows):
+        return None
+    for a, b in zip(batch, col.rows):
+        if a is not b:
+            return None
+    return col.out[:len(batch)]
 
 
 def _stack(batch):
@@ -75,6 +220,9 @@ if torch is not None:
 
     def _fast_tensor_fn(batch, *, collate_fn_map=None):
         elem = batch[0]
+        done = _written_rows(batch)
+        if done is not None:
+            return done
         if type(elem) is torch.Tensor and elem.layout == torch.strided and not elem.is_nested:
             buf = _stack(batch)
             if buf is not None:
@@ -89,6 +237,9 @@ if torch is not None:
 
     def _fast_numpy_fn(batch, *, collate_fn_map=None):
         elem = batch[0]
+        done = _written_rows(batch)
+        if done is not None:
+            return torch.as_tensor(done)
         if elem.dtype.kind not in "SaUOV":
             buf = _stack(batch)
             if buf is not None:
@@ -112,6 +263,9 @@ else:
         if isinstance(elem, np.ndarray):
             if elem.dtype.kind in "SaUOV":
                 raise TypeError(f"default_collate: batch must contain numbers, dicts or lists; found {elem.dtype}")
+            done = _written_rows(batch)
+            if done is not None:
+                return done
             buf = _stack(batch)
             return np.from_dlpack(buf) if buf is not None else np.stack(batch)
         if isinstance(elem, np.generic):

@@ -564,20 +564,22 @@ describe_item(PyObject *obj, stack_item *it, DLDataType *dt, Py_ssize_t *itemsiz
     return 1;
 }
 
-/* Parse stack(items, pool=None).  0 with *items borrowed from the call and
+/* Parse stack(items, pool=None) or batch_buffer(nbytes, pool=None) (`fname`
+ * names it in errors).  0 with *items the first argument, borrowed from the call, and
  * *alloc the allocator registered for pool's type (NULL: no pool), or -1
  * with TypeError. */
 static int
-stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **items,
-           PyObject **pool_out, const fl_py_allocator **alloc)
+stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *fname,
+           PyObject **items, PyObject **pool_out, const fl_py_allocator **alloc)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs < 1 || nargs + nkw > 2) {
-        PyErr_SetString(PyExc_TypeError, "stack(items, pool=None) takes one sequence and an optional BatchPool");
+        PyErr_Format(PyExc_TypeError, "%s takes one positional argument and an optional pool (a BatchPool or a "
+                     "ShmRing)", fname);
         return -1;
     }
     if (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "pool") != 0) {
-        PyErr_Format(PyExc_TypeError, "stack() got an unexpected keyword argument %R", PyTuple_GET_ITEM(kwnames, 0));
+        PyErr_Format(PyExc_TypeError, "%s got an unexpected keyword argument %R", fname, PyTuple_GET_ITEM(kwnames, 0));
         return -1;
     }
     *items = args[0];
@@ -594,7 +596,7 @@ stack_args(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
             return 0;
         }
     }
-    PyErr_Format(PyExc_TypeError, "stack(): pool must be a BatchPool, a ShmRing or None, not %.100s",
+    PyErr_Format(PyExc_TypeError, "%s: pool must be a BatchPool, a ShmRing or None, not %.100s", fname,
                  Py_TYPE(pool)->tp_name);
     return -1;
 }
@@ -667,7 +669,7 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
 {
     PyObject *arg, *owner;
     const fl_py_allocator *alloc;
-    if (stack_args(module, args, nargs, kwnames, &arg, &owner, &alloc) < 0)
+    if (stack_args(module, args, nargs, kwnames, "stack()", &arg, &owner, &alloc) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(arg, "stack() expects a sequence");
     if (!seq)
@@ -763,6 +765,55 @@ done:
     return result;
 }
 
+/* batch_buffer(nbytes, pool=None) -> Buffer
+ * `nbytes` of batch memory, not initialised, as a 1-D uint8 Buffer: from
+ * `pool` as _C.stack takes it (a BatchPool's buffer of that size, given
+ * back when the last consumer drops it; the next bytes of a ShmRing's
+ * slot), or a fresh allocation when the pool lends nothing.  For
+ * collation that writes a batch a sample at a time (collate.RowWriter).
+ * GIL held on entry; the allocation (possibly cudaHostAlloc) runs without
+ * it.  NULL with ValueError (nbytes < 0), TypeError (pool) or MemoryError. */
+static PyObject *
+fl_batch_buffer(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *arg, *owner;
+    const fl_py_allocator *alloc;
+    if (stack_args(module, args, nargs, kwnames, "batch_buffer()", &arg, &owner, &alloc) < 0)
+        return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0)
+        return PyErr_Format(PyExc_ValueError, "batch_buffer(): nbytes must be >= 0, not %zd", nbytes);
+    fl_py_lease lease = {NULL, NULL, NULL, NULL, NULL};
+    int pinned = 0;
+    if (alloc && nbytes > 0 && alloc->lend(owner, (size_t)nbytes, &lease) < 0)
+        return NULL;
+    void *data = lease.data;
+    Py_BEGIN_ALLOW_THREADS
+    if (!data && lease.take)
+        data = lease.take(lease.take_ctx, &pinned);
+    else if (!data)
+        data = fl_aligned_alloc((size_t)nbytes);
+    Py_END_ALLOW_THREADS
+    if (!data)
+        return PyErr_NoMemory();
+    int64_t shape[1] = {nbytes};
+    DLDataType u8 = {kDLUInt, 8, 1};
+    DLDevice cpu = {kDLCPU, 0};
+    PyObject *b = fl_buffer_new(module, data, (size_t)nbytes, 1, shape, u8, cpu,
+                                lease.free_fn ? lease.free_fn : fl_aligned_free, lease.free_ctx);
+    if (!b) {
+        if (lease.free_fn)
+            lease.free_fn(lease.free_ctx, data);
+        else
+            fl_aligned_free(NULL, data);
+        return NULL;
+    }
+    ((fl_buffer *)b)->pinned = pinned;
+    return b;
+}
+
 static PyObject *
 fl_empty_buffer(PyObject *module, PyObject *args)
 {
@@ -790,6 +841,9 @@ static PyMethodDef buffer_functions[] = {
      "stack(items, pool=None) -> Buffer | None: collate equally shaped arrays/CPU tensors, copying without the "
      "GIL, into a buffer of `pool` (a BatchPool) when given, or into the slot a ShmRing is filling."},
     {"empty_buffer", (PyCFunction)fl_empty_buffer, METH_VARARGS, "empty_buffer(nbytes) -> zeroed uint8 Buffer"},
+    {"batch_buffer", (PyCFunction)(void (*)(void))fl_batch_buffer, METH_FASTCALL | METH_KEYWORDS,
+     "batch_buffer(nbytes, pool=None) -> Buffer: nbytes of batch memory, not initialised, from `pool` (a BatchPool "
+     "or a ShmRing) as stack() takes it, or a fresh allocation."},
     {NULL, NULL, 0, NULL},
 };
 
