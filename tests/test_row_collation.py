@@ -32,7 +32,7 @@ MODE_IDS = ["main-thread", "threads", "processes"]
 
 
 class Nested(torch.utils.data.Dataset):
-    """Samples mixing row-written fields (>= 16 KiB) with small tensors,
+    """Samples mixing row-written fields (>= 64 KiB) with small tensors,
     NumPy arrays, Python numbers and strings, in dicts, tuples and lists."""
 
     def __init__(self, n=21):
@@ -43,11 +43,11 @@ class Nested(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        img = torch.rand(3, 40, 40, generator=g)                        # 19,200 bytes: a row
-        rows = np.random.default_rng(i).standard_normal((10, 500)).astype(np.float32)  # 20,000 bytes: a row
+        img = torch.rand(3, 96, 96, generator=g)                        # 110,592 bytes: a row
+        rows = np.random.default_rng(i).standard_normal((10, 2000)).astype(np.float32)  # 80,000 bytes: a row
         view = torch.arange(3 * 64 * 64, dtype=torch.int32).reshape(3, 64, 64)[:, ::2, 1::2] + i  # strided
         return {"img": img, "feat": rows, "pair": (view, torch.tensor([i, -i])), "label": i,
-                "name": f"s{i}", "more": [torch.full((128, 64), float(i)), 0.5 * i]}
+                "name": f"s{i}", "more": [torch.full((256, 64), float(i)), 0.5 * i]}
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -58,7 +58,7 @@ class Stream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         for i in range(wid, self.n, nw):
-            yield torch.full((64, 80), float(i)), i
+            yield torch.full((128, 160), float(i)), i
 
 
 class Reshaped(torch.utils.data.Dataset):
@@ -71,7 +71,7 @@ class Reshaped(torch.utils.data.Dataset):
         return 8
 
     def __getitem__(self, i):
-        t = torch.full((32, 32, 8), float(i))
+        t = torch.full((64, 64, 8), float(i))
         if i == self.odd:
             t = t[:16] if self.how == "shape" else t.double()
         return t, i
@@ -92,7 +92,7 @@ class Tracked(torch.utils.data.Dataset):
     def __getitem__(self, i):
         gc.collect()
         alive = self.prev is not None and self.prev() is not None
-        t = torch.full((3, 64, 64), float(i))
+        t = torch.full((3, 96, 96), float(i))
         self.prev = weakref.ref(t)
         return t, int(alive)
 
@@ -101,7 +101,7 @@ class Overwriting(torch.utils.data.Dataset):
     """Returns one tensor, overwritten in place for every sample."""
 
     def __init__(self):
-        self.buf = torch.zeros(64, 64)
+        self.buf = torch.zeros(128, 128)
 
     def __len__(self):
         return 8
@@ -204,7 +204,7 @@ def test_process_batches_travel_in_their_slots():
 
 def test_the_batch_is_the_row_buffer():
     pool = _C.BatchPool()
-    samples = [(torch.full((3, 40, 40), float(i)), i) for i in range(5)]
+    samples = [(torch.full((3, 96, 96), float(i)), i) for i in range(5)]
     w = RowWriter(pool, 5)
     data = [w.take(s) for s in samples]
     assert all(type(x) is torch.Tensor for x, _ in data)
