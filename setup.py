@@ -101,7 +101,7 @@ setup(
             "fastloader._C",
             sources=sources,
             include_dirs=["csrc"],
-            libraries=["jpeg", "spng", "deflate", "webp", "z", "lmdb", "curl", "dl", "mvec", "m"],
+            libraries=["jpeg", "spng", "deflate", "webp", "z", "lmdb", "dl", "mvec", "m"],  # libcurl: dlopen, csrc/sources/stream.c
             extra_compile_args=cflags,
             extra_link_args=ldflags,
             depends=sorted(glob.glob(os.path.join("csrc", "*", "*.h"))),

@@ -15,7 +15,7 @@
 #            binary's corpus.
 #
 # Builds fuzz/fuzz_<target>.c against the core sources (every csrc/<layer>/*.c but
-# csrc/binding/; -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lcurl -lmvec -lm -lpthread -ldl, no Python) into build/fuzz/, makes
+# csrc/binding/; -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lmvec -lm -lpthread -ldl, no Python) into build/fuzz/, makes
 # the seed corpus with scripts/make_fuzz_corpus.py when build/fuzz/seeds is
 # missing or older than the script, replays tests/data/fuzz-regressions/<target>-* first, then fuzzes
 # each target with its growing corpus in build/fuzz/corpus/<target>.  Crash,
@@ -93,7 +93,7 @@ for t in "${targets[@]}"; do
     case " ${bins[*]:-} " in *" $b "*) continue ;; esac
     bins+=("$b")
     clang "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -Icsrc "fuzz/fuzz_$b.c" "${objs[@]}" \
-        -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lcurl -lmvec -lm -lpthread -ldl -o "$B/fuzz_$b"
+        -ljpeg -lspng -ldeflate -lwebp -lz -llmdb -lmvec -lm -lpthread -ldl -o "$B/fuzz_$b"
 done
 
 # --- seed corpus

@@ -41,7 +41,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
+#include <dlfcn.h>
+
+#include <curl/curl.h> /* types and constants only: libcurl itself is loaded on first use (below) */
 
 extern char **environ;
 
@@ -460,13 +462,90 @@ pipe_close(fl_stream *s)
 /* ------------------------------------------------------------------------ */
 /* http(s) */
 
+/* libcurl, loaded with dlopen by the first http(s) stream of the process:
+ * a process that never reads over http does not map libcurl and the
+ * TLS / Kerberos / LDAP libraries it links (~0.6 MiB of relocated data in
+ * every process that imports fastloader, when it was linked).  The table is
+ * written once, under pthread_once, and only read afterwards. */
+typedef struct {
+    CURLcode (*global_init)(long flags);
+    const char *(*easy_strerror)(CURLcode rc);
+    const char *(*multi_strerror)(CURLMcode rc);
+    CURLM *(*multi_init)(void);
+    CURL *(*easy_init)(void);
+    CURLcode (*easy_setopt)(CURL *e, CURLoption opt, ...);
+    CURLcode (*easy_getinfo)(CURL *e, CURLINFO info, ...);
+    CURLcode (*easy_pause)(CURL *e, int bitmask);
+    void (*easy_cleanup)(CURL *e);
+    CURLMcode (*multi_add_handle)(CURLM *m, CURL *e);
+    CURLMcode (*multi_remove_handle)(CURLM *m, CURL *e);
+    CURLMsg *(*multi_info_read)(CURLM *m, int *left);
+    CURLMcode (*multi_perform)(CURLM *m, int *running);
+    CURLMcode (*multi_poll)(CURLM *m, struct curl_waitfd extra[], unsigned int n, int timeout_ms, int *ret);
+    CURLMcode (*multi_cleanup)(CURLM *m);
+} curl_api;
+
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers must fit in void *");
+
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static curl_api lc;                 /* valid when curl_load_error is "" */
+static char curl_load_error[200] = "libcurl was not loaded";
 static CURLcode curl_init_rc = CURLE_FAILED_INIT;
 
+/* The entry points of `h` into lc.  NULL, or the first missing symbol. */
+static const char *
+curl_resolve(void *h)
+{
+#define FL_CURL_SYM(field, name)                \
+    do {                                        \
+        void *s_ = dlsym(h, name);              \
+        if (!s_)                                \
+            return name;                        \
+        memcpy(&lc.field, &s_, sizeof s_);      \
+    } while (0)
+    FL_CURL_SYM(global_init, "curl_global_init");
+    FL_CURL_SYM(easy_strerror, "curl_easy_strerror");
+    FL_CURL_SYM(multi_strerror, "curl_multi_strerror");
+    FL_CURL_SYM(multi_init, "curl_multi_init");
+    FL_CURL_SYM(easy_init, "curl_easy_init");
+    FL_CURL_SYM(easy_setopt, "curl_easy_setopt");
+    FL_CURL_SYM(easy_getinfo, "curl_easy_getinfo");
+    FL_CURL_SYM(easy_pause, "curl_easy_pause");
+    FL_CURL_SYM(easy_cleanup, "curl_easy_cleanup");
+    FL_CURL_SYM(multi_add_handle, "curl_multi_add_handle");
+    FL_CURL_SYM(multi_remove_handle, "curl_multi_remove_handle");
+    FL_CURL_SYM(multi_info_read, "curl_multi_info_read");
+    FL_CURL_SYM(multi_perform, "curl_multi_perform");
+    FL_CURL_SYM(multi_poll, "curl_multi_poll");
+    FL_CURL_SYM(multi_cleanup, "curl_multi_cleanup");
+#undef FL_CURL_SYM
+    return NULL;
+}
+
+/* Once per process (pthread_once): load libcurl (its soname, then the
+ * unversioned name), resolve it and run curl_global_init.  On failure
+ * curl_load_error says why; the handle stays open for the process's life. */
 static void
 curl_init_once(void)
 {
-    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    const char *names[] = {"libcurl.so.4", "libcurl.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(curl_load_error, sizeof curl_load_error,
+                 "cannot load libcurl (libcurl.so.4, from libcurl4 / libcurl4-openssl-dev): %.120s",
+                 why ? why : "not found");
+        return;
+    }
+    const char *missing = curl_resolve(h);
+    if (missing) {
+        snprintf(curl_load_error, sizeof curl_load_error, "the libcurl found lacks %s (too old)", missing);
+        return;
+    }
+    curl_load_error[0] = '\0';
+    curl_init_rc = lc.global_init(CURL_GLOBAL_DEFAULT);
 }
 
 /* Parse a decimal number at *p (after spaces); -1 if none. */
@@ -663,13 +742,15 @@ static int
 http_open(fl_stream *s, fl_err *err)
 {
     pthread_once(&curl_once, curl_init_once);
+    if (curl_load_error[0])
+        return fail_msg(s, err, FL_ERR_RUNTIME, 0, "%s", curl_load_error);
     if (curl_init_rc != CURLE_OK)
         return fail_msg(s, err, FL_ERR_RUNTIME, 0, "libcurl failed to initialise: %s",
-                        curl_easy_strerror(curl_init_rc));
+                        lc.easy_strerror(curl_init_rc));
     s->cap = s->o.buffer_bytes < MIN_BUFFER ? MIN_BUFFER : s->o.buffer_bytes;
     s->buf = malloc(s->cap);
-    s->multi = curl_multi_init();
-    s->easy = curl_easy_init();
+    s->multi = lc.multi_init();
+    s->easy = lc.easy_init();
     if (s->buf == NULL || s->multi == NULL || s->easy == NULL)
         return fail_msg(s, err, FL_ERR_NOMEM, 0, "out of memory starting the transfer");
     s->total = -1;
@@ -678,7 +759,7 @@ http_open(fl_stream *s, fl_err *err)
 #define SETOPT(opt, val)                            \
     do {                                            \
         if (rc == CURLE_OK)                         \
-            rc = curl_easy_setopt(e, opt, val);     \
+            rc = lc.easy_setopt(e, opt, val);     \
     } while (0)
     SETOPT(CURLOPT_URL, s->url);
     SETOPT(CURLOPT_NOSIGNAL, 1L);      /* threads: no SIGALRM for DNS timeouts */
@@ -706,7 +787,7 @@ http_open(fl_stream *s, fl_err *err)
 #undef SETOPT
     if (rc != CURLE_OK)
         return fail_msg(s, err, rc == CURLE_OUT_OF_MEMORY ? FL_ERR_NOMEM : FL_ERR_INVALID, 0,
-                        "cannot set up the transfer: %s", curl_easy_strerror(rc));
+                        "cannot set up the transfer: %s", lc.easy_strerror(rc));
     return 0;
 }
 
@@ -729,14 +810,14 @@ start_attempt(fl_stream *s, fl_err *err)
     CURLcode rc;
     if (s->pos > 0) {
         snprintf(s->range, sizeof s->range, "%" PRIu64 "-", s->pos);
-        rc = curl_easy_setopt(s->easy, CURLOPT_RANGE, s->range);
+        rc = lc.easy_setopt(s->easy, CURLOPT_RANGE, s->range);
     } else {
-        rc = curl_easy_setopt(s->easy, CURLOPT_RANGE, (char *)NULL);
+        rc = lc.easy_setopt(s->easy, CURLOPT_RANGE, (char *)NULL);
     }
-    CURLMcode mc = rc == CURLE_OK ? curl_multi_add_handle(s->multi, s->easy) : CURLM_OK;
+    CURLMcode mc = rc == CURLE_OK ? lc.multi_add_handle(s->multi, s->easy) : CURLM_OK;
     if (rc != CURLE_OK || mc != CURLM_OK) {
         fail_msg(s, err, FL_ERR_RUNTIME, 0, "cannot start the transfer: %s",
-                 rc != CURLE_OK ? curl_easy_strerror(rc) : curl_multi_strerror(mc));
+                 rc != CURLE_OK ? lc.easy_strerror(rc) : lc.multi_strerror(mc));
         return (int)fail_final(s, err);
     }
     s->active = 1;
@@ -748,7 +829,7 @@ static void
 stop_attempt(fl_stream *s)
 {
     if (s->active) {
-        curl_multi_remove_handle(s->multi, s->easy);
+        lc.multi_remove_handle(s->multi, s->easy);
         s->active = 0;
     }
     s->paused = 0;
@@ -807,7 +888,7 @@ attempt_finished(fl_stream *s, CURLcode rc, int stalled)
         }
     } else if (rc == CURLE_HTTP_RETURNED_ERROR) {
         long code = 0;
-        curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &code);
+        lc.easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &code);
         snprintf(s->cause, sizeof s->cause, "HTTP %ld", code);
         retry = code >= 500 || code == 408 || code == 429;
         if (!retry) {
@@ -815,7 +896,7 @@ attempt_finished(fl_stream *s, CURLcode rc, int stalled)
             s->cause_code = FL_ERR_IO;
         }
     } else {
-        snprintf(s->cause, sizeof s->cause, "%s%s%.150s", curl_easy_strerror(rc), s->errbuf[0] ? ": " : "",
+        snprintf(s->cause, sizeof s->cause, "%s%s%.150s", lc.easy_strerror(rc), s->errbuf[0] ? ": " : "",
                  s->errbuf);
         retry = retryable_curl(rc);
         if (!retry) {
@@ -858,7 +939,7 @@ drain_messages(fl_stream *s)
 {
     CURLMsg *msg;
     int left;
-    while ((msg = curl_multi_info_read(s->multi, &left)) != NULL) {
+    while ((msg = lc.multi_info_read(s->multi, &left)) != NULL) {
         if (msg->msg == CURLMSG_DONE && msg->easy_handle == s->easy && s->active)
             attempt_finished(s, msg->data.result, 0);
     }
@@ -882,7 +963,7 @@ http_read(fl_stream *s, void *out, size_t n, fl_err *err)
                 /* may call on_body at once, which may pause again */
                 s->paused = 0;
                 s->last_activity_ns = now_ns();
-                curl_easy_pause(s->easy, CURLPAUSE_CONT);
+                lc.easy_pause(s->easy, CURLPAUSE_CONT);
             }
             return (long long)m;
         }
@@ -908,7 +989,7 @@ http_read(fl_stream *s, void *out, size_t n, fl_err *err)
              * an empty buffer must never wait on a paused transfer */
             s->paused = 0;
             s->last_activity_ns = now_ns();
-            curl_easy_pause(s->easy, CURLPAUSE_CONT);
+            lc.easy_pause(s->easy, CURLPAUSE_CONT);
             continue;
         }
         uint64_t now = now_ns();
@@ -924,11 +1005,11 @@ http_read(fl_stream *s, void *out, size_t n, fl_err *err)
             }
         }
         int running = 0;
-        CURLMcode mc = curl_multi_perform(s->multi, &running);
+        CURLMcode mc = lc.multi_perform(s->multi, &running);
         if (mc != CURLM_OK) {
             stop_attempt(s);
             add(&s->wait_ns, now_ns() - t0);
-            fail_msg(s, err, FL_ERR_RUNTIME, 0, "libcurl failed: %s", curl_multi_strerror(mc));
+            fail_msg(s, err, FL_ERR_RUNTIME, 0, "libcurl failed: %s", lc.multi_strerror(mc));
             return fail_final(s, err);
         }
         drain_messages(s);
@@ -947,7 +1028,7 @@ http_read(fl_stream *s, void *out, size_t n, fl_err *err)
             if (left / 1000000u + 1 < (uint64_t)wait_ms)
                 wait_ms = (int)(left / 1000000u) + 1;
         }
-        curl_multi_poll(s->multi, NULL, 0, wait_ms, NULL);
+        lc.multi_poll(s->multi, NULL, 0, wait_ms, NULL);
     }
 }
 
@@ -955,11 +1036,11 @@ static void
 http_close(fl_stream *s)
 {
     if (s->multi != NULL && s->easy != NULL && s->active)
-        curl_multi_remove_handle(s->multi, s->easy);
+        lc.multi_remove_handle(s->multi, s->easy);
     if (s->easy != NULL)
-        curl_easy_cleanup(s->easy);
+        lc.easy_cleanup(s->easy);
     if (s->multi != NULL)
-        curl_multi_cleanup(s->multi);
+        lc.multi_cleanup(s->multi);
     free(s->buf);
 }
 
