@@ -652,6 +652,21 @@ batchpool_lend(PyObject *owner, size_t nbytes, fl_py_lease *lease)
 
 static const fl_py_allocator batchpool_allocator = {batchpool_lend};
 
+/* The memory of a lease (fl_py_allocator.lend's): lent at once, or taken
+ * from the pool now (take: possibly cudaHostAlloc, so call it without the
+ * GIL; *pinned set), or, when nothing was lent, a fresh 64-byte-aligned
+ * allocation of nbytes (freed with fl_aligned_free).  NULL when out of
+ * memory.  Runs without the GIL. */
+static void *
+lease_take(fl_py_lease *lease, size_t nbytes, int *pinned)
+{
+    if (lease->data)
+        return lease->data;
+    if (lease->take)
+        return lease->take(lease->take_ctx, pinned);
+    return fl_aligned_alloc(nbytes);
+}
+
 /* stack(items, pool=None) -> Buffer | None
  * Collates a sequence of equally shaped arrays or CPU tensors of one dtype
  * into a [len(items), *shape] Buffer.  With a BatchPool the Buffer is one of
@@ -720,12 +735,8 @@ fl_stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
      * nothing lent, a fresh buffer */
     if (alloc && total > 0 && alloc->lend(owner, total, &lease) < 0)
         goto done;
-    data = lease.data;
     Py_BEGIN_ALLOW_THREADS
-    if (!data && lease.take)
-        data = lease.take(lease.take_ctx, &pinned);
-    else if (!data)
-        data = fl_aligned_alloc(total);
+    data = lease_take(&lease, total, &pinned);
     if (data && per > 0) { /* an empty sample (a 0 in its shape) copies nothing */
         for (Py_ssize_t k = 0; k < n; k++)
             fl_copy_strided((char *)data + per * (size_t)k, items[k].ptr, items[k].ndim, items[k].shape,
@@ -789,12 +800,9 @@ fl_batch_buffer(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObj
     int pinned = 0;
     if (alloc && nbytes > 0 && alloc->lend(owner, (size_t)nbytes, &lease) < 0)
         return NULL;
-    void *data = lease.data;
+    void *data;
     Py_BEGIN_ALLOW_THREADS
-    if (!data && lease.take)
-        data = lease.take(lease.take_ctx, &pinned);
-    else if (!data)
-        data = fl_aligned_alloc((size_t)nbytes);
+    data = lease_take(&lease, (size_t)nbytes, &pinned);
     Py_END_ALLOW_THREADS
     if (!data)
         return PyErr_NoMemory();
