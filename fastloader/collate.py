@@ -39,7 +39,8 @@ class CollateTarget:
     def __init__(self, pool, rows=None):
         self.pool = pool
         self.pinned = []
-        self.rows = rows.by_first if rows is not None else None  # RowWriter's columns, by their first row's id
+        # RowWriter's written columns, by their first row's id (_written_rows)
+        self.rows = rows.written() if rows is not None else None
         if rows is not None:
             self.pinned.extend(b for b in rows.buffers if b.pinned)
 
@@ -109,7 +110,6 @@ class RowWriter:
         self.nrows = nrows
         self.buffers = []     # the batch buffers taken (CollateTarget keeps the page-locked ones)
         self.cols = {}        # field path -> _Column (None: not written by rows)
-        self.by_first = {}    # id(column.rows[0]) -> _Column
         self.i = 0
         self.off = False
 
@@ -126,6 +126,10 @@ class RowWriter:
         if i == 0 and not any(c is not None for c in self.cols.values()):
             self.off = True
         return out
+
+    def written(self):
+        """{id(first row): column} of the columns that hold rows."""
+        return {id(c.rows[0]): c for c in self.cols.values() if c is not None and c.rows}
 
     def _swap(self, obj, path, i, depth):
         tp = type(obj)
@@ -159,8 +163,6 @@ class RowWriter:
             row.copy_(obj)
         else:
             np.copyto(row, obj, casting="no")
-        if i == 0:
-            self.by_first[id(row)] = col
         col.rows.append(row)
         return row
 
