@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from . import _C
 from ._C import DecodeError
-from . import transforms
-from .transforms import NativeTransform
-from .arrays import ArrayDataset
-from .datasets import ImageFolder, ImageList
-from .lmdb_dataset import LMDBDataset
-from .hf_datasets import HFImageDataset
-from .webdataset import WebDataset
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 from .accelerate_hook import install as _install_accelerate_hook
-from .elastic import resume_state
 
 # accelerator.prepare keeps fastloader loaders; imports nothing (accelerate_hook.py)
 _install_accelerate_hook()
@@ -30,24 +22,40 @@ decode_jpeg = _C.decode_jpeg
 decode_image = _C.decode_image
 read_image_header = _C.read_image_header
 
-# public names that live in tools/: imported on first use, so the library
-# never imports tools/ (tools/__init__.py) and `import fastloader` stays lean
-_TOOL_NAMES = {"tune": "fastloader.tools.tuning"}
+# Public names imported on first use, so that `import fastloader` costs a
+# script that only swaps the DataLoader no more than the loader itself: the
+# datasets and transforms are ~0.4 MiB of code objects that a Python dataset
+# never runs.  tools/ stays out of the library altogether (tools/__init__.py).
+# loader.py asks for a native dataset without importing datasets.py
+# (loader._native_dataset): no instance exists before its module is imported.
+_LAZY = {
+    "transforms": ("fastloader.transforms", None),
+    "NativeTransform": ("fastloader.transforms", "NativeTransform"),
+    "ArrayDataset": ("fastloader.arrays", "ArrayDataset"),
+    "ImageFolder": ("fastloader.datasets", "ImageFolder"),
+    "ImageList": ("fastloader.datasets", "ImageList"),
+    "LMDBDataset": ("fastloader.lmdb_dataset", "LMDBDataset"),
+    "HFImageDataset": ("fastloader.hf_datasets", "HFImageDataset"),
+    "WebDataset": ("fastloader.webdataset", "WebDataset"),
+    "resume_state": ("fastloader.elastic", "resume_state"),
+    "tune": ("fastloader.tools.tuning", "tune"),
+}
 
 
 def __getattr__(name):
-    mod = _TOOL_NAMES.get(name)
-    if mod is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(mod), name)
+    mod = importlib.import_module(where[0])
+    value = mod if where[1] is None else getattr(mod, where[1])
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_TOOL_NAMES))
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def build_info() -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -41,7 +42,6 @@ from .autotune import AutoTuner
 from .backends import AGAIN, END, NativeBackend, NativeProcessBackend, ProcessBackend, PythonBackend
 from .worker_mode import choose_native_mode, choose_worker_mode
 from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
-from .datasets import NativeImageDataset
 from .stats import GilMonitor, PerformanceWarning, iterator_stats
 from .worker_info import WorkerInfo, epoch_context, get_worker_info, patch_torch_worker_info, sample_rng
 
@@ -84,11 +84,19 @@ def resolve_max_memory(value):
     return value
 
 
+def _native_dataset(ds):
+    """Whether `ds` is a NativeImageDataset (datasets.py), without importing
+    that module where nothing has: no instance exists before it is imported
+    (fastloader/__init__.py imports the datasets on first use)."""
+    mod = sys.modules.get("fastloader.datasets")
+    return mod is not None and isinstance(ds, mod.NativeImageDataset)
+
+
 def _native_workers(loader):
     """Whether the loader's iterators run the native pipeline (C worker
     threads): a native image dataset with default collation."""
     ds = loader.dataset
-    if not isinstance(ds, NativeImageDataset) or not loader._auto_collation:
+    if not _native_dataset(ds) or not loader._auto_collation:
         return False
     if loader.collate_fn not in DEFAULT_COLLATES + (fast_default_collate,):
         return False
@@ -218,7 +226,7 @@ class _Iter:
             backend = NativeBackend(self._num_workers, ds)
             backend.batch_size = loader.batch_size
             return backend
-        if (isinstance(loader.dataset, NativeImageDataset) and not default and loader._auto_collation
+        if (_native_dataset(loader.dataset) and not default and loader._auto_collation
                 and not getattr(loader, "_fl_collate_warned", False)):
             loader._fl_collate_warned = True
             warnings.warn(
