@@ -715,13 +715,16 @@ class DataLoader(_Base, Generic[_T_co]):
             raise ValueError(f"prefetch_factor must be >= 1 with num_workers > 0, got {self.prefetch_factor}")
         self._fl_auto = auto
         self._fl_max_memory = resolve_max_memory(max_memory)
-        from .cuda_delivery import parse_device
-
         # device="cuda[:N]": batches arrive on the GPU, copied on the loader's
         # own stream; raises a clear error when CUDA is missing.  (torch's
         # pin_memory_device only says which device to pin for: batches stay
-        # on the CPU, as with torch.)
-        self._fl_device = parse_device(device)
+        # on the CPU, as with torch.)  cuda_delivery.py is imported only when
+        # a device is named: a CPU loader never runs it.
+        self._fl_device = None
+        if device is not None and device != "":
+            from .cuda_delivery import parse_device
+
+            self._fl_device = parse_device(device)
         self._fl_convert_on_device = bool(convert_on_device)
         self._fl_seed = None if seed is None else int(seed)
         # fastloader's own arguments as public attributes too, as torch keeps
@@ -751,10 +754,12 @@ class DataLoader(_Base, Generic[_T_co]):
         """Whether batches go to page-locked memory (pin_memory or device=
         with a usable CUDA device); warns once, as torch does, when
         pin_memory is asked for without one."""
+        want = bool(self.pin_memory) or self._fl_device is not None
+        if not want:
+            return False
         from .cuda_delivery import cuda_available
 
-        want = bool(self.pin_memory) or self._fl_device is not None
-        if want and not cuda_available():
+        if not cuda_available():
             if not self._fl_pin_warned:
                 self._fl_pin_warned = True
                 warnings.warn(

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import sys
 import threading
 import warnings
 
@@ -100,10 +101,19 @@ def stateful(obj):
 
 # -- generator states, as plain types ----------------------------------------------------
 
+def _numpy_generator(gen):
+    """isinstance(gen, numpy.random.Generator), without importing
+    numpy.random where nothing has (NumPy loads it on the first attribute
+    access: ~0.5 MiB of extension modules, hmac and secrets, in a process
+    whose loader never draws from it): no Generator exists before then."""
+    npr = sys.modules.get("numpy.random")
+    return npr is not None and isinstance(gen, npr.Generator)
+
+
 def _rng_get(gen):
     if torch is not None and isinstance(gen, torch.Generator):
         return "torch:" + base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
-    if isinstance(gen, np.random.Generator):
+    if _numpy_generator(gen):
         return {"numpy": gen.bit_generator.state}
     return None
 
@@ -112,7 +122,7 @@ def _rng_set(gen, enc):
     if isinstance(enc, str) and enc.startswith("torch:") and torch is not None and isinstance(gen, torch.Generator):
         gen.set_state(torch.frombuffer(bytearray(base64.b64decode(enc[6:])), dtype=torch.uint8))
         return
-    if isinstance(enc, dict) and "numpy" in enc and isinstance(gen, np.random.Generator):
+    if isinstance(enc, dict) and "numpy" in enc and _numpy_generator(gen):
         gen.bit_generator.state = enc["numpy"]
         return
     raise ValueError(f"fastloader: the state holds a generator state of another kind than {type(gen).__name__}")
@@ -127,7 +137,7 @@ def _global_set(enc):
 
 
 def _is_generator(gen):
-    return (torch is not None and isinstance(gen, torch.Generator)) or isinstance(gen, np.random.Generator)
+    return (torch is not None and isinstance(gen, torch.Generator)) or _numpy_generator(gen)
 
 
 _DETERMINISTIC = (_SeqSampler, _BatchSampler, range) + ((_DistSampler,) if _DistSampler else ())
@@ -511,7 +521,7 @@ class Tracker:
             # as loader.py _Iter._reset draws it
             if torch is not None and isinstance(gen, torch.Generator):
                 torch.empty((), dtype=torch.int64).random_(generator=gen)
-            elif isinstance(gen, np.random.Generator):
+            elif _numpy_generator(gen):
                 gen.integers(0, 2**63 - 1)
         for _ in itr:
             pass

@@ -93,19 +93,24 @@ def test_import_swap_loads_only_the_loader():
     """`import fastloader` (the import swap) leaves the datasets and
     transforms unimported until a script names one (~0.5 MiB of code
     objects a Python dataset never runs: peak memory at num_workers=0 is
-    otherwise the package's own); a Python dataset iterates without them,
-    and a native dataset named afterwards still takes the native path."""
+    otherwise the package's own), and a CPU loader over a Python dataset
+    iterates without them, without numpy.random (NumPy imports it on the
+    first `np.random.X`: another 0.5 MiB) and without cuda_delivery.py; a
+    native dataset named afterwards still takes the native path."""
     code = (
         "import sys\n"
         "import fastloader\n"
         "lazy = ['fastloader.' + m for m in ('transforms', 'datasets', 'arrays', 'lmdb_dataset', 'hf_datasets',\n"
         "                                   'webdataset')]\n"
+        "lazy += ['numpy.random', 'fastloader.cuda_delivery']\n"
         "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
         "class Squares:\n"
         "    def __len__(self): return 10\n"
         "    def __getitem__(self, i): return i * i\n"
         "got = [b.tolist() for b in fastloader.DataLoader(Squares(), batch_size=4)]\n"
         "assert got == [[0, 1, 4, 9], [16, 25, 36, 49], [64, 81]], got\n"
+        "got = sorted(sum((b.tolist() for b in fastloader.DataLoader(Squares(), batch_size=4, shuffle=True)), []))\n"
+        "assert got == [i * i for i in range(10)], got\n"
         "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
         "assert fastloader.transforms is sys.modules['fastloader.transforms']\n"
         "import numpy as np\n"

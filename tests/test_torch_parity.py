@@ -270,9 +270,9 @@ def test_excess_workers_follow_where_the_iterator_runs():
     _, w = _caught(dl.check_worker_number_rationality)
     assert [str(x.message).split(" in total")[0][-16:] for x in w] == ["worker processes"]
 
-    from fastloader import loader as L
+    from fastloader.datasets import NativeImageDataset
 
-    class FakeNative(L.NativeImageDataset):
+    class FakeNative(NativeImageDataset):
         def __init__(self):
             pass
 
