@@ -67,6 +67,14 @@ def _loader(ds, **kw):
     return _DL(ds, batch_size=4, **kw)
 
 
+@pytest.fixture(autouse=True)
+def _small_columns_pooled(monkeypatch):
+    """These tests follow the pool's buffers with a few bytes a column: a
+    tensor column under collate.SMALL_COLUMN otherwise goes to a plain
+    torch.stack (test_small_tensor_columns_skip_an_unpinned_pool)."""
+    monkeypatch.setattr(fastloader.collate, "SMALL_COLUMN", 0)
+
+
 # ---- the batches ------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", H.SAMPLE_KINDS)
@@ -83,6 +91,23 @@ def test_array_kinds_are_stacked_into_the_pool():
         pool = _C.BatchPool()
         collate_into(pool, fast_default_collate, [H.make_sample(kind, i) for i in range(3)])
         assert pool.stats()["pooled"] >= 1, kind
+
+
+def test_small_tensor_columns_skip_an_unpinned_pool(monkeypatch):
+    """A tensor column under SMALL_COLUMN bytes is stacked by torch.stack
+    (checking each item for the pool costs more than the pool saves there);
+    at or over it, into the pool; NumPy columns always go to the pool. The
+    batch equals torch's either way. (A page-locked pool takes small
+    columns too, or pin_batch would copy them again:
+    test_pin_memory_stacks_into_page_locked_buffers_once runs in a child
+    process, with the real SMALL_COLUMN and tensors of a few bytes.)"""
+    monkeypatch.setattr(fastloader.collate, "SMALL_COLUMN", 4096)
+    samples = [(torch.full((255,), i, dtype=torch.float32), torch.full((256,), i, dtype=torch.float32),
+                np.full((4,), i, np.float32)) for i in range(4)]  # 4080, 4096 and 64 bytes a batch
+    pool = _C.BatchPool()
+    got, _ = collate_into(pool, fast_default_collate, samples)
+    H.assert_same(got, torch.utils.data.default_collate(samples))
+    assert sorted(c["nbytes"] for c in pool.stats()["classes"]) == [64, 4096]
 
 
 # Nested's batch of 4 stacks seven arrays, of seven sizes (the label is a
