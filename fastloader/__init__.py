@@ -24,7 +24,7 @@ read_image_header = _C.read_image_header
 
 # Public names imported on first use, so that `import fastloader` costs a
 # script that only swaps the DataLoader no more than the loader itself: the
-# datasets and transforms are ~0.4 MiB of code objects that a Python dataset
+# datasets and transforms are ~0.5 MiB of code objects that a Python dataset
 # never runs.  tools/ stays out of the library altogether (tools/__init__.py).
 # loader.py asks for a native dataset without importing datasets.py
 # (loader._native_dataset): no instance exists before its module is imported.
