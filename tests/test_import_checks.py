@@ -19,6 +19,20 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _repo_env():
+    """This process's environment with the checkout first on PYTHONPATH."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
+def _run_fresh(code, timeout):
+    """Run `code` in a fresh interpreter importing this checkout; assert it
+    exits 0 having printed exactly "ok"."""
+    r = subprocess.run([sys.executable, "-c", code], env=_repo_env(), capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_mismatched_libjpeg_fails_the_import_clearly(tmp_path):
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if not shutil.which(cc):
@@ -26,8 +40,7 @@ def test_mismatched_libjpeg_fails_the_import_clearly(tmp_path):
     shim = str(tmp_path / "libbadjpeg.so")
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", shim, os.path.join(HERE, "fakejpeg", "bad_version.c")],
                    check=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = _repo_env()
     # after any sanitizer runtimes already preloaded (they must come first)
     env["LD_PRELOAD"] = " ".join(p for p in [os.environ.get("LD_PRELOAD", ""), shim] if p)
     proc = subprocess.run([sys.executable, "-c", "import fastloader._C"], env=env, capture_output=True,
@@ -83,10 +96,7 @@ def test_libcurl_is_loaded_by_the_first_http_stream_only():
         "    raise AssertionError('a closed port was read')\n"
         "assert 'libcurl' in maps(), 'not loaded by the stream'\n"
         "print('ok')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    _run_fresh(code, timeout=60)
 
 
 def test_import_swap_loads_only_the_loader():
@@ -126,7 +136,4 @@ def test_import_swap_loads_only_the_loader():
         "except AttributeError as e:\n"
         "    assert 'NoSuchThing' in str(e)\n"
         "print('ok')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    _run_fresh(code, timeout=120)
