@@ -43,13 +43,14 @@ import warnings
 
 import numpy as np
 
+from .sampling import batching, dist_like
+
 try:
     import torch
-    from torch.utils.data import BatchSampler as _BatchSampler
     from torch.utils.data import DistributedSampler as _DistSampler
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
-    _BatchSampler = _DistSampler = None
+    _DistSampler = None
 
 
 # -- positions as ranges -------------------------------------------------------------------
@@ -117,25 +118,6 @@ def plain_dist(sampler):
     if callable(getattr(sampler, "state_dict", None)):
         return None   # a Stateful sampler keeps its own place
     return sampler
-
-
-def dist_like(sampler):
-    """(num_replicas, rank) of a sampler that shards by rank (torch's
-    DistributedSampler or a subclass, torchdata's StatefulDistributedSampler),
-    else None."""
-    w, r = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
-    if isinstance(w, int) and isinstance(r, int):
-        return (w, r)
-    return None
-
-
-def batching(index_sampler):
-    """(inner sampler, batch_size, drop_last) when the loader's index sampler
-    is torch's own BatchSampler (so batches are cut from the inner sampler's
-    order and can be cut again at another size), else None."""
-    if _BatchSampler is None or type(index_sampler) is not _BatchSampler:
-        return None
-    return index_sampler.sampler, int(index_sampler.batch_size), bool(index_sampler.drop_last)
 
 
 def first_deal(dist):

@@ -36,11 +36,10 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from . import _C, sysinfo
+from . import sampling
 from . import state as _state
 from ._worker import Epoch
-from .autotune import AutoTuner
 from .backends import AGAIN, END, NativeBackend, NativeProcessBackend, ProcessBackend, PythonBackend
-from .worker_mode import choose_native_mode, choose_worker_mode
 from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
 from .stats import GilMonitor, PerformanceWarning, iterator_stats
 from .worker_info import WorkerInfo, epoch_context, get_worker_info, patch_torch_worker_info, sample_rng
@@ -109,7 +108,9 @@ def worker_processes(loader):
     rather than in threads (False also with num_workers=0)."""
     if not loader.num_workers:
         return False
-    choose = choose_native_mode if _native_workers(loader) else choose_worker_mode
+    from . import worker_mode
+
+    choose = worker_mode.choose_native_mode if _native_workers(loader) else worker_mode.choose_worker_mode
     return choose(loader)[0] == "process"
 
 
@@ -217,6 +218,8 @@ class _Iter:
                     ds, self._convert = wire, conv
             self._mode_why = None
             if self._num_workers:
+                from .worker_mode import choose_native_mode
+
                 mode, why = choose_native_mode(loader)
                 self._mode_why = why
                 self._say_mode(loader, mode, why)
@@ -238,6 +241,8 @@ class _Iter:
         self._mode_why = None
         if not self._num_workers:
             return PythonBackend(0, loader.dataset, loader.worker_init_fn)
+        from .worker_mode import choose_worker_mode   # workers only: a loop without them never loads it
+
         mode, why = choose_worker_mode(loader)
         self._mode_why = why
         self._say_mode(loader, mode, why)
@@ -287,7 +292,7 @@ class _Iter:
         # generators and says whether this set-up draws a base seed
         self._st = _state.tracker(loader)
         draw, seed = self._st.begin(self, loader, first_iter)
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = sampling.batches(self._index_sampler)   # iter(), without torch's index list
         # Same draw, in the same order, as torch's _BaseDataLoaderIter (once per
         # iterator: a persistent iterator keeps its seed across epochs), so a
         # seeded generator gives the same shuffle and seeds as torch's loader.
@@ -371,6 +376,8 @@ class _Iter:
         self._window = loader.prefetch_factor * self._num_workers
         # num_workers="auto" (not for iterable datasets: their jobs are pinned to every worker)
         if getattr(loader, "_fl_auto", False) and not self._ep.iterable:
+            from .autotune import AutoTuner
+
             self._tuner = AutoTuner(self._num_workers, self._t_start,
                                     active=self._engine.set_active(self._num_workers))
         if isinstance(self._backend, PythonBackend):   # processes too: torch's choice of worker per job

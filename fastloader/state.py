@@ -75,7 +75,7 @@ import warnings
 
 import numpy as np
 
-from . import elastic
+from . import sampling
 
 try:
     import torch
@@ -424,6 +424,8 @@ class Tracker:
                     self._restore = pending
                     self._order = (pending.get("stream") or {}).get("order")
                     if stream:   # another topology or batch size: this rank's share of what no rank received
+                        from . import elastic   # resume only: a run that never loads a state never loads it
+
                         self._stream_redeal = elastic.stream_plan(ds, pending, loader.batch_size)
                     if not iterable:
                         s = pending["sampler"] or {}
@@ -473,10 +475,12 @@ class Tracker:
         topology or batch size, elastic.py), cut the sampler's order into
         batches of another size from the saved sample on, or neither (the
         state's batches are drawn again as they were)."""
+        from . import elastic
+
         self._redeal = elastic.plan(pending, loader, index_sampler)
         if self._redeal is not None:
             return
-        b = elastic.batching(index_sampler)
+        b = sampling.batching(index_sampler)
         saved_b, skip = pending.get("batch"), int(pending.get("skip") or 0)
         if b is not None and saved_b is None and pending.get("batch_size") is not None:
             saved_b = pending["batch_size"]   # a state from before "batch" was saved
@@ -515,7 +519,7 @@ class Tracker:
         if not s.get("rngs"):
             return
         self._set_rngs(loader, index_sampler, s)
-        itr = iter(index_sampler)
+        itr = sampling.batches(index_sampler)
         gen = getattr(loader, "generator", None)
         if pending.get("drew_seed") and _is_generator(gen):
             # as loader.py _Iter._reset draws it
@@ -582,12 +586,16 @@ class Tracker:
         dist = _dist_sampler(index_sampler)
         self.dist_epoch = int(dist.epoch) if dist is not None else None
         self.pulls = it._sampler_iter = _Pulls(it._sampler_iter, self, target_obj)
-        b = elastic.batching(index_sampler)
+        b = sampling.batching(index_sampler)
         inner = b[0] if b is not None else index_sampler
         self.batch = b[1] if b is not None else None
-        self.dist = elastic.dist_like(inner)
-        plain = elastic.plain_dist(inner)
-        self.deal = elastic.first_deal(plain) if plain is not None and b is not None else None
+        self.dist = sampling.dist_like(inner)
+        self.deal = None
+        if b is not None and _DistSampler and isinstance(inner, _DistSampler):   # elastic.plain_dist's first test
+            from . import elastic
+
+            plain = elastic.plain_dist(inner)
+            self.deal = elastic.first_deal(plain) if plain is not None else None
         self.skip = 0
 
     def _restore_sampler(self, it, loader, index_sampler, restore):
@@ -597,9 +605,11 @@ class Tracker:
         st = s.get("state")
         if self._redeal is not None:
             # this rank's share of the epoch's remaining samples (elastic.py)
+            from . import elastic
+
             indices, self.deal = self._redeal
             self._redeal = None
-            _, B, drop = elastic.batching(index_sampler)
+            _, B, drop = sampling.batching(index_sampler)
             pulls._it = elastic.array_batches(indices, B, drop)
             pulls.n = 0
             return
@@ -624,7 +634,9 @@ class Tracker:
             if rebatch is not None:
                 # the saved samples drawn again from the inner sampler, the
                 # rest cut into batches of this loader's size
-                inner, B, drop = elastic.batching(index_sampler)
+                from . import elastic
+
+                inner, B, drop = sampling.batching(index_sampler)
                 src = iter(inner)
                 for i in range(rebatch):
                     try:

@@ -1,0 +1,174 @@
+"""The epoch's index batches without torch's index list (fastloader/sampling.py):
+the same batches as torch's BatchSampler over its RandomSampler, from the
+same draws at the same moments, holding the permutation as a tensor."""
+import itertools
+import tracemalloc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler  # noqa: E402
+
+import fastloader  # noqa: E402
+from fastloader import sampling  # noqa: E402
+
+
+def _state(gen):
+    return (gen if gen is not None else torch.default_generator).get_state()
+
+
+def _steps(it, gen):
+    """Each batch with the generator's state right after it was drawn, and
+    the state after StopIteration."""
+    out = []
+    for b in it:
+        out.append((b, _state(gen)))
+    return out, _state(gen)
+
+
+def _both(make, seed_global=0, gen_seed=None):
+    """(torch's steps, ours) for index samplers made by `make(gen)`, each
+    from the same generator state."""
+    runs = []
+    for pick in (iter, sampling.batches):
+        torch.manual_seed(seed_global)
+        gen = None
+        if gen_seed is not None:
+            gen = torch.Generator()
+            gen.manual_seed(gen_seed)
+        bs = make(gen)
+        assert sampling.compact(bs)
+        runs.append(_steps(pick(bs), gen))
+    return runs
+
+
+@pytest.mark.parametrize("n,num_samples,batch_size,drop_last", [
+    (50, None, 8, False), (50, None, 8, True), (48, None, 8, False), (48, None, 8, True),
+    (5, None, 8, False), (5, None, 8, True), (1, None, 1, False),
+    (10, 25, 4, False), (10, 25, 4, True), (10, 20, 5, False), (10, 30, 7, True), (10, 3, 2, False),
+    (7, 7, 7, False), (100, 1, 3, True),
+])
+@pytest.mark.parametrize("gen_seed", [None, 5])
+def test_same_batches_and_draws_as_torch(n, num_samples, batch_size, drop_last, gen_seed):
+    def make(gen):
+        return BatchSampler(RandomSampler(range(n), num_samples=num_samples, generator=gen), batch_size, drop_last)
+
+    (t_steps, t_end), (f_steps, f_end) = _both(make, gen_seed=gen_seed)
+    assert [b for b, _ in f_steps] == [b for b, _ in t_steps]
+    assert all(type(i) is int for b, _ in f_steps for i in b)
+    # the generator stands where torch's does after every batch and at the end
+    # (the trailing, empty randperm drawn as torch's generator function draws it)
+    for (_, ts), (_, fs) in zip(t_steps, f_steps):
+        assert torch.equal(ts, fs)
+    assert torch.equal(t_end, f_end)
+
+
+def test_nothing_is_read_or_drawn_before_the_first_batch():
+    class Counted(list):
+        calls = 0
+
+        def __len__(self):
+            Counted.calls += 1
+            return super().__len__()
+
+    ds = Counted(range(20))
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    bs = BatchSampler(RandomSampler(ds), 4, False)
+    Counted.calls = 0   # the constructor checked num_samples
+    it = sampling.batches(bs)
+    assert Counted.calls == 0 and torch.equal(torch.get_rng_state(), before)
+    next(it)
+    assert Counted.calls >= 1 and not torch.equal(torch.get_rng_state(), before)
+
+
+def test_an_epoch_stopped_early_leaves_the_generator_as_torch_does():
+    for pick in (iter, sampling.batches):
+        gen = torch.Generator()
+        gen.manual_seed(7)
+        it = pick(BatchSampler(RandomSampler(range(30), num_samples=70, generator=gen), 8, False))
+        got = list(itertools.islice(it, 4))   # 32 indices: the second permutation is drawn
+        if pick is iter:
+            want, want_state = got, gen.get_state()
+        else:
+            assert got == want and torch.equal(gen.get_state(), want_state)
+
+
+def test_an_empty_dataset_fails_as_torchs_sampler_does():
+    ds = []
+    bs = BatchSampler(RandomSampler(range(3), num_samples=4), 2, False)
+    bs.sampler.data_source = ds   # emptied after construction (torch checks num_samples only then)
+    with pytest.raises(ZeroDivisionError):
+        next(iter(bs))
+    with pytest.raises(ZeroDivisionError):
+        next(sampling.batches(bs))
+
+
+def test_other_samplers_are_iterated_as_they_are():
+    class MySampler(RandomSampler):
+        pass
+
+    class MyBatches(BatchSampler):
+        pass
+
+    plain = RandomSampler(range(10))
+    for bs in (BatchSampler(MySampler(range(10)), 3, False), MyBatches(plain, 3, False),
+               BatchSampler(RandomSampler(range(10), replacement=True), 3, False),
+               BatchSampler(SequentialSampler(range(10)), 3, False), plain, [[0, 1], [2]]):
+        assert not sampling.compact(bs)
+        assert list(sampling.batches(bs)) is not None
+    torch.manual_seed(3)
+    want = list(BatchSampler(SequentialSampler(range(10)), 3, False))
+    assert list(sampling.batches(BatchSampler(SequentialSampler(range(10)), 3, False))) == want
+
+
+def test_a_replaced_iter_is_respected(monkeypatch):
+    bs = BatchSampler(RandomSampler(range(10)), 3, False)
+    assert sampling.compact(bs)
+    monkeypatch.setattr(RandomSampler, "__iter__", lambda self: iter(range(len(self.data_source))))
+    assert not sampling.compact(bs)
+    assert list(sampling.batches(bs)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_the_epoch_holds_no_list_of_every_index():
+    """torch's RandomSampler keeps n Python ints for the epoch (~36 bytes a
+    sample); ours keeps the permutation tensor (outside Python's heap) and
+    one batch of ints."""
+    n = 100_000
+    peaks = {}
+    for pick in (iter, sampling.batches):
+        gen = torch.Generator()
+        gen.manual_seed(0)
+        it = pick(BatchSampler(RandomSampler(range(n), generator=gen), 64, False))
+        tracemalloc.start()
+        try:
+            for _ in it:
+                pass
+            peaks[pick] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks[iter] > n * 28
+    assert peaks[sampling.batches] < 64 * 1024
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_shuffles_as_torch_over_epochs(num_workers):
+    """fastloader's DataLoader with shuffle=True: torch's batches, epoch after
+    epoch, with a generator and with torch's global RNG (and the global RNG
+    left where torch's loader leaves it)."""
+    ds = list(range(37))
+    for with_gen in (True, False):
+        got = {}
+        for name, cls in (("torch", torch.utils.data.DataLoader), ("fl", fastloader.DataLoader)):
+            torch.manual_seed(11)
+            gen = None
+            if with_gen:
+                gen = torch.Generator()
+                gen.manual_seed(4)
+            kw = dict(num_workers=num_workers)
+            if name == "fl" and num_workers:
+                kw["worker_mode"] = "thread"
+            dl = cls(ds, batch_size=5, shuffle=True, generator=gen, **kw)
+            got[name] = ([[b.tolist() for b in dl] for _ in range(3)], torch.get_rng_state())
+        assert got["fl"][0] == got["torch"][0]
+        assert torch.equal(got["fl"][1], got["torch"][1])
