@@ -8,16 +8,27 @@ permutation (1.1 MiB for 32,000 samples, 44 MiB for ImageNet's 1.28 M, in
 the process that draws the indices, every epoch).  torch's BatchSampler
 then cuts that list into batches.
 
-`batches(index_sampler)` is `iter(index_sampler)`, except for exactly that
-pair -- torch's BatchSampler over torch's RandomSampler without
-replacement, neither subclassed nor their `__iter__` replaced -- where it
-makes the same draws from the same generators at the same moments (the
-seed drawn from torch's global RNG at the first batch when the sampler has
-no generator; each `randperm` when the previous one is used up; the last,
-empty, one when the epoch's end is reached, as torch's generator function
-draws it) and cuts each batch from the permutation tensor: the same batches,
-the same generator states after each, 8 bytes a sample.  tests/
-test_sampling.py checks both against torch's own iterators.
+torch's DistributedSampler does the same on every rank, at every epoch's
+start: the whole epoch's list (n ints), a padded copy, then the rank's
+slice, which stays (n / world ints, with their int objects).
+
+`batches(index_sampler)` is `iter(index_sampler)`, except for torch's
+BatchSampler over either of those samplers (neither subclassed nor their
+`__iter__` replaced):
+- RandomSampler without replacement: the same draws from the same
+  generators at the same moments (the seed drawn from torch's global RNG at
+  the first batch when the sampler has no generator; each `randperm` when
+  the previous one is used up; the last, empty, one when the epoch's end is
+  reached, as torch's generator function draws it), each batch cut from the
+  permutation tensor: the same batches, the same generator states after
+  each, 8 bytes a sample.
+- DistributedSampler: its permutation (its own generator, seeded by seed +
+  epoch, at the first batch as torch's), the rank's positions taken as one
+  tensor (the padding cycles over the permutation, drop_last cuts it, as
+  torch's lists do), each batch cut from it.  A dataset whose length no
+  longer fits the sampler's total_size goes to torch's own iterator, which
+  raises its error.
+tests/test_sampling.py checks both against torch's own iterators.
 
 Runs on the consumer thread with the GIL (where the loader draws indices);
 the iterator owns the epoch's permutation and drops it at its end.
@@ -27,20 +38,19 @@ from __future__ import annotations
 try:
     import torch
     from torch.utils.data import BatchSampler as _BatchSampler
+    from torch.utils.data import DistributedSampler as _DistSampler
     from torch.utils.data import RandomSampler as _RandomSampler
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
-    _BatchSampler = _RandomSampler = None
-
-# the __iter__ implementations random_batches mirrors (torch 2.x's)
-_TORCH_ITERS = {"BatchSampler.__iter__", "RandomSampler.__iter__"}
+    _BatchSampler = _DistSampler = _RandomSampler = None
 
 
-def _torch_own_iter(cls):
-    """Whether `cls.__iter__` is the one torch.utils.data.sampler defines."""
+def _torch_own_iter(cls, module):
+    """Whether `cls.__iter__` is the one torch defines in `module` (the
+    implementation the iterators below mirror, torch 2.x's)."""
     f = cls.__dict__.get("__iter__")
-    return (f is not None and getattr(f, "__module__", None) == "torch.utils.data.sampler"
-            and getattr(f, "__qualname__", None) in _TORCH_ITERS)
+    return (f is not None and getattr(f, "__module__", None) == module
+            and getattr(f, "__qualname__", None) == cls.__name__ + ".__iter__")
 
 
 def batching(index_sampler):
@@ -62,22 +72,35 @@ def dist_like(sampler):
     return None
 
 
-def compact(index_sampler):
-    """True when `batches` cuts `index_sampler`'s batches from a permutation
-    tensor (torch's BatchSampler over torch's RandomSampler without
-    replacement, both exactly torch's)."""
-    if _BatchSampler is None or type(index_sampler) is not _BatchSampler:
-        return False
+def _kind(index_sampler):
+    """"random" or "dist" where `batches` cuts `index_sampler`'s batches from
+    a tensor (torch's own BatchSampler over torch's own RandomSampler without
+    replacement, or DistributedSampler), else None."""
+    if (_BatchSampler is None or type(index_sampler) is not _BatchSampler
+            or not _torch_own_iter(_BatchSampler, "torch.utils.data.sampler")):
+        return None
     inner = index_sampler.sampler
-    return (type(inner) is _RandomSampler and inner.replacement is False
-            and _torch_own_iter(_BatchSampler) and _torch_own_iter(_RandomSampler))
+    if (type(inner) is _RandomSampler and inner.replacement is False
+            and _torch_own_iter(_RandomSampler, "torch.utils.data.sampler")):
+        return "random"
+    if type(inner) is _DistSampler and _torch_own_iter(_DistSampler, "torch.utils.data.distributed"):
+        return "dist"
+    return None
+
+
+def compact(index_sampler):
+    """True when `batches` cuts `index_sampler`'s batches from a tensor."""
+    return _kind(index_sampler) is not None
 
 
 def batches(index_sampler):
     """The epoch's iterator of index batches (lists of ints): what
     `iter(index_sampler)` yields, drawn as it draws."""
-    if compact(index_sampler):
+    kind = _kind(index_sampler)
+    if kind == "random":
         return random_batches(index_sampler)
+    if kind == "dist":
+        return dist_batches(index_sampler)
     return iter(index_sampler)
 
 
@@ -117,3 +140,31 @@ def _perms(sampler, n, gen):
     for _ in range(sampler.num_samples // n):
         yield torch.randperm(n, generator=gen)
     yield torch.randperm(n, generator=gen)[:sampler.num_samples % n]
+
+
+def dist_batches(index_sampler):
+    """iter(index_sampler) for torch's BatchSampler over its
+    DistributedSampler: the rank's share of the epoch as one int64 tensor
+    (made at the first batch, as torch's list), cut into batches."""
+    sampler = index_sampler.sampler
+    drop_last, batch_size = index_sampler.drop_last, index_sampler.batch_size
+    n = len(sampler.dataset)
+    total, world, rank = sampler.total_size, sampler.num_replicas, sampler.rank
+    if not ((n >= total) if sampler.drop_last else (0 < n <= total)):
+        # the dataset's length changed since the sampler counted it: torch's
+        # own iterator (an AssertionError, or a ZeroDivisionError when empty)
+        yield from iter(index_sampler)
+        return
+    # rank r of W takes G[r::W] of G = the permutation padded by cycling over
+    # it (cut to total_size with drop_last): G[j] = perm[j % n]
+    take = torch.arange(rank, max(rank, total), world, dtype=torch.int64)   # range()'s: empty past the end
+    if not sampler.drop_last:
+        take %= n
+    if sampler.shuffle:
+        g = torch.Generator()
+        g.manual_seed(sampler.seed + sampler.epoch)
+        take = torch.randperm(n, generator=g)[take]
+    m = len(take)
+    stop = m - m % batch_size if drop_last else m
+    for i in range(0, stop, batch_size):
+        yield take[i:i + batch_size].tolist()

@@ -172,3 +172,58 @@ def test_loader_shuffles_as_torch_over_epochs(num_workers):
             got[name] = ([[b.tolist() for b in dl] for _ in range(3)], torch.get_rng_state())
         assert got["fl"][0] == got["torch"][0]
         assert torch.equal(got["fl"][1], got["torch"][1])
+
+
+# ---- torch's DistributedSampler ------------------------------------------------------
+
+from torch.utils.data import DistributedSampler  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 33])
+@pytest.mark.parametrize("world", [1, 3, 8, 40])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_distributed_batches_as_torchs(n, world, drop_last, shuffle):
+    """Every rank's batches, as torch's BatchSampler over its DistributedSampler
+    gives them (padding cycled over the permutation, drop_last's cut, both
+    batch drop_lasts), for a later epoch too."""
+    for rank in sorted({0, world // 2, world - 1}):
+        for batch_size, batch_drop in ((1, False), (3, False), (3, True), (64, False)):
+            s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=3,
+                                   drop_last=drop_last)
+            for epoch in (0, 5):
+                s.set_epoch(epoch)
+                bs = BatchSampler(s, batch_size, batch_drop)
+                assert sampling.compact(bs)
+                got = list(sampling.batches(bs))
+                assert got == list(bs), (rank, batch_size, batch_drop, epoch)
+                assert all(type(i) is int for b in got for i in b)
+
+
+def test_distributed_sampler_whose_dataset_changed_fails_as_torchs():
+    """A dataset that shrank or grew after the sampler counted it: torch's
+    own iterator runs, and raises its own error."""
+    data = list(range(10))
+    s = DistributedSampler(data, num_replicas=3, rank=1, drop_last=True)
+    bs = BatchSampler(s, 2, False)
+    data[:] = data[:4]
+    with pytest.raises(AssertionError, match="does not match total_size"):
+        list(bs)
+    with pytest.raises(AssertionError, match="does not match total_size"):
+        list(sampling.batches(bs))
+
+
+def test_distributed_epoch_holds_no_list_of_every_index():
+    n = 100_000
+    peaks = {}
+    for pick in (iter, sampling.batches):
+        bs = BatchSampler(DistributedSampler(range(n), num_replicas=2, rank=1), 64, False)
+        tracemalloc.start()
+        try:
+            for _ in pick(bs):
+                pass
+            peaks[pick] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks[iter] > n * 28
+    assert peaks[sampling.batches] < 64 * 1024
