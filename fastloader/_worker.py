@@ -175,16 +175,21 @@ def _fetch_body(ep: Epoch, wid, seq, indices, own=None):
             else:
                 data = []
                 rows = _row_writer(ep, len(indices))
+                take = rows.take if rows is not None else None
+                local = tls
                 for idx in indices:
                     if ep.cancelled:
                         return (CANCELLED, None)
-                    _at_sample(idx)
+                    local.index = idx   # _at_sample(idx), inline: this loop runs once a sample
+                    local.calls = None
                     try:
                         item = dataset[idx]
                     except Exception as e:
                         return (ERR, annotate(e, f"sample index {idx} (batch {seq}) in {where_worker}"))
-                    if rows is not None:   # rebinding `item` lets the sample's own arrays go now
-                        item = rows.take(item)
+                    if take is not None:   # rebinding `item` lets the sample's own arrays go now
+                        item = take(item)
+                        if rows.off:       # no field is written a row at a time: the rest as they come
+                            take = None
                     data.append(item)
         else:
             # a key from a custom sampler may be anything; only an int is an index
