@@ -1,5 +1,6 @@
 """The C harnesses of bench_render.py and bench_augment_ops.py compile against
-today's csrc/ and run.  They link csrc/image/ units directly, not the
+today's csrc/ and run; bench_sampler.py (a standalone script no suite test
+runs) runs and finds the same batches from both loaders.  They link csrc/image/ units directly, not the
 extension, so a function that moves between units breaks them while every
 loader test passes (bench_render.py stopped linking when the policy path moved
 into render.c, and nothing noticed).  A few calls each; the figures mean
@@ -33,3 +34,10 @@ def test_bench_augment_ops_harness_runs():
     rows = re.findall(r"^\| (Rotate(?:/bilinear|/bicubic)?)\s+\|\s+([0-9.]+) \|", out, re.M)
     assert [r[0] for r in rows] == ["Rotate", "Rotate/bilinear", "Rotate/bicubic"], out
     assert all(float(r[1]) > 0 for r in rows)
+
+
+def test_bench_sampler_runs_and_both_loaders_agree():
+    out = _run("bench_sampler.py", "--rounds", "1", "--n", "3000", "--batch-size", "64")
+    rows = re.findall(r"^\| (shuffle=True[^|]*|sampler=DistributedSampler[^|]*)\|.*\| (yes|NO)\s*\|$", out, re.M)
+    assert len(rows) == 3 and all(r[1] == "yes" for r in rows), out
+    assert "PROBLEMS" not in out, out

@@ -105,14 +105,17 @@ def test_import_swap_loads_only_the_loader():
     objects a Python dataset never runs: peak memory at num_workers=0 is
     otherwise the package's own), and a CPU loader over a Python dataset
     iterates without them, without numpy.random (NumPy imports it on the
-    first `np.random.X`: another 0.5 MiB) and without cuda_delivery.py; a
-    native dataset named afterwards still takes the native path."""
+    first `np.random.X`: another 0.5 MiB), without cuda_delivery.py, and
+    without what only workers, num_workers="auto" or a resume run
+    (worker_mode.py, autotune.py, elastic.py); a native dataset named
+    afterwards still takes the native path."""
     code = (
         "import sys\n"
         "import fastloader\n"
         "lazy = ['fastloader.' + m for m in ('transforms', 'datasets', 'arrays', 'lmdb_dataset', 'hf_datasets',\n"
         "                                   'webdataset')]\n"
         "lazy += ['numpy.random', 'fastloader.cuda_delivery']\n"
+        "lazy += ['fastloader.' + m for m in ('worker_mode', 'autotune', 'elastic')]\n"
         "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
         "class Squares:\n"
         "    def __len__(self): return 10\n"
