@@ -120,6 +120,8 @@ def random_batches(index_sampler):
     for perm in _perms(sampler, n, gen):
         pos, m = 0, len(perm)
         while pos < m:
+            if not batch and not drop_last:
+                batch_size = index_sampler.batch_size   # torch's islice reads it at every batch
             take = perm[pos:pos + batch_size - len(batch)].tolist()
             pos += len(take)
             if batch:
@@ -165,6 +167,12 @@ def dist_batches(index_sampler):
         g.manual_seed(sampler.seed + sampler.epoch)
         take = torch.randperm(n, generator=g)[take]
     m = len(take)
-    stop = m - m % batch_size if drop_last else m
-    for i in range(0, stop, batch_size):
+    if drop_last:   # torch's zip of batch_size references: the size read once
+        for i in range(0, m - m % batch_size, batch_size):
+            yield take[i:i + batch_size].tolist()
+        return
+    i = 0
+    while i < m:
+        batch_size = index_sampler.batch_size   # torch's islice reads it at every batch
         yield take[i:i + batch_size].tolist()
+        i += batch_size

@@ -227,3 +227,21 @@ def test_distributed_epoch_holds_no_list_of_every_index():
             tracemalloc.stop()
     assert peaks[iter] > n * 28
     assert peaks[sampling.batches] < 64 * 1024
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RandomSampler(range(40), generator=torch.Generator().manual_seed(2)),
+    lambda: DistributedSampler(range(40), num_replicas=2, rank=1, seed=2),
+])
+def test_a_batch_size_changed_mid_epoch_is_read_as_torch_reads_it(make):
+    """torch's BatchSampler (drop_last=False) reads batch_size at every batch:
+    a schedule that changes it mid-epoch gets the same batches."""
+    runs = []
+    for pick in (iter, sampling.batches):
+        bs = BatchSampler(make(), 3, False)
+        out = []
+        for b in pick(bs):
+            out.append(b)
+            bs.batch_size = 3 + len(out)
+        runs.append(out)
+    assert runs[1] == runs[0] and len({len(b) for b in runs[0]}) > 2
