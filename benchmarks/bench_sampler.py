@@ -29,6 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _children import Indices  # noqa: E402
 
 SAMPLERS = {
     "random": "shuffle=True (RandomSampler, torch's global RNG)",
@@ -45,26 +46,13 @@ def _anon_kib():
     return None
 
 
-class Idx:
-    """A map-style dataset whose sample is its index."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
-
-
 def child(cfg):
     """One epoch of one loader (a fresh process, see C.run_child)."""
     import torch
 
     torch.set_num_threads(1)
     n, kind = cfg["n"], cfg["sampler"]
-    ds = Idx(n)
+    ds = Indices(n)
     a0 = _anon_kib()
     if cfg["impl"] == "torch":
         from torch.utils.data import DataLoader

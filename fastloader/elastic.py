@@ -43,14 +43,12 @@ import warnings
 
 import numpy as np
 
-from .sampling import batching, dist_like
+from .sampling import batching, dist_like, plain_dist
 
 try:
     import torch
-    from torch.utils.data import DistributedSampler as _DistSampler
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
-    _DistSampler = None
 
 
 # -- positions as ranges -------------------------------------------------------------------
@@ -107,18 +105,6 @@ def compress(a):
 
 
 # -- torch's DistributedSampler ----------------------------------------------------------------
-
-def plain_dist(sampler):
-    """`sampler` if it is a torch DistributedSampler ordered by torch's own
-    __iter__ (so its order is the deal above), else None."""
-    if _DistSampler is None or not isinstance(sampler, _DistSampler):
-        return None
-    if type(sampler).__iter__ is not _DistSampler.__iter__:
-        return None
-    if callable(getattr(sampler, "state_dict", None)):
-        return None   # a Stateful sampler keeps its own place
-    return sampler
-
 
 def first_deal(dist):
     """The record of an epoch's first deal for DistributedSampler `dist`."""

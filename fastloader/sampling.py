@@ -88,6 +88,18 @@ def _kind(index_sampler):
     return None
 
 
+def plain_dist(sampler):
+    """`sampler` if it is a torch DistributedSampler ordered by torch's own
+    __iter__ (so its order is elastic.py's deal), else None."""
+    if _DistSampler is None or not isinstance(sampler, _DistSampler):
+        return None
+    if type(sampler).__iter__ is not _DistSampler.__iter__:
+        return None
+    if callable(getattr(sampler, "state_dict", None)):
+        return None   # a Stateful sampler keeps its own place
+    return sampler
+
+
 def compact(index_sampler):
     """True when `batches` cuts `index_sampler`'s batches from a tensor."""
     return _kind(index_sampler) is not None

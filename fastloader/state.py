@@ -591,11 +591,11 @@ class Tracker:
         self.batch = b[1] if b is not None else None
         self.dist = sampling.dist_like(inner)
         self.deal = None
-        if b is not None and _DistSampler and isinstance(inner, _DistSampler):   # elastic.plain_dist's first test
-            from . import elastic
+        plain = sampling.plain_dist(inner)
+        if plain is not None and b is not None:
+            from . import elastic   # a DistributedSampler epoch: its deal, for an elastic resume
 
-            plain = elastic.plain_dist(inner)
-            self.deal = elastic.first_deal(plain) if plain is not None else None
+            self.deal = elastic.first_deal(plain)
         self.skip = 0
 
     def _restore_sampler(self, it, loader, index_sampler, restore):

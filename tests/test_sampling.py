@@ -130,16 +130,12 @@ def test_a_replaced_iter_is_respected(monkeypatch):
     assert list(sampling.batches(bs)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
 
 
-def test_the_epoch_holds_no_list_of_every_index():
-    """torch's RandomSampler keeps n Python ints for the epoch (~36 bytes a
-    sample); ours keeps the permutation tensor (outside Python's heap) and
-    one batch of ints."""
-    n = 100_000
+def _heap_peaks(make):
+    """{iter, sampling.batches: the Python heap's peak over an epoch of the
+    index sampler `make()` gives, made afresh for each}."""
     peaks = {}
     for pick in (iter, sampling.batches):
-        gen = torch.Generator()
-        gen.manual_seed(0)
-        it = pick(BatchSampler(RandomSampler(range(n), generator=gen), 64, False))
+        it = pick(make())
         tracemalloc.start()
         try:
             for _ in it:
@@ -147,6 +143,16 @@ def test_the_epoch_holds_no_list_of_every_index():
             peaks[pick] = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
+    return peaks
+
+
+def test_the_epoch_holds_no_list_of_every_index():
+    """torch's RandomSampler keeps n Python ints for the epoch (~36 bytes a
+    sample); ours keeps the permutation tensor (outside Python's heap) and
+    one batch of ints."""
+    n = 100_000
+    peaks = _heap_peaks(lambda: BatchSampler(RandomSampler(range(n), generator=torch.Generator().manual_seed(0)),
+                                             64, False))
     assert peaks[iter] > n * 28
     assert peaks[sampling.batches] < 64 * 1024
 
@@ -215,16 +221,7 @@ def test_distributed_sampler_whose_dataset_changed_fails_as_torchs():
 
 def test_distributed_epoch_holds_no_list_of_every_index():
     n = 100_000
-    peaks = {}
-    for pick in (iter, sampling.batches):
-        bs = BatchSampler(DistributedSampler(range(n), num_replicas=2, rank=1), 64, False)
-        tracemalloc.start()
-        try:
-            for _ in pick(bs):
-                pass
-            peaks[pick] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+    peaks = _heap_peaks(lambda: BatchSampler(DistributedSampler(range(n), num_replicas=2, rank=1), 64, False))
     assert peaks[iter] > n * 28
     assert peaks[sampling.batches] < 64 * 1024
 
