@@ -314,6 +314,34 @@ def child(cfg):
     return r
 
 
+def charged_at_end(res, datasets):
+    """A paragraph on what the cgroup peaks are made of (harness
+    ``cgroup_end_mib``): the page cache charged to each run, which depends on
+    what other processes read before it rather than on the loader, and, at
+    num_workers=0 (one process whose memory only grows over the epoch, so
+    its end is its peak), each loader's own private memory at the end."""
+    runs = [(k, r) for k, v in res.items() for r in v if isinstance(r.get("cgroup_end_mib"), dict)]
+    if not runs:
+        return "Charged at the end: no memory cgroup here, not reported."
+    parts = []
+    for impl in ("torch", "fastloader"):
+        pc = [r["cgroup_end_mib"]["page_cache"] for k, r in runs if k[1] == impl and "page_cache" in r["cgroup_end_mib"]]
+        if pc:
+            parts.append(f"{impl} {min(pc):.1f}-{max(pc):.1f}")
+    text = ("Charged at the end (cgroup memory.stat): page cache, which the peaks include and which depends on what "
+            "ran before, not on the loader, MiB over all runs: " + ", ".join(parts) + ".")
+    nw0 = []
+    for d in datasets:
+        anon = {impl: [r["cgroup_end_mib"]["anon"] for k, r in runs
+                       if k == ((d, 0), impl) and "anon" in r["cgroup_end_mib"]] for impl in ("torch", "fastloader")}
+        if anon["torch"] and anon["fastloader"]:
+            nw0.append(f"{d} {statistics.median(anon['torch']):.1f} -> {statistics.median(anon['fastloader']):.1f}")
+    if nw0:
+        text += (" Private (anon) memory at the end at nw=0, where it is the peak's own part, torch -> fastloader "
+                 "median MiB: " + "; ".join(nw0) + ".")
+    return text
+
+
 def per_sample_ms(kind, root, reps=24):
     """Single-threaded cost of one sample in this process (map-style: ds[i]; iterable: next())."""
     ds = make_dataset(kind, reps + 1, root)
@@ -578,6 +606,8 @@ def main(argv=None):
         rep.add(f"Memory sampling cost (parent CPU over run wall time): median {statistics.median(cpu):.1f}%, "
                 f"max {max(cpu):.1f}% of one CPU.")
         rep.add("")
+    rep.add(charged_at_end(res, datasets))
+    rep.add("")
     if problems:
         rep.add("## Correctness problems")
         rep.add("")

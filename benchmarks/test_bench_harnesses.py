@@ -41,3 +41,29 @@ def test_bench_sampler_runs_and_both_loaders_agree():
     rows = re.findall(r"^\| (shuffle=True[^|]*|sampler=DistributedSampler[^|]*)\|.*\|\s*(yes|NO)\s*\|$", out, re.M)
     assert len(rows) == 3 and all(r[1] == "yes" for r in rows), out
     assert "PROBLEMS" not in out, out
+
+
+def test_child_reports_what_its_cgroup_holds_by_kind(tmp_path):
+    """A measured process that holds 48 MiB of its own memory: where the
+    harness can give it a memory cgroup, the peak covers it and the charge at
+    the end names it as anon (not page cache), so a report can tell a loader's
+    memory from page cache that other processes' history charged here."""
+    from fastloader.tools import harness
+
+    child = tmp_path / "holder.py"
+    child.write_text("def child(cfg):\n"
+                     "    global held\n"
+                     "    held = bytearray(cfg['mib'] << 20)\n"
+                     "    held[::4096] = b'x' * len(held[::4096])\n"
+                     "    return {'held': len(held)}\n")
+    res = harness.run_child(str(child), "child", {"mib": 48}, mem_interval=0)
+    assert "error" not in res, res
+    assert res["held"] == 48 << 20
+    if "cgroup_peak_mib" not in res:
+        import pytest
+
+        pytest.skip("no memory cgroup can be made here (not root, or no cgroup file system)")
+    end = res["cgroup_end_mib"]
+    assert set(end) >= {"anon", "page_cache"}, end
+    assert 48 <= end["anon"] <= res["cgroup_peak_mib"], res
+    assert end["anon"] < 48 + 64, res  # a bare interpreter, not a second copy

@@ -477,6 +477,9 @@ def _child_main(target, func, cfg_json):
         peak = cgroup_peak_mib(os.environ.get(CGROUP_ENV))
         if peak is not None:
             res["cgroup_peak_mib"] = peak
+            end = cgroup_charged_mib(os.environ.get(CGROUP_ENV))
+            if end is not None:
+                res["cgroup_end_mib"] = end
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(res) + "\n")
     sys.stdout.flush()
     return 1 if "error" in res else 0
@@ -561,6 +564,34 @@ def cgroup_peak_mib(d):
         except (OSError, ValueError):
             continue
     return None
+
+
+# memory.stat's names for the three kinds of charge, cgroup v1 then v2
+_CHARGE_KEYS = {"anon": ("rss", "anon"), "page_cache": ("cache", "file"), "shmem": ("shmem", "shmem")}
+
+
+def cgroup_charged_mib(d):
+    """What cgroup `d` holds now, by kind (MiB): ``anon`` (the processes'
+    private memory), ``page_cache`` (file pages charged here: a page is
+    charged to the cgroup of the process that brought it into the cache, so
+    this part varies from run to run with what other processes did before,
+    not with what the measured code does), ``shmem`` (shared memory and
+    tmpfs; v1 counts it inside page_cache as well).  None where the cgroup
+    has no readable memory.stat.  Read at the end of the measurement, it
+    says how much of the peak the page cache may explain."""
+    if not d:
+        return None
+    try:
+        with open(os.path.join(d, "memory.stat")) as f:
+            stat = dict((k, int(v)) for k, v in (line.split() for line in f if len(line.split()) == 2))
+    except (OSError, ValueError):
+        return None
+    out = {}
+    for kind, names in _CHARGE_KEYS.items():
+        v = next((stat[n] for n in names if n in stat), None)
+        if v is not None:
+            out[kind] = v / (1 << 20)
+    return out or None
 
 
 # ----------------------------------------------------------------------------
