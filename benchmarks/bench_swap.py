@@ -325,7 +325,8 @@ def charged_at_end(res, datasets):
         return "Charged at the end: no memory cgroup here, not reported."
     parts = []
     for impl in ("torch", "fastloader"):
-        pc = [r["cgroup_end_mib"]["page_cache"] for k, r in runs if k[1] == impl and "page_cache" in r["cgroup_end_mib"]]
+        pc = [r["cgroup_end_mib"]["page_cache"] for k, r in runs
+              if k[1] == impl and "page_cache" in r["cgroup_end_mib"]]
         if pc:
             parts.append(f"{impl} {min(pc):.1f}-{max(pc):.1f}")
     text = ("Charged at the end (cgroup memory.stat): page cache, which the peaks include and which depends on what "
