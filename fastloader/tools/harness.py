@@ -576,7 +576,7 @@ def cgroup_charged_mib(d):
     charged to the cgroup of the process that brought it into the cache, so
     this part varies from run to run with what other processes did before,
     not with what the measured code does), ``shmem`` (shared memory and
-    tmpfs; v1 counts it inside page_cache as well).  None where the cgroup
+    tmpfs, which both versions also count inside page_cache).  None where the cgroup
     has no readable memory.stat.  Read at the end of the measurement, it
     says how much of the peak the page cache may explain."""
     if not d:
