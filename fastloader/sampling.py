@@ -28,12 +28,19 @@ BatchSampler over either of those samplers (neither subclassed nor their
   torch's lists do), each batch cut from it.  A dataset whose length no
   longer fits the sampler's total_size goes to torch's own iterator, which
   raises its error.
-tests/test_sampling.py checks both against torch's own iterators.
+- Hugging Face accelerate's BatchSamplerShard (what `accelerator.prepare`
+  makes of a loader on more than one process: every process runs the
+  inner BatchSampler over the whole epoch and keeps its own batches) over
+  either of the above: accelerate's own sharding code, run on a copy of the
+  shard whose inner batch sampler is cut from the tensor.
+tests/test_sampling.py checks all three against their own iterators.
 
 Runs on the consumer thread with the GIL (where the loader draws indices);
 the iterator owns the epoch's permutation and drops it at its end.
 """
 from __future__ import annotations
+
+import copy
 
 try:
     import torch
@@ -100,9 +107,46 @@ def plain_dist(sampler):
     return sampler
 
 
+def _accelerate_shard(index_sampler):
+    """True for accelerate's own BatchSamplerShard (not a subclass, its
+    `__iter__` accelerate's) over a batch sampler `_kind` cuts from a tensor:
+    what `accelerator.prepare` makes of a shuffled loader on more than one
+    process, every rank drawing the whole epoch's order and keeping the
+    batches that are its own.  Recognised by name: accelerate is never
+    imported here."""
+    cls = type(index_sampler)
+    if cls.__name__ != "BatchSamplerShard" or cls.__module__ != _ACCELERATE:
+        return False
+    return _torch_own_iter(cls, _ACCELERATE) and _kind(getattr(index_sampler, "batch_sampler", None)) is not None
+
+
+_ACCELERATE = "accelerate.data_loader"
+
+
+class _Cut:
+    """Stands for a torch BatchSampler inside a copy of accelerate's
+    BatchSamplerShard: iterating it is `batches(inner)` (the same batches,
+    drawn at the same moments), every other attribute is the inner one's,
+    read when asked for (its batch_size too, as torch's iterator reads it)."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __iter__(self):
+        return batches(self._inner)
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 def compact(index_sampler):
     """True when `batches` cuts `index_sampler`'s batches from a tensor."""
-    return _kind(index_sampler) is not None
+    return _kind(index_sampler) is not None or _accelerate_shard(index_sampler)
 
 
 def batches(index_sampler):
@@ -113,6 +157,13 @@ def batches(index_sampler):
         return random_batches(index_sampler)
     if kind == "dist":
         return dist_batches(index_sampler)
+    if _accelerate_shard(index_sampler):
+        # accelerate's own sharding code runs unchanged, on a copy whose inner
+        # batch sampler is cut from a tensor: the shard's settings (processes,
+        # index, split_batches, even_batches) as they are at the epoch's start
+        shard = copy.copy(index_sampler)
+        shard.batch_sampler = _Cut(index_sampler.batch_sampler)
+        return iter(shard)
     return iter(index_sampler)
 
 

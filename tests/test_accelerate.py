@@ -151,6 +151,28 @@ def test_sharding_equals_accelerates_own(split_batches, even_batches, drop_last)
         assert _batches(got) == _batches(ref) and len(got) == len(ref)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shuffled_sharding_equals_accelerates_own_without_the_index_list(num_workers):
+    """shuffle=True on 2 processes: every rank draws the whole epoch's order
+    and keeps its own batches.  A prepared fastloader loader gives accelerate's
+    batches over two epochs, its BatchSamplerShard's batches cut from the
+    permutation tensor (sampling.batches), not from torch's list of every
+    index."""
+    from fastloader import sampling
+
+    ds = Indices(50)
+    for rank in range(2):
+        runs = []
+        for make in (torch.utils.data.DataLoader, lambda *a, **k: fastloader.DataLoader(*a, num_workers=num_workers,
+                                                                                          **k)):
+            torch.manual_seed(0)
+            prepared = adl.prepare_data_loader(make(ds, batch_size=4, shuffle=True), num_processes=2,
+                                               process_index=rank)
+            runs.append(_batches(prepared) + _batches(prepared))
+        assert sampling.compact(prepared.batch_sampler)
+        assert runs[1] == runs[0] and runs[0] != sorted(runs[0])
+
+
 def test_split_batches_refuses_what_accelerate_refuses():
     with pytest.raises(ValueError, match="round multiple"):
         adl.prepare_data_loader(fastloader.DataLoader(Indices(8), batch_size=3), num_processes=2,

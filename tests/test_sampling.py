@@ -242,3 +242,62 @@ def test_a_batch_size_changed_mid_epoch_is_read_as_torch_reads_it(make):
             bs.batch_size = 3 + len(out)
         runs.append(out)
     assert runs[1] == runs[0] and len({len(b) for b in runs[0]}) > 2
+
+
+# accelerate's BatchSamplerShard: what accelerator.prepare makes of a shuffled
+# loader on more than one process.  Every rank runs the inner BatchSampler over
+# the whole epoch and keeps its own batches, so under torch every rank holds
+# the epoch's list of every index.
+
+def _shard(n, bs, procs, idx, split, even, drop, gen):
+    adl = pytest.importorskip("accelerate.data_loader")
+    g = torch.Generator().manual_seed(3) if gen else None
+    return adl.BatchSamplerShard(BatchSampler(RandomSampler(range(n), generator=g), bs, drop), procs, idx,
+                                 split, even), g
+
+
+@pytest.mark.parametrize("split,even,drop", list(itertools.product((False, True), repeat=3)))
+@pytest.mark.parametrize("gen", [True, False], ids=["generator", "global"])
+def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, gen):
+    """The same batches on every process, the padding of even_batches and the
+    cut of split_batches included, and the generator (or torch's global RNG)
+    left where accelerate's own iteration leaves it."""
+    cases = 0
+    for n, bs, procs in itertools.product((1, 5, 17, 100), (1, 4, 8), (1, 2, 3)):
+        if split and bs % procs:
+            continue
+        for idx in range(procs):
+            runs = []
+            for pick in (iter, sampling.batches):
+                torch.manual_seed(7)
+                shard, g = _shard(n, bs, procs, idx, split, even, drop, gen)
+                assert sampling.compact(shard)
+                out = list(pick(shard))
+                runs.append((out, (g.get_state() if gen else torch.get_rng_state()).clone()))
+            assert runs[1][0] == runs[0][0], (n, bs, procs, idx)
+            assert torch.equal(runs[1][1], runs[0][1]), (n, bs, procs, idx)
+            cases += 1
+    assert cases >= 28   # every (n, batch size, processes, index) that accelerate accepts
+
+
+def test_accelerate_shard_holds_no_list_of_every_index():
+    n = 100_000
+    peaks = _heap_peaks(lambda: _shard(n, 64, 4, 1, False, True, False, True)[0])
+    assert peaks[iter] > n * 28
+    assert peaks[sampling.batches] < 64 * 1024
+
+
+def test_accelerate_shard_of_anything_else_is_iterated_as_it_is():
+    """A subclass of the shard, or a shard over a sampler that is not cut from
+    a tensor, keeps its own iteration."""
+    adl = pytest.importorskip("accelerate.data_loader")
+
+    class Mine(adl.BatchSamplerShard):
+        pass
+
+    inner = BatchSampler(RandomSampler(range(10), generator=torch.Generator().manual_seed(1)), 3, False)
+    for shard in (Mine(inner, 2, 0), adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1)):
+        assert not sampling.compact(shard)
+        assert isinstance(sampling.batches(shard), type(iter(shard)))
+    assert list(sampling.batches(adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1))) \
+        == [[3, 4, 5], [9, 0, 1]]
