@@ -17,6 +17,12 @@ process with its own memory cgroup:
 - same batches: a digest of every batch's indices, equal between the loaders
   (torch's global RNG seeded alike; the generator seeded alike).
 
+accel8: the loader as Hugging Face accelerate prepares it for 8 processes
+(its BatchSamplerShard over the loader's batch sampler), seen from process
+3: every process draws the whole epoch's order and keeps every 8th batch, so
+torch's list of every index is on every rank; accelerate is imported by
+both loaders' processes.
+
     python benchmarks/bench_sampler.py [--rounds 2] [--n 1281167] [--md FILE]
 """
 import argparse
@@ -35,6 +41,7 @@ SAMPLERS = {
     "random": "shuffle=True (RandomSampler, torch's global RNG)",
     "random-gen": "shuffle=True, generator= (RandomSampler with its generator)",
     "dist8": "sampler=DistributedSampler(world 8, rank 3, shuffle)",
+    "accel8": "accelerate prepare_data_loader(shuffle=True; 8 processes, index 3)",
 }
 
 
@@ -68,12 +75,19 @@ def child(cfg):
         from torch.utils.data import DistributedSampler
 
         kw["sampler"] = DistributedSampler(ds, num_replicas=8, rank=3, seed=0)
+    elif kind == "accel8":
+        kw["shuffle"] = True
     else:
         raise ValueError(kind)
     digest = hashlib.blake2b(digest_size=16)
     batches = samples = 0
     t = time.perf_counter()
-    for b in DataLoader(ds, **kw):
+    loader = DataLoader(ds, **kw)
+    if kind == "accel8":   # what accelerator.prepare does on 8 processes, seen from the 4th
+        from accelerate.data_loader import prepare_data_loader
+
+        loader = prepare_data_loader(loader, num_processes=8, process_index=3)
+    for b in loader:
         digest.update(b.numpy().tobytes())
         batches += 1
         samples += len(b)
