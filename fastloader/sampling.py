@@ -29,10 +29,11 @@ BatchSampler over either of those samplers (neither subclassed nor their
   longer fits the sampler's total_size goes to torch's own iterator, which
   raises its error.
 - Hugging Face accelerate's BatchSamplerShard (what `accelerator.prepare`
-  makes of a loader on more than one process: every process runs the
+  makes of such a loader on more than one process: every process runs the
   inner BatchSampler over the whole epoch and keeps its own batches) over
-  either of the above: accelerate's own sharding code, run on a copy of the
-  shard whose inner batch sampler is cut from the tensor.
+  either of the above: accelerate's own sharding code, run on a view of the
+  shard whose inner batch sampler is cut from the tensor (`_ShardView`;
+  what it does not recognise: `_accelerate_shard`).
 tests/test_sampling.py checks all three against their own iterators.
 
 Runs on the consumer thread with the GIL (where the loader draws indices);
@@ -40,7 +41,8 @@ the iterator owns the epoch's permutation and drops it at its end.
 """
 from __future__ import annotations
 
-import copy
+import inspect
+import types
 
 try:
     import torch
@@ -52,12 +54,13 @@ except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     _BatchSampler = _DistSampler = _RandomSampler = None
 
 
-def _torch_own_iter(cls, module):
-    """Whether `cls.__iter__` is the one torch defines in `module` (the
-    implementation the iterators below mirror, torch 2.x's)."""
-    f = cls.__dict__.get("__iter__")
+def _own_method(cls, module, name="__iter__"):
+    """Whether `cls.<name>` is defined by `cls` itself in `module` (torch's
+    own sampler iterators, which the iterators below mirror, torch 2.x's;
+    accelerate's own sharding methods), not replaced or inherited."""
+    f = cls.__dict__.get(name)
     return (f is not None and getattr(f, "__module__", None) == module
-            and getattr(f, "__qualname__", None) == cls.__name__ + ".__iter__")
+            and getattr(f, "__qualname__", None) == f"{cls.__name__}.{name}")
 
 
 def batching(index_sampler):
@@ -84,13 +87,13 @@ def _kind(index_sampler):
     a tensor (torch's own BatchSampler over torch's own RandomSampler without
     replacement, or DistributedSampler), else None."""
     if (_BatchSampler is None or type(index_sampler) is not _BatchSampler
-            or not _torch_own_iter(_BatchSampler, "torch.utils.data.sampler")):
+            or not _own_method(_BatchSampler, "torch.utils.data.sampler")):
         return None
     inner = index_sampler.sampler
     if (type(inner) is _RandomSampler and inner.replacement is False
-            and _torch_own_iter(_RandomSampler, "torch.utils.data.sampler")):
+            and _own_method(_RandomSampler, "torch.utils.data.sampler")):
         return "random"
-    if type(inner) is _DistSampler and _torch_own_iter(_DistSampler, "torch.utils.data.distributed"):
+    if type(inner) is _DistSampler and _own_method(_DistSampler, "torch.utils.data.distributed"):
         return "dist"
     return None
 
@@ -107,27 +110,38 @@ def plain_dist(sampler):
     return sampler
 
 
+_ACCELERATE = "accelerate.data_loader"
+# BatchSamplerShard's methods that iterate: each only iterates
+# `self.batch_sampler`, reads its `batch_size` and the shard's own settings
+# (accelerate 0.2x-1.x); `_ShardView` relies on exactly that
+_SHARD_METHODS = ("__iter__", "_iter_with_split", "_iter_with_no_split")
+
+
 def _accelerate_shard(index_sampler):
     """True for accelerate's own BatchSamplerShard (not a subclass, its
-    `__iter__` accelerate's) over a batch sampler `_kind` cuts from a tensor:
-    what `accelerator.prepare` makes of a shuffled loader on more than one
-    process, every rank drawing the whole epoch's order and keeping the
-    batches that are its own.  Recognised by name: accelerate is never
-    imported here."""
+    iterating methods accelerate's, none replaced on the instance) over a
+    batch sampler `_kind` cuts from a tensor: what `prepare_data_loader`
+    makes of a loader with shuffle=True or a DistributedSampler on more than
+    one process, every process running the inner BatchSampler over the whole
+    epoch and keeping its own batches.  Not recognised, so iterated as they
+    are, with torch's list: accelerate's SeedableRandomSampler
+    (use_seedable_sampler=True), the SkipBatchSampler of skip_first_batches,
+    a DataLoaderDispatcher (no shard).  Recognised by name: accelerate is
+    never imported here."""
     cls = type(index_sampler)
     if cls.__name__ != "BatchSamplerShard" or cls.__module__ != _ACCELERATE:
         return False
-    return _torch_own_iter(cls, _ACCELERATE) and _kind(getattr(index_sampler, "batch_sampler", None)) is not None
-
-
-_ACCELERATE = "accelerate.data_loader"
+    own = vars(index_sampler)
+    if not all(_own_method(cls, _ACCELERATE, m) and m not in own for m in _SHARD_METHODS):
+        return False
+    return _kind(own.get("batch_sampler")) is not None
 
 
 class _Cut:
-    """Stands for a torch BatchSampler inside a copy of accelerate's
-    BatchSamplerShard: iterating it is `batches(inner)` (the same batches,
-    drawn at the same moments), every other attribute is the inner one's,
-    read when asked for (its batch_size too, as torch's iterator reads it)."""
+    """Stands for a torch BatchSampler inside `_ShardView`: iterating it is
+    `batches(inner)` (the same batches, drawn at the same moments), every
+    other attribute is the inner one's, read when asked for (its batch_size
+    too, as torch's iterator reads it)."""
 
     __slots__ = ("_inner",)
 
@@ -144,6 +158,28 @@ class _Cut:
         return getattr(self._inner, name)
 
 
+class _ShardView:
+    """accelerate's BatchSamplerShard with its inner batch sampler cut from a
+    tensor: accelerate's own methods run on this view (bound to it), and every
+    attribute but `batch_sampler` is the shard's, read and written there when
+    the code reads or writes it, as on the shard itself."""
+
+    __slots__ = ("_shard", "batch_sampler")
+
+    def __init__(self, shard):
+        object.__setattr__(self, "_shard", shard)
+        object.__setattr__(self, "batch_sampler", _Cut(shard.batch_sampler))
+
+    def __getattr__(self, name):
+        f = getattr(type(self._shard), name, None)
+        if inspect.isfunction(f):
+            return types.MethodType(f, self)
+        return getattr(self._shard, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._shard, name, value)
+
+
 def compact(index_sampler):
     """True when `batches` cuts `index_sampler`'s batches from a tensor."""
     return _kind(index_sampler) is not None or _accelerate_shard(index_sampler)
@@ -158,12 +194,8 @@ def batches(index_sampler):
     if kind == "dist":
         return dist_batches(index_sampler)
     if _accelerate_shard(index_sampler):
-        # accelerate's own sharding code runs unchanged, on a copy whose inner
-        # batch sampler is cut from a tensor: the shard's settings (processes,
-        # index, split_batches, even_batches) as they are at the epoch's start
-        shard = copy.copy(index_sampler)
-        shard.batch_sampler = _Cut(index_sampler.batch_sampler)
-        return iter(shard)
+        # accelerate's own sharding code, its inner batch sampler cut from a tensor
+        return type(index_sampler).__iter__(_ShardView(index_sampler))
     return iter(index_sampler)
 
 

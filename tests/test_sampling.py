@@ -249,35 +249,70 @@ def test_a_batch_size_changed_mid_epoch_is_read_as_torch_reads_it(make):
 # the whole epoch and keeps its own batches, so under torch every rank holds
 # the epoch's list of every index.
 
-def _shard(n, bs, procs, idx, split, even, drop, gen):
+def _shard(n, bs, procs, idx, split, even, drop, gen, inner="random"):
     adl = pytest.importorskip("accelerate.data_loader")
     g = torch.Generator().manual_seed(3) if gen else None
-    return adl.BatchSamplerShard(BatchSampler(RandomSampler(range(n), generator=g), bs, drop), procs, idx,
-                                 split, even), g
+    if inner == "random":
+        sampler = RandomSampler(range(n), generator=g)
+    elif inner == "random-more":   # num_samples past n: two permutations and a part of a third
+        sampler = RandomSampler(range(n), num_samples=2 * n + 3, generator=g)
+    else:
+        sampler = DistributedSampler(range(n), num_replicas=2, rank=1, seed=5, drop_last=drop)
+    return adl.BatchSamplerShard(BatchSampler(sampler, bs, drop), procs, idx, split, even), g
+
+
+def _shard_epochs(make, pick, epochs=1):
+    """The batches `pick` (iter or sampling.batches) gives from the shard
+    make() builds, over `epochs` epochs, and the generator's and torch's global
+    RNG's states after them (torch's global RNG seeded alike before)."""
+    torch.manual_seed(7)
+    shard, g = make()
+    out = []
+    for e in range(epochs):
+        inner = shard.batch_sampler.sampler
+        if hasattr(inner, "set_epoch"):
+            inner.set_epoch(e)
+        out.append(list(pick(shard)))
+    return out, (g.get_state().clone() if g is not None else None), torch.get_rng_state().clone()
 
 
 @pytest.mark.parametrize("split,even,drop", list(itertools.product((False, True), repeat=3)))
-@pytest.mark.parametrize("gen", [True, False], ids=["generator", "global"])
-def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, gen):
-    """The same batches on every process, the padding of even_batches and the
-    cut of split_batches included, and the generator (or torch's global RNG)
-    left where accelerate's own iteration leaves it."""
+@pytest.mark.parametrize("inner,gen", [("random", True), ("random", False), ("random-more", True), ("dist", False)])
+def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, inner, gen):
+    """The same batches on every process over two epochs, the padding of
+    even_batches and the cut of split_batches included, and the generator and
+    torch's global RNG left where accelerate's own iteration leaves them."""
     cases = 0
     for n, bs, procs in itertools.product((1, 5, 17, 100), (1, 4, 8), (1, 2, 3)):
         if split and bs % procs:
             continue
         for idx in range(procs):
-            runs = []
-            for pick in (iter, sampling.batches):
-                torch.manual_seed(7)
-                shard, g = _shard(n, bs, procs, idx, split, even, drop, gen)
+            def make():
+                shard, g = _shard(n, bs, procs, idx, split, even, drop, gen, inner)
                 assert sampling.compact(shard)
-                out = list(pick(shard))
-                runs.append((out, (g.get_state() if gen else torch.get_rng_state()).clone()))
-            assert runs[1][0] == runs[0][0], (n, bs, procs, idx)
-            assert torch.equal(runs[1][1], runs[0][1]), (n, bs, procs, idx)
+                return shard, g
+            want, got = _shard_epochs(make, iter, 2), _shard_epochs(make, sampling.batches, 2)
+            assert got[0] == want[0], (n, bs, procs, idx)
+            if gen:
+                assert torch.equal(got[1], want[1]), (n, bs, procs, idx)
+            assert torch.equal(got[2], want[2]), (n, bs, procs, idx)
             cases += 1
-    assert cases >= 28   # every (n, batch size, processes, index) that accelerate accepts
+    assert cases == (28 if split else 72)   # every (n, batch size, processes, index) accelerate accepts
+
+
+def test_accelerate_shard_reads_its_settings_when_accelerate_does():
+    """The shard's own attributes are read (and written) on the shard as
+    accelerate's code reaches them: one changed mid-epoch changes the rest of
+    the epoch as under accelerate's own iteration."""
+    runs = []
+    for pick in (iter, sampling.batches):
+        shard, _ = _shard(40, 2, 2, 0, False, True, False, True)
+        out = []
+        for b in pick(shard):
+            out.append(b)
+            shard.process_index = 1
+        runs.append(out)
+    assert runs[1] == runs[0]
 
 
 def test_accelerate_shard_holds_no_list_of_every_index():
@@ -287,17 +322,43 @@ def test_accelerate_shard_holds_no_list_of_every_index():
     assert peaks[sampling.batches] < 64 * 1024
 
 
-def test_accelerate_shard_of_anything_else_is_iterated_as_it_is():
-    """A subclass of the shard, or a shard over a sampler that is not cut from
-    a tensor, keeps its own iteration."""
+def test_accelerate_shards_it_does_not_recognise_are_iterated_as_they_are(monkeypatch):
+    """A subclass of the shard, one whose iterating method is replaced on the
+    instance, one over a sampler that is not cut from a tensor (replacement,
+    accelerate's SeedableRandomSampler, a SequentialSampler): never cut from a
+    tensor, their batches their own."""
     adl = pytest.importorskip("accelerate.data_loader")
 
     class Mine(adl.BatchSamplerShard):
         pass
 
-    inner = BatchSampler(RandomSampler(range(10), generator=torch.Generator().manual_seed(1)), 3, False)
-    for shard in (Mine(inner, 2, 0), adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1)):
+    def rnd(**kw):
+        return RandomSampler(range(10), generator=torch.Generator().manual_seed(1), **kw)
+
+    def patched():
+        shard = adl.BatchSamplerShard(BatchSampler(rnd(), 3, False), 2, 0)
+        shard._iter_with_no_split = lambda: iter([[0, 1, 2]])
+        return shard
+
+    makes = [lambda: Mine(BatchSampler(rnd(), 3, False), 2, 0), patched,
+             lambda: adl.BatchSamplerShard(BatchSampler(rnd(replacement=True), 3, False), 2, 1),
+             lambda: adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1)]
+    if hasattr(adl, "SeedableRandomSampler"):
+        makes.append(lambda: adl.BatchSamplerShard(BatchSampler(adl.SeedableRandomSampler(range(10)), 3, False), 2,
+                                                   1))
+
+    def cut(*a):
+        raise AssertionError("cut from a tensor")
+
+    want = []
+    for make in makes:
+        torch.manual_seed(0)
+        want.append(list(make()))
+    monkeypatch.setattr(sampling, "random_batches", cut)
+    monkeypatch.setattr(sampling, "dist_batches", cut)
+    for make, w in zip(makes, want):
+        shard = make()
         assert not sampling.compact(shard)
-        assert isinstance(sampling.batches(shard), type(iter(shard)))
-    assert list(sampling.batches(adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1))) \
-        == [[3, 4, 5], [9, 0, 1]]
+        torch.manual_seed(0)
+        assert list(sampling.batches(shard)) == w
+    assert want[1] == [[0, 1, 2]] and want[3] == [[3, 4, 5], [9, 0, 1]]
