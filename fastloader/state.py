@@ -143,6 +143,17 @@ def _is_generator(gen):
 _DETERMINISTIC = (_SeqSampler, _BatchSampler, range) + ((_DistSampler,) if _DistSampler else ())
 
 
+def _under(index_sampler):
+    """The sampler under the loader's batch sampler: torch's BatchSampler's
+    `.sampler`, or, for a batch sampler that wraps another batch sampler
+    (accelerate's BatchSamplerShard, `.batch_sampler`), that one's
+    `.sampler`; None when there is none."""
+    s = getattr(index_sampler, "sampler", None)
+    if s is None:
+        s = getattr(getattr(index_sampler, "batch_sampler", None), "sampler", None)
+    return s
+
+
 def _rng_roles(loader, index_sampler):
     """The generators the loader's epoch draws from, by role -- ("loader",
     loader.generator), ("index", the index sampler's), ("inner", the
@@ -152,7 +163,7 @@ def _rng_roles(loader, index_sampler):
     roles, needs_global = [], False
     if _is_generator(getattr(loader, "generator", None)):
         roles.append(("loader", loader.generator))
-    for role, obj in (("index", index_sampler), ("inner", getattr(index_sampler, "sampler", None))):
+    for role, obj in (("index", index_sampler), ("inner", _under(index_sampler))):
         if obj is None or stateful(obj):
             continue
         gen = getattr(obj, "generator", None)
@@ -179,13 +190,13 @@ def _role_object(loader, index_sampler, role):
         return getattr(loader, "generator", None)
     if role == "index":
         return getattr(index_sampler, "generator", None)
-    return getattr(getattr(index_sampler, "sampler", None), "generator", None)
+    return getattr(_under(index_sampler), "generator", None)
 
 
 def _dist_sampler(index_sampler):
     if not _DistSampler:
         return None
-    for obj in (index_sampler, getattr(index_sampler, "sampler", None)):
+    for obj in (index_sampler, _under(index_sampler)):
         if isinstance(obj, _DistSampler):
             return obj
     return None
@@ -579,8 +590,8 @@ class Tracker:
             self.target, target_obj = "iter", it._sampler_iter
         elif stateful(index_sampler):
             self.target, target_obj = "index_sampler", index_sampler
-        elif stateful(getattr(index_sampler, "sampler", None)):
-            self.target, target_obj = "sampler", index_sampler.sampler
+        elif stateful(_under(index_sampler)):
+            self.target, target_obj = "sampler", _under(index_sampler)
         if self.target is not None:
             self.global_want = False
         dist = _dist_sampler(index_sampler)
@@ -618,7 +629,7 @@ class Tracker:
             if self.target == "iter":
                 pulls._it.load_state_dict(st)         # the epoch's fresh iterator
             else:
-                (index_sampler if self.target == "index_sampler" else index_sampler.sampler).load_state_dict(st)
+                (index_sampler if self.target == "index_sampler" else _under(index_sampler)).load_state_dict(st)
                 pulls._it = iter(index_sampler)
             pulls.n = k
             self.snaps[k] = st

@@ -173,6 +173,44 @@ def test_shuffled_sharding_equals_accelerates_own_without_the_index_list(num_wor
         assert runs[1] == runs[0] and runs[0] != sorted(runs[0])
 
 
+@pytest.mark.parametrize("sampler", ["shuffle", "distributed"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_workers):
+    """prepared.state_dict() mid-epoch (accelerate's, taken before its
+    one-batch look-ahead, from the fastloader loader inside), loaded into a
+    loader prepared afresh: the rest of the epoch is the uninterrupted run's,
+    in the first epoch and in a later one, where the sampler's generator (or
+    the DistributedSampler's epoch) has moved on.  The state must reach the
+    sampler under accelerate's BatchSamplerShard (state.py `_under`); before
+    it did, a resume in the second epoch redrew the order: samples repeated
+    and others skipped, silently."""
+    ds = Indices(60)
+
+    def make():
+        torch.manual_seed(0)
+        kw = (dict(sampler=torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, seed=3))
+              if sampler == "distributed" else dict(shuffle=True))
+        return adl.prepare_data_loader(fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers, **kw),
+                                       num_processes=2, process_index=0)
+
+    full = make()
+    ref = [_batches(full) for _ in range(3)]
+    assert ref[0] != ref[1]
+    for epoch in (0, 1):
+        loader = make()
+        for _ in range(epoch):
+            _batches(loader)
+        it = iter(loader)
+        seen = [next(it).tolist() for _ in range(3)]
+        state = loader.state_dict()
+        del it
+        again = make()
+        again.load_state_dict(state)
+        assert seen + _batches(again) == ref[epoch], epoch
+        if sampler == "shuffle":   # the generator goes on from there (accelerate restarts its own epoch count)
+            assert _batches(again) == ref[epoch + 1]
+
+
 def test_split_batches_refuses_what_accelerate_refuses():
     with pytest.raises(ValueError, match="round multiple"):
         adl.prepare_data_loader(fastloader.DataLoader(Indices(8), batch_size=3), num_processes=2,
