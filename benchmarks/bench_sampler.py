@@ -45,14 +45,6 @@ SAMPLERS = {
 }
 
 
-def _anon_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return None
-
-
 def child(cfg):
     """One epoch of one loader (a fresh process, see C.run_child)."""
     import torch
@@ -60,7 +52,7 @@ def child(cfg):
     torch.set_num_threads(1)
     n, kind = cfg["n"], cfg["sampler"]
     ds = Indices(n)
-    a0 = _anon_kib()
+    a0 = C.H.status_kib("RssAnon")
     if cfg["impl"] == "torch":
         from torch.utils.data import DataLoader
     else:
@@ -93,7 +85,7 @@ def child(cfg):
         samples += len(b)
     epoch_s = time.perf_counter() - t
     return dict(epoch_s=epoch_s, batches=batches, samples=samples, digest=digest.hexdigest(),
-                anon_after_mib=(_anon_kib() - a0) / 1024.0)
+                anon_after_mib=(C.H.status_kib("RssAnon") - a0) / 1024.0)
 
 
 def main(argv=None):

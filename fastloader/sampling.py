@@ -41,7 +41,6 @@ the iterator owns the epoch's permutation and drops it at its end.
 """
 from __future__ import annotations
 
-import inspect
 import types
 
 try:
@@ -172,7 +171,7 @@ class _ShardView:
 
     def __getattr__(self, name):
         f = getattr(type(self._shard), name, None)
-        if inspect.isfunction(f):
+        if isinstance(f, types.FunctionType):
             return types.MethodType(f, self)
         return getattr(self._shard, name)
 

@@ -585,13 +585,13 @@ class Tracker:
             self.dataset_len = _dataset_len(loader)
 
     def _setup_sampler(self, it, loader, index_sampler):
-        target_obj = None
+        target_obj, under = None, _under(index_sampler)
         if stateful(it._sampler_iter):
             self.target, target_obj = "iter", it._sampler_iter
         elif stateful(index_sampler):
             self.target, target_obj = "index_sampler", index_sampler
-        elif stateful(_under(index_sampler)):
-            self.target, target_obj = "sampler", _under(index_sampler)
+        elif stateful(under):
+            self.target, target_obj = "sampler", under
         if self.target is not None:
             self.global_want = False
         dist = _dist_sampler(index_sampler)

@@ -583,7 +583,7 @@ def cgroup_charged_mib(d):
         return None
     try:
         with open(os.path.join(d, "memory.stat")) as f:
-            stat = dict((k, int(v)) for k, v in (line.split() for line in f if len(line.split()) == 2))
+            stat = {p[0]: int(p[1]) for p in map(str.split, f) if len(p) == 2}
     except (OSError, ValueError):
         return None
     out = {}
