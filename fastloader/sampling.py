@@ -28,13 +28,18 @@ BatchSampler over either of those samplers (neither subclassed nor their
   torch's lists do), each batch cut from it.  A dataset whose length no
   longer fits the sampler's total_size goes to torch's own iterator, which
   raises its error.
+- Hugging Face accelerate's SeedableRandomSampler (use_seedable_sampler=True,
+  which transformers' Trainer sets): its own `__iter__` step for step (the
+  generator, made on the default device when it has none, seeded with
+  epoch + initial_seed at the first batch; RandomSampler's draws as above;
+  `set_epoch(epoch + 1)` when the epoch's indices run out).
 - Hugging Face accelerate's BatchSamplerShard (what `accelerator.prepare`
   makes of such a loader on more than one process: every process runs the
   inner BatchSampler over the whole epoch and keeps its own batches) over
   either of the above: accelerate's own sharding code, run on a view of the
   shard whose inner batch sampler is cut from the tensor (`_ShardView`;
   what it does not recognise: `_accelerate_shard`).
-tests/test_sampling.py checks all three against their own iterators.
+tests/test_sampling.py checks all four against their own iterators.
 
 Runs on the consumer thread with the GIL (where the loader draws indices);
 the iterator owns the epoch's permutation and drops it at its end.
@@ -82,9 +87,10 @@ def dist_like(sampler):
 
 
 def _kind(index_sampler):
-    """"random" or "dist" where `batches` cuts `index_sampler`'s batches from
-    a tensor (torch's own BatchSampler over torch's own RandomSampler without
-    replacement, or DistributedSampler), else None."""
+    """"random", "seedable" or "dist" where `batches` cuts `index_sampler`'s
+    batches from a tensor (torch's own BatchSampler over torch's own
+    RandomSampler without replacement, accelerate's SeedableRandomSampler, or
+    torch's DistributedSampler), else None."""
     if (_BatchSampler is None or type(index_sampler) is not _BatchSampler
             or not _own_method(_BatchSampler, "torch.utils.data.sampler")):
         return None
@@ -92,6 +98,8 @@ def _kind(index_sampler):
     if (type(inner) is _RandomSampler and inner.replacement is False
             and _own_method(_RandomSampler, "torch.utils.data.sampler")):
         return "random"
+    if seedable(inner) and inner.replacement is False:
+        return "seedable"
     if type(inner) is _DistSampler and _own_method(_DistSampler, "torch.utils.data.distributed"):
         return "dist"
     return None
@@ -110,6 +118,19 @@ def plain_dist(sampler):
 
 
 _ACCELERATE = "accelerate.data_loader"
+
+
+def seedable(sampler):
+    """True for accelerate's own SeedableRandomSampler: not a subclass, its
+    `__iter__` accelerate's (the order a function of `initial_seed + epoch`,
+    drawn by RandomSampler's own `__iter__`, its direct base).  Recognised by
+    name: accelerate is never imported here.  state.py keeps its epoch and
+    seed instead of its generator's state."""
+    cls = type(sampler)
+    return (cls.__name__ == "SeedableRandomSampler" and cls.__module__ == _ACCELERATE
+            and _RandomSampler is not None and cls.__bases__ == (_RandomSampler,)
+            and _own_method(cls, _ACCELERATE) and _own_method(_RandomSampler, "torch.utils.data.sampler"))
+
 # BatchSamplerShard's methods that iterate: each only iterates
 # `self.batch_sampler`, reads its `batch_size` and the shard's own settings
 # (accelerate 0.2x-1.x); `_ShardView` relies on exactly that
@@ -122,10 +143,10 @@ def _accelerate_shard(index_sampler):
     batch sampler `_kind` cuts from a tensor: what `prepare_data_loader`
     makes of a loader with shuffle=True or a DistributedSampler on more than
     one process, every process running the inner BatchSampler over the whole
-    epoch and keeping its own batches.  Not recognised, so iterated as they
-    are, with torch's list: accelerate's SeedableRandomSampler
-    (use_seedable_sampler=True), the SkipBatchSampler of skip_first_batches,
-    a DataLoaderDispatcher (no shard).  Recognised by name: accelerate is
+    epoch and keeping its own batches (SeedableRandomSampler's too, with
+    use_seedable_sampler=True).  Not recognised, so iterated as they are,
+    with torch's list: the SkipBatchSampler of skip_first_batches, a
+    DataLoaderDispatcher (no shard).  Recognised by name: accelerate is
     never imported here."""
     cls = type(index_sampler)
     if cls.__name__ != "BatchSamplerShard" or cls.__module__ != _ACCELERATE:
@@ -190,6 +211,8 @@ def batches(index_sampler):
     kind = _kind(index_sampler)
     if kind == "random":
         return random_batches(index_sampler)
+    if kind == "seedable":
+        return seedable_batches(index_sampler)
     if kind == "dist":
         return dist_batches(index_sampler)
     if _accelerate_shard(index_sampler):
@@ -198,10 +221,12 @@ def batches(index_sampler):
     return iter(index_sampler)
 
 
-def random_batches(index_sampler):
+def random_batches(index_sampler, at_end=None):
     """iter(index_sampler) for torch's BatchSampler over a RandomSampler
     without replacement, step for step (a generator: nothing is read or
-    drawn before the first batch is asked for, as torch's)."""
+    drawn before the first batch is asked for, as torch's).  `at_end()` is
+    called where the sampler's own iterator would run out: after its last
+    index is taken, before a last partial batch is handed out."""
     sampler = index_sampler.sampler
     drop_last, batch_size = index_sampler.drop_last, index_sampler.batch_size
     n = len(sampler.data_source)
@@ -225,8 +250,24 @@ def random_batches(index_sampler):
             if len(batch) == batch_size:
                 yield batch
                 batch = []
+    if at_end is not None:
+        at_end()
     if batch and not drop_last:
         yield batch
+
+
+def seedable_batches(index_sampler):
+    """iter(index_sampler) for torch's BatchSampler over accelerate's
+    SeedableRandomSampler, its `__iter__` step for step: at the first batch
+    the generator (made on the default device, seeded with initial_seed,
+    when there is none) is seeded with epoch + initial_seed, RandomSampler's
+    batches follow, and the epoch moves on by one when they run out."""
+    sampler = index_sampler.sampler
+    if sampler.generator is None:
+        sampler.generator = torch.Generator(device=torch.get_default_device())
+        sampler.generator.manual_seed(sampler.initial_seed)
+    sampler.generator.manual_seed(sampler.epoch + sampler.initial_seed)
+    yield from random_batches(index_sampler, lambda: sampler.set_epoch(sampler.epoch + 1))
 
 
 def _perms(sampler, n, gen):

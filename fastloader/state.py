@@ -24,6 +24,10 @@ Python types (it survives torch.save and JSON):
                         after the num_yielded-th batch was drawn, loaded
                         instead of running it again
         dist_epoch      DistributedSampler's set_epoch value
+        seedable        accelerate's SeedableRandomSampler: [epoch,
+                        initial_seed] at the epoch's start (its order is a
+                        function of their sum: its generator's state is
+                        not kept), put back before the epoch is drawn again
     drew_seed                      whether the epoch's set-up drew its base
                                    seed (every epoch, or a persistent
                                    iterator's first): drawn again from the
@@ -164,8 +168,8 @@ def _rng_roles(loader, index_sampler):
     if _is_generator(getattr(loader, "generator", None)):
         roles.append(("loader", loader.generator))
     for role, obj in (("index", index_sampler), ("inner", _under(index_sampler))):
-        if obj is None or stateful(obj):
-            continue
+        if obj is None or stateful(obj) or sampling.seedable(obj):
+            continue   # keeps its own place, or reseeds from its epoch (state "seedable")
         gen = getattr(obj, "generator", None)
         if _is_generator(gen):
             roles.append((role, gen))
@@ -200,6 +204,26 @@ def _dist_sampler(index_sampler):
         if isinstance(obj, _DistSampler):
             return obj
     return None
+
+
+def _seedable_sampler(index_sampler):
+    for obj in (index_sampler, _under(index_sampler)):
+        if obj is not None and sampling.seedable(obj):
+            return obj
+    return None
+
+
+def _put_seedable(index_sampler, saved):
+    """Puts accelerate's SeedableRandomSampler back at the saved epoch's
+    start (its epoch and seed, as accelerate's own save_state / load_state
+    put the pickled sampler back), whatever set_epoch was called with since."""
+    sd = _seedable_sampler(index_sampler)
+    if sd is None or saved.get("seedable") is None:
+        return False
+    epoch, seed = saved["seedable"]
+    sd.set_epoch(int(epoch))
+    sd.initial_seed = int(seed)
+    return True
 
 
 # -- the sampler's iterator, counted ------------------------------------------------------
@@ -345,6 +369,7 @@ class Tracker:
         self.global_want = False
         self.global_rng = None    # torch's global RNG before the sampler's first draw
         self.dist_epoch = None
+        self.seedable = None      # [epoch, initial_seed] of accelerate's SeedableRandomSampler
         self.target = None        # "iter" / "index_sampler" / "sampler" for a Stateful sampler
         self.snaps = {}           # batches drawn -> the Stateful sampler's state then
         self.snap_lo = 0
@@ -446,6 +471,7 @@ class Tracker:
                         dist = _dist_sampler(index_sampler)
                         if dist is not None and s.get("dist_epoch") is not None:
                             dist.set_epoch(s["dist_epoch"])   # the saved epoch's order, set_epoch called or not
+                        _put_seedable(index_sampler, s)
                     # the saved set-up drew its base seed: draw it again from the
                     # restored generator (same value, same generator state after);
                     # never from torch's global RNG, which is the training loop's
@@ -471,6 +497,7 @@ class Tracker:
         self.ds_workers = {int(w): st for w, st in (self._restore.get("dataset_workers") or [])} \
             if self._restore is not None else {}
         self.target, self.pulls, self.global_rng, self.dist_epoch = None, None, None, None
+        self.seedable = None
         self.rngs, self.global_want = [], False
         if not iterable:
             roles, self.global_want = _rng_roles(loader, index_sampler)
@@ -527,7 +554,8 @@ class Tracker:
         draws.  Nothing random (no generator) -> nothing to do; torch's
         global RNG is the training loop's to restore."""
         s = pending["sampler"] or {}
-        if not s.get("rngs"):
+        seeded = _put_seedable(index_sampler, s)   # replayed: its epoch moves on as the saved one's did
+        if not s.get("rngs") and not seeded:
             return
         self._set_rngs(loader, index_sampler, s)
         itr = sampling.batches(index_sampler)
@@ -596,6 +624,8 @@ class Tracker:
             self.global_want = False
         dist = _dist_sampler(index_sampler)
         self.dist_epoch = int(dist.epoch) if dist is not None else None
+        sd = _seedable_sampler(index_sampler)
+        self.seedable = [int(sd.epoch), int(sd.initial_seed)] if sd is not None else None
         self.pulls = it._sampler_iter = _Pulls(it._sampler_iter, self, target_obj)
         b = sampling.batching(index_sampler)
         inner = b[0] if b is not None else index_sampler
@@ -756,7 +786,8 @@ class Tracker:
                         st = self.pulls._target.state_dict()   # nothing drawn ahead: its state now
                         self.snaps[k] = st
                 sampler = {"rngs": [[list(r), e] for r, e in self.rngs], "global": self.global_rng,
-                           "dist_epoch": self.dist_epoch, "target": self.target, "state": st,
+                           "dist_epoch": self.dist_epoch, "seedable": self.seedable,
+                           "target": self.target, "state": st,
                            "dist": None if self.dist is None else list(self.dist)}
             deal = None
             if self.deal is not None:

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, Sampler  # noqa: E402
 
 import fastloader  # noqa: E402
 from fastloader import accelerate_hook  # noqa: E402
+from fastloader import sampling  # noqa: E402
 from fastloader import transforms as FT  # noqa: E402
 from fastloader.tools.sample import make_sample  # noqa: E402
 from helpers_distributed import child_env, free_port  # noqa: E402
@@ -151,15 +152,14 @@ def test_sharding_equals_accelerates_own(split_batches, even_batches, drop_last)
         assert _batches(got) == _batches(ref) and len(got) == len(ref)
 
 
+@pytest.mark.parametrize("seedable", [False, True])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_shuffled_sharding_equals_accelerates_own_without_the_index_list(num_workers):
+def test_shuffled_sharding_equals_accelerates_own_without_the_index_list(num_workers, seedable):
     """shuffle=True on 2 processes: every rank draws the whole epoch's order
     and keeps its own batches.  A prepared fastloader loader gives accelerate's
     batches over two epochs, its BatchSamplerShard's batches cut from the
     permutation tensor (sampling.batches), not from torch's list of every
-    index."""
-    from fastloader import sampling
-
+    index; with use_seedable_sampler=True (transformers' Trainer) too."""
     ds = Indices(50)
     for rank in range(2):
         runs = []
@@ -167,13 +167,14 @@ def test_shuffled_sharding_equals_accelerates_own_without_the_index_list(num_wor
                                                                                           **k)):
             torch.manual_seed(0)
             prepared = adl.prepare_data_loader(make(ds, batch_size=4, shuffle=True), num_processes=2,
-                                               process_index=rank)
+                                               process_index=rank, use_seedable_sampler=seedable)
             runs.append(_batches(prepared) + _batches(prepared))
         assert sampling.compact(prepared.batch_sampler)
+        assert sampling.seedable(prepared.batch_sampler.batch_sampler.sampler) is seedable
         assert runs[1] == runs[0] and runs[0] != sorted(runs[0])
 
 
-@pytest.mark.parametrize("sampler", ["shuffle", "distributed"])
+@pytest.mark.parametrize("sampler", ["shuffle", "distributed", "seedable"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_workers):
     """prepared.state_dict() mid-epoch (accelerate's, taken before its
@@ -183,7 +184,10 @@ def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_worker
     the DistributedSampler's epoch) has moved on.  The state must reach the
     sampler under accelerate's BatchSamplerShard (state.py `_under`); before
     it did, a resume in the second epoch redrew the order: samples repeated
-    and others skipped, silently."""
+    and others skipped, silently.  accelerate's SeedableRandomSampler
+    (use_seedable_sampler=True) reseeds from its epoch at every epoch's
+    start: its epoch and seed are what the state keeps (before, a resume
+    in the second epoch failed on the generator it had made itself)."""
     ds = Indices(60)
 
     def make():
@@ -191,12 +195,12 @@ def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_worker
         kw = (dict(sampler=torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, seed=3))
               if sampler == "distributed" else dict(shuffle=True))
         return adl.prepare_data_loader(fastloader.DataLoader(ds, batch_size=4, num_workers=num_workers, **kw),
-                                       num_processes=2, process_index=0)
+                                       num_processes=2, process_index=0, use_seedable_sampler=sampler == "seedable")
 
     full = make()
-    ref = [_batches(full) for _ in range(3)]
+    ref = [_batches(full) for _ in range(4)]
     assert ref[0] != ref[1]
-    for epoch in (0, 1):
+    for epoch in (0, 1, 2):
         loader = make()
         for _ in range(epoch):
             _batches(loader)
@@ -208,6 +212,9 @@ def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_worker
         again.load_state_dict(state)
         assert seen + _batches(again) == ref[epoch], epoch
         if sampler == "shuffle":   # the generator goes on from there (accelerate restarts its own epoch count)
+            assert _batches(again) == ref[epoch + 1]
+        else:   # the epoch is accelerate's count, restarted at 0: set as transformers' Trainer sets it
+            again.set_epoch(epoch + 1)
             assert _batches(again) == ref[epoch + 1]
 
 
@@ -439,3 +446,85 @@ def test_two_processes_with_gloo(images, tmp_path):
     (t0, w0, d0), (t1, w1, d1) = ranks[0]["dispatch"], ranks[1]["dispatch"]
     assert t0 == t1 == "DataLoader" and (w0, w1) == (2, 0)
     assert sorted(sum(d0, []) + sum(d1, [])) == list(range(24))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_seedable_sampler_resumes_between_and_within_epochs(num_workers):
+    """accelerate's SeedableRandomSampler under a fastloader loader of its
+    own (no prepare): it moves its epoch on when an epoch's order runs out.
+    A state taken after an epoch's StopIteration, or mid-epoch, loaded into
+    a loader built afresh (its sampler at epoch 0, with another data_seed),
+    goes on as the uninterrupted run, the epochs after it included."""
+    ds = Indices(30)
+
+    def make(seed=5):
+        sampler = adl.SeedableRandomSampler(ds, data_seed=seed)
+        return fastloader.DataLoader(ds, batch_sampler=torch.utils.data.BatchSampler(sampler, 4, False),
+                                     num_workers=num_workers)
+
+    full = make()
+    ref = [_batches(full) for _ in range(4)]
+    assert len({str(r) for r in ref}) == 4
+    for epoch in (0, 1):
+        loader = make()
+        for _ in range(epoch + 1):
+            _batches(loader)
+        state = loader.state_dict()
+        assert state["finished"]
+        again = make(seed=99)
+        again.load_state_dict(state)
+        assert [_batches(again) for _ in range(2)] == ref[epoch + 1:epoch + 3], epoch
+
+        loader = make()
+        for _ in range(epoch):
+            _batches(loader)
+        it = iter(loader)
+        seen = [next(it).tolist() for _ in range(2)]
+        state = loader.state_dict()
+        del it
+        again = make(seed=99)
+        again.load_state_dict(state)
+        assert seen + _batches(again) == ref[epoch], epoch
+        assert _batches(again) == ref[epoch + 1], epoch
+
+
+def test_trainers_resume_path_with_a_seedable_sampler(tmp_path):
+    """What transformers' Trainer does with use_seedable_sampler=True:
+    set_epoch at every epoch, accelerator.save_state mid-epoch; in a fresh
+    run prepare, load_state (which puts the pickled SeedableRandomSampler
+    back), set_epoch and skip_first_batches.  The rest of the epoch and the
+    next one are those of the uninterrupted run, as with torch's loader."""
+    from accelerate.utils import DataLoaderConfiguration
+
+    def make(loader_cls):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+        torch.manual_seed(0)
+        kw = dict(num_workers=2) if loader_cls is fastloader.DataLoader else {}
+        return acc, acc.prepare(loader_cls(Indices(40), batch_size=4, shuffle=True, **kw))
+
+    runs = {}
+    for loader_cls in (torch.utils.data.DataLoader, fastloader.DataLoader):
+        acc, dl = make(loader_cls)
+        ref = []
+        for e in range(3):
+            dl.set_epoch(e)
+            ref.append(_batches(dl))
+        acc, dl = make(loader_cls)
+        assert sampling.seedable(dl.batch_sampler.sampler)
+        dl.set_epoch(0)
+        _batches(dl)
+        dl.set_epoch(1)
+        it = iter(dl)
+        seen = [next(it).tolist() for _ in range(3)]
+        acc.save_state(str(tmp_path / loader_cls.__module__))
+        del it
+        acc, dl = make(loader_cls)
+        acc.load_state(str(tmp_path / loader_cls.__module__))
+        dl.set_epoch(1)
+        rest = _batches(acc.skip_first_batches(dl, 3))
+        dl.set_epoch(2)
+        assert seen + rest == ref[1] and _batches(dl) == ref[2], loader_cls
+        runs[loader_cls] = ref
+    assert runs[fastloader.DataLoader] == runs[torch.utils.data.DataLoader]

@@ -256,6 +256,8 @@ def _shard(n, bs, procs, idx, split, even, drop, gen, inner="random"):
         sampler = RandomSampler(range(n), generator=g)
     elif inner == "random-more":   # num_samples past n: two permutations and a part of a third
         sampler = RandomSampler(range(n), num_samples=2 * n + 3, generator=g)
+    elif inner == "seedable":   # use_seedable_sampler=True (transformers' Trainer)
+        sampler = adl.SeedableRandomSampler(range(n), generator=g, data_seed=11)
     else:
         sampler = DistributedSampler(range(n), num_replicas=2, rank=1, seed=5, drop_last=drop)
     return adl.BatchSamplerShard(BatchSampler(sampler, bs, drop), procs, idx, split, even), g
@@ -277,7 +279,8 @@ def _shard_epochs(make, pick, epochs=1):
 
 
 @pytest.mark.parametrize("split,even,drop", list(itertools.product((False, True), repeat=3)))
-@pytest.mark.parametrize("inner,gen", [("random", True), ("random", False), ("random-more", True), ("dist", False)])
+@pytest.mark.parametrize("inner,gen", [("random", True), ("random", False), ("random-more", True), ("dist", False),
+                                       ("seedable", False), ("seedable", True)])
 def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, inner, gen):
     """The same batches on every process over two epochs, the padding of
     even_batches and the cut of split_batches included, and the generator and
@@ -325,8 +328,8 @@ def test_accelerate_shard_holds_no_list_of_every_index():
 def test_accelerate_shards_it_does_not_recognise_are_iterated_as_they_are(monkeypatch):
     """A subclass of the shard, one whose iterating method is replaced on the
     instance, one over a sampler that is not cut from a tensor (replacement,
-    accelerate's SeedableRandomSampler, a SequentialSampler): never cut from a
-    tensor, their batches their own."""
+    a subclass of accelerate's SeedableRandomSampler, a SequentialSampler):
+    never cut from a tensor, their batches their own."""
     adl = pytest.importorskip("accelerate.data_loader")
 
     class Mine(adl.BatchSamplerShard):
@@ -343,9 +346,10 @@ def test_accelerate_shards_it_does_not_recognise_are_iterated_as_they_are(monkey
     makes = [lambda: Mine(BatchSampler(rnd(), 3, False), 2, 0), patched,
              lambda: adl.BatchSamplerShard(BatchSampler(rnd(replacement=True), 3, False), 2, 1),
              lambda: adl.BatchSamplerShard(BatchSampler(SequentialSampler(range(10)), 3, False), 2, 1)]
-    if hasattr(adl, "SeedableRandomSampler"):
-        makes.append(lambda: adl.BatchSamplerShard(BatchSampler(adl.SeedableRandomSampler(range(10)), 3, False), 2,
-                                                   1))
+    class MySeedable(adl.SeedableRandomSampler):
+        pass
+
+    makes.append(lambda: adl.BatchSamplerShard(BatchSampler(MySeedable(range(10), data_seed=2), 3, False), 2, 1))
 
     def cut(*a):
         raise AssertionError("cut from a tensor")
@@ -362,3 +366,79 @@ def test_accelerate_shards_it_does_not_recognise_are_iterated_as_they_are(monkey
         torch.manual_seed(0)
         assert list(sampling.batches(shard)) == w
     assert want[1] == [[0, 1, 2]] and want[3] == [[3, 4, 5], [9, 0, 1]]
+
+
+# accelerate's SeedableRandomSampler (use_seedable_sampler=True, which
+# transformers' Trainer sets): its order is a function of initial_seed + epoch,
+# drawn by RandomSampler's own iterator, and its epoch moves on by one when the
+# order runs out.
+
+def _seedable_run(make, pick, epochs, stop=None, set_epoch=False):
+    """The batches `pick` gives over `epochs` epochs of the batch sampler
+    make() builds (torch's global RNG seeded alike before), each epoch's
+    sampler epoch after it, the generator's state at the end, torch's global
+    RNG's; the epoch `stop` is left after its first two batches."""
+    torch.manual_seed(9)
+    bs = make()
+    out = []
+    for e in range(epochs):
+        if set_epoch:   # as accelerate's DataLoaderShard does at every epoch's start
+            bs.sampler.set_epoch(10 * e)
+        it = pick(bs)
+        # the sampler's epoch after each batch: it moves on when the indices
+        # run out, before a last partial batch is handed out
+        got = [(b, bs.sampler.epoch) for b in (itertools.islice(it, 2) if e == stop else it)]
+        out.append((got, bs.sampler.epoch))
+    return out, bs.sampler.generator.get_state().clone(), torch.get_rng_state().clone()
+
+
+@pytest.mark.parametrize("gen,data_seed,set_epoch", [(False, None, False), (True, None, False), (False, 4, True),
+                                                     (True, 4, True)])
+def test_seedable_sampler_is_accelerates_own_iteration(gen, data_seed, set_epoch):
+    """The same batches over three epochs (the second stopped early, so its
+    epoch does not move on), the sampler's epoch after each, and the
+    generator (made by the iterator when there is none) and torch's global
+    RNG where accelerate's own iteration leaves them."""
+    adl = pytest.importorskip("accelerate.data_loader")
+    cases = 0
+    for n, num_samples, b, drop in itertools.product((1, 7, 48), (None, 50), (1, 8), (False, True)):
+        def make():
+            g = torch.Generator().manual_seed(3) if gen else None
+            bs = BatchSampler(adl.SeedableRandomSampler(range(n), num_samples=num_samples, generator=g,
+                                                        data_seed=data_seed), b, drop)
+            assert sampling.compact(bs)
+            return bs
+
+        want = _seedable_run(make, iter, 3, stop=1, set_epoch=set_epoch)
+        got = _seedable_run(make, sampling.batches, 3, stop=1, set_epoch=set_epoch)
+        assert got[0] == want[0], (n, num_samples, b, drop)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        cases += 1
+    assert cases == 24
+    # the premise: the order moves with the epoch, which the early stop holds back
+    assert want[0][0][0] != want[0][2][0]
+    assert [e for _, e in want[0]] == ([1, 10, 21] if set_epoch else [1, 1, 2])
+
+
+def test_seedable_sampler_holds_no_list_of_every_index():
+    adl = pytest.importorskip("accelerate.data_loader")
+    n = 100_000
+    peaks = _heap_peaks(lambda: BatchSampler(adl.SeedableRandomSampler(range(n), data_seed=1), 64, False))
+    assert peaks[iter] > n * 28
+    assert peaks[sampling.batches] < 64 * 1024
+
+
+def test_a_seedable_subclass_or_replacement_is_iterated_as_it_is(monkeypatch):
+    adl = pytest.importorskip("accelerate.data_loader")
+
+    class Mine(adl.SeedableRandomSampler):
+        pass
+
+    for sampler in (Mine(range(10), data_seed=1), adl.SeedableRandomSampler(range(10), replacement=True,
+                                                                             data_seed=1)):
+        assert not sampling.compact(BatchSampler(sampler, 3, False))
+    bs = BatchSampler(adl.SeedableRandomSampler(range(10), data_seed=1), 3, False)
+    assert sampling.compact(bs)
+    monkeypatch.setattr(adl.SeedableRandomSampler, "__iter__", lambda self: iter(range(10)))
+    assert not sampling.compact(bs)
+    assert list(sampling.batches(bs))[0] == [0, 1, 2]
