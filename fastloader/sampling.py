@@ -37,9 +37,11 @@ BatchSampler over either of those samplers (neither subclassed nor their
   makes of such a loader on more than one process: every process runs the
   inner BatchSampler over the whole epoch and keeps its own batches) over
   either of the above: accelerate's own sharding code, run on a view of the
-  shard whose inner batch sampler is cut from the tensor (`_ShardView`;
-  what it does not recognise: `_accelerate_shard`).
-tests/test_sampling.py checks all four against their own iterators.
+  shard whose inner batch sampler is cut from the tensor (`_View`; what it
+  does not recognise: `_accelerate_wrapper`).  Its SkipBatchSampler
+  (`skip_first_batches`, the epoch a Trainer resumes in) over any of these
+  the same way.
+tests/test_sampling.py checks each against its own iterator.
 
 Runs on the consumer thread with the GIL (where the loader draws indices);
 the iterator owns the epoch's permutation and drops it at its end.
@@ -131,34 +133,41 @@ def seedable(sampler):
             and _RandomSampler is not None and cls.__bases__ == (_RandomSampler,)
             and _own_method(cls, _ACCELERATE) and _own_method(_RandomSampler, "torch.utils.data.sampler"))
 
-# BatchSamplerShard's methods that iterate: each only iterates
-# `self.batch_sampler`, reads its `batch_size` and the shard's own settings
-# (accelerate 0.2x-1.x); `_ShardView` relies on exactly that
-_SHARD_METHODS = ("__iter__", "_iter_with_split", "_iter_with_no_split")
+# accelerate's batch samplers that wrap another one (`self.batch_sampler`),
+# by name, with their methods that iterate: each only iterates
+# `self.batch_sampler`, reads its `batch_size` and the wrapper's own settings
+# (accelerate 0.2x-1.x); `_View` relies on exactly that
+_WRAPPERS = {
+    "BatchSamplerShard": ("__iter__", "_iter_with_split", "_iter_with_no_split"),
+    "SkipBatchSampler": ("__iter__",),
+}
 
 
-def _accelerate_shard(index_sampler):
-    """True for accelerate's own BatchSamplerShard (not a subclass, its
-    iterating methods accelerate's, none replaced on the instance) over a
-    batch sampler `_kind` cuts from a tensor: what `prepare_data_loader`
-    makes of a loader with shuffle=True or a DistributedSampler on more than
-    one process, every process running the inner BatchSampler over the whole
-    epoch and keeping its own batches (SeedableRandomSampler's too, with
-    use_seedable_sampler=True).  Not recognised, so iterated as they are,
-    with torch's list: the SkipBatchSampler of skip_first_batches, a
-    DataLoaderDispatcher (no shard).  Recognised by name: accelerate is
-    never imported here."""
+def _accelerate_wrapper(index_sampler):
+    """True for accelerate's own BatchSamplerShard or SkipBatchSampler (not
+    a subclass, their iterating methods accelerate's, none replaced on the
+    instance) over a batch sampler whose batches `batches` cuts from a
+    tensor (a shard: torch's BatchSampler as `_kind` recognises it).  The
+    shard is what `prepare_data_loader` makes of a loader with shuffle=True
+    or a DistributedSampler on more than one process, every process running
+    the inner BatchSampler over the whole epoch and keeping its own batches
+    (SeedableRandomSampler's too, with use_seedable_sampler=True); the skip
+    is what `skip_first_batches` puts around it.  Not recognised, so
+    iterated as it is, with torch's list: a DataLoaderDispatcher (no
+    shard).  Recognised by name: accelerate is never imported here."""
     cls = type(index_sampler)
-    if cls.__name__ != "BatchSamplerShard" or cls.__module__ != _ACCELERATE:
+    methods = _WRAPPERS.get(cls.__name__)
+    if methods is None or cls.__module__ != _ACCELERATE:
         return False
     own = vars(index_sampler)
-    if not all(_own_method(cls, _ACCELERATE, m) and m not in own for m in _SHARD_METHODS):
+    if not all(_own_method(cls, _ACCELERATE, m) and m not in own for m in methods):
         return False
-    return _kind(own.get("batch_sampler")) is not None
+    inner = own.get("batch_sampler")
+    return _kind(inner) is not None if cls.__name__ == "BatchSamplerShard" else compact(inner)
 
 
 class _Cut:
-    """Stands for a torch BatchSampler inside `_ShardView`: iterating it is
+    """Stands for the wrapped batch sampler inside `_View`: iterating it is
     `batches(inner)` (the same batches, drawn at the same moments), every
     other attribute is the inner one's, read when asked for (its batch_size
     too, as torch's iterator reads it)."""
@@ -178,11 +187,12 @@ class _Cut:
         return getattr(self._inner, name)
 
 
-class _ShardView:
-    """accelerate's BatchSamplerShard with its inner batch sampler cut from a
-    tensor: accelerate's own methods run on this view (bound to it), and every
-    attribute but `batch_sampler` is the shard's, read and written there when
-    the code reads or writes it, as on the shard itself."""
+class _View:
+    """accelerate's BatchSamplerShard or SkipBatchSampler with the batch
+    sampler it wraps cut from a tensor: accelerate's own methods run on this
+    view (bound to it), and every attribute but `batch_sampler` is the
+    wrapper's, read and written there when the code reads or writes it, as
+    on the wrapper itself."""
 
     __slots__ = ("_shard", "batch_sampler")
 
@@ -202,7 +212,7 @@ class _ShardView:
 
 def compact(index_sampler):
     """True when `batches` cuts `index_sampler`'s batches from a tensor."""
-    return _kind(index_sampler) is not None or _accelerate_shard(index_sampler)
+    return _kind(index_sampler) is not None or _accelerate_wrapper(index_sampler)
 
 
 def batches(index_sampler):
@@ -215,9 +225,9 @@ def batches(index_sampler):
         return seedable_batches(index_sampler)
     if kind == "dist":
         return dist_batches(index_sampler)
-    if _accelerate_shard(index_sampler):
-        # accelerate's own sharding code, its inner batch sampler cut from a tensor
-        return type(index_sampler).__iter__(_ShardView(index_sampler))
+    if _accelerate_wrapper(index_sampler):
+        # accelerate's own sharding (or skipping) code, the batch sampler it wraps cut from a tensor
+        return type(index_sampler).__iter__(_View(index_sampler))
     return iter(index_sampler)
 
 

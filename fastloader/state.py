@@ -150,12 +150,18 @@ _DETERMINISTIC = (_SeqSampler, _BatchSampler, range) + ((_DistSampler,) if _Dist
 def _under(index_sampler):
     """The sampler under the loader's batch sampler: torch's BatchSampler's
     `.sampler`, or, for a batch sampler that wraps another batch sampler
-    (accelerate's BatchSamplerShard, `.batch_sampler`), that one's
-    `.sampler`; None when there is none."""
-    s = getattr(index_sampler, "sampler", None)
-    if s is None:
-        s = getattr(getattr(index_sampler, "batch_sampler", None), "sampler", None)
-    return s
+    (`.batch_sampler`: accelerate's BatchSamplerShard, its SkipBatchSampler
+    around that), the wrapped one's, a few levels down; None when there is
+    none."""
+    obj = index_sampler
+    for _ in range(4):
+        s = getattr(obj, "sampler", None)
+        if s is not None:
+            return s
+        obj = getattr(obj, "batch_sampler", None)
+        if obj is None:
+            return None
+    return None
 
 
 def _rng_roles(loader, index_sampler):

@@ -523,8 +523,45 @@ def test_trainers_resume_path_with_a_seedable_sampler(tmp_path):
         acc, dl = make(loader_cls)
         acc.load_state(str(tmp_path / loader_cls.__module__))
         dl.set_epoch(1)
-        rest = _batches(acc.skip_first_batches(dl, 3))
+        skipped = acc.skip_first_batches(dl, 3)
+        if loader_cls is fastloader.DataLoader:   # the skipped epoch's order cut from the tensor too
+            assert sampling.compact(skipped.base_dataloader.batch_sampler)
+        rest = _batches(skipped)
         dl.set_epoch(2)
         assert seen + rest == ref[1] and _batches(dl) == ref[2], loader_cls
         runs[loader_cls] = ref
     assert runs[fastloader.DataLoader] == runs[torch.utils.data.DataLoader]
+
+
+@pytest.mark.parametrize("seedable", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_skipped_epoch_resumes_from_its_state(seedable, num_workers):
+    """skip_first_batches around a prepared shuffled loader (the epoch a
+    Trainer resumes in, its order cut from the tensor under accelerate's
+    SkipBatchSampler and shard): its state_dict() mid-way, loaded into the
+    same construction afresh, gives the rest of the uninterrupted epoch."""
+    def make():
+        torch.manual_seed(0)
+        return adl.prepare_data_loader(fastloader.DataLoader(Indices(60), batch_size=4, shuffle=True,
+                                                             num_workers=num_workers),
+                                       num_processes=2, process_index=0, use_seedable_sampler=seedable)
+
+    full = make()
+    ref = [_batches(full) for _ in range(2)]
+
+    def skipped():
+        loader = make()
+        _batches(loader)
+        sk = adl.skip_first_batches(loader, 2)
+        sk.set_epoch(1)
+        assert sampling.compact(sk.base_dataloader.batch_sampler)
+        return sk
+
+    sk = skipped()
+    it = iter(sk)
+    seen = [next(it).tolist() for _ in range(2)]
+    state = sk.state_dict()
+    del it
+    again = skipped()
+    again.load_state_dict(state)
+    assert seen + _batches(again) == ref[1][2:]

@@ -271,7 +271,10 @@ def _shard_epochs(make, pick, epochs=1):
     shard, g = make()
     out = []
     for e in range(epochs):
-        inner = shard.batch_sampler.sampler
+        inner = shard.batch_sampler
+        while not hasattr(inner, "sampler"):   # a skip around a shard
+            inner = inner.batch_sampler
+        inner = inner.sampler
         if hasattr(inner, "set_epoch"):
             inner.set_epoch(e)
         out.append(list(pick(shard)))
@@ -301,6 +304,30 @@ def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, inner,
             assert torch.equal(got[2], want[2]), (n, bs, procs, idx)
             cases += 1
     assert cases == (28 if split else 72)   # every (n, batch size, processes, index) accelerate accepts
+
+
+@pytest.mark.parametrize("skip", [0, 1, 3, 40])
+@pytest.mark.parametrize("procs,inner,gen", [(1, "random", False), (2, "random", True), (3, "seedable", False),
+                                             (2, "dist", False)])
+def test_accelerate_skip_is_accelerates_own_iteration(skip, procs, inner, gen):
+    """skip_first_batches' SkipBatchSampler (the epoch a Trainer resumes in)
+    around the shard (around torch's BatchSampler on one process): the same
+    batches over two epochs, the skipped ones drawn and dropped, and the
+    generators where accelerate's own iteration leaves them."""
+    adl = pytest.importorskip("accelerate.data_loader")
+    for n, bs, drop in itertools.product((5, 17, 100), (1, 4), (False, True)):
+        for idx in range(procs):
+            def make():
+                shard, g = _shard(n, bs, procs, idx, False, True, drop, gen, inner)
+                sk = adl.SkipBatchSampler(shard if procs > 1 else shard.batch_sampler, skip)
+                assert sampling.compact(sk)
+                return sk, g
+            want, got = _shard_epochs(make, iter, 2), _shard_epochs(make, sampling.batches, 2)
+            assert got[0] == want[0], (n, bs, idx)
+            if gen:
+                assert torch.equal(got[1], want[1])
+            assert torch.equal(got[2], want[2])
+    assert skip < 40 or want[0] == [[], []]
 
 
 def test_accelerate_shard_reads_its_settings_when_accelerate_does():
@@ -350,6 +377,12 @@ def test_accelerate_shards_it_does_not_recognise_are_iterated_as_they_are(monkey
         pass
 
     makes.append(lambda: adl.BatchSamplerShard(BatchSampler(MySeedable(range(10), data_seed=2), 3, False), 2, 1))
+
+    class MySkip(adl.SkipBatchSampler):
+        pass
+
+    makes.append(lambda: MySkip(adl.BatchSamplerShard(BatchSampler(rnd(), 3, False), 2, 0), 1))
+    makes.append(lambda: adl.SkipBatchSampler(BatchSampler(SequentialSampler(range(10)), 3, False), 1))
 
     def cut(*a):
         raise AssertionError("cut from a tensor")
