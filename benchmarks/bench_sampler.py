@@ -21,7 +21,10 @@ accel8: the loader as Hugging Face accelerate prepares it for 8 processes
 (its BatchSamplerShard over the loader's batch sampler), seen from process
 3: every process draws the whole epoch's order and keeps every 8th batch, so
 torch's list of every index is on every rank; accelerate is imported by
-both loaders' processes.
+both loaders' processes.  accel8s: the same with use_seedable_sampler=True
+(accelerate's SeedableRandomSampler, which transformers' Trainer sets);
+accel8r: accel8s through skip_first_batches (a Trainer's resumed epoch: the
+first 40% of the process's batches drawn and dropped).
 
     python benchmarks/bench_sampler.py [--rounds 2] [--n 1281167] [--md FILE]
 """
@@ -42,6 +45,8 @@ SAMPLERS = {
     "random-gen": "shuffle=True, generator= (RandomSampler with its generator)",
     "dist8": "sampler=DistributedSampler(world 8, rank 3, shuffle)",
     "accel8": "accelerate prepare_data_loader(shuffle=True; 8 processes, index 3)",
+    "accel8s": "accelerate prepare_data_loader(shuffle=True, use_seedable_sampler=True; 8 processes, index 3)",
+    "accel8r": "accelerate skip_first_batches(40% of the batches) of the accel8s loader (a resumed epoch)",
 }
 
 
@@ -67,7 +72,7 @@ def child(cfg):
         from torch.utils.data import DistributedSampler
 
         kw["sampler"] = DistributedSampler(ds, num_replicas=8, rank=3, seed=0)
-    elif kind == "accel8":
+    elif kind.startswith("accel8"):
         kw["shuffle"] = True
     else:
         raise ValueError(kind)
@@ -75,10 +80,12 @@ def child(cfg):
     batches = samples = 0
     t = time.perf_counter()
     loader = DataLoader(ds, **kw)
-    if kind == "accel8":   # what accelerator.prepare does on 8 processes, seen from the 4th
-        from accelerate.data_loader import prepare_data_loader
+    if kind.startswith("accel8"):   # what accelerator.prepare does on 8 processes, seen from the 4th
+        from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
-        loader = prepare_data_loader(loader, num_processes=8, process_index=3)
+        loader = prepare_data_loader(loader, num_processes=8, process_index=3, use_seedable_sampler=kind != "accel8")
+        if kind == "accel8r":
+            loader = skip_first_batches(loader, len(loader) * 2 // 5)
     for b in loader:
         digest.update(b.numpy().tobytes())
         batches += 1

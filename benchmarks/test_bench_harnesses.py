@@ -40,7 +40,7 @@ def test_bench_sampler_runs_and_both_loaders_agree():
     out = _run("bench_sampler.py", "--rounds", "1", "--n", "3000", "--batch-size", "64")
     rows = re.findall(r"^\| (shuffle=True[^|]*|sampler=DistributedSampler[^|]*|accelerate[^|]*)\|.*\|\s*(yes|NO)\s*\|$",
                       out, re.M)
-    assert len(rows) == 4 and all(r[1] == "yes" for r in rows), out
+    assert len(rows) == 6 and all(r[1] == "yes" for r in rows), out
     assert "PROBLEMS" not in out, out
 
 
