@@ -48,6 +48,7 @@ the iterator owns the epoch's permutation and drops it at its end.
 """
 from __future__ import annotations
 
+import sys
 import types
 
 try:
@@ -123,20 +124,61 @@ _ACCELERATE = "accelerate.data_loader"
 
 
 def seedable(sampler):
-    """True for accelerate's own SeedableRandomSampler: not a subclass, its
-    `__iter__` accelerate's (the order a function of `initial_seed + epoch`,
-    drawn by RandomSampler's own `__iter__`, its direct base).  Recognised by
-    name: accelerate is never imported here.  state.py keeps its epoch and
-    seed instead of its generator's state."""
+    """True for accelerate's own SeedableRandomSampler, which `batches` cuts
+    from a tensor: not a subclass, its `__iter__` accelerate's (the order a
+    function of `initial_seed + epoch`, drawn by RandomSampler's own
+    `__iter__`, its direct base), accelerate 1.x's attributes.  Recognised
+    by name: accelerate is never imported here."""
     cls = type(sampler)
     return (cls.__name__ == "SeedableRandomSampler" and cls.__module__ == _ACCELERATE
             and _RandomSampler is not None and cls.__bases__ == (_RandomSampler,)
-            and _own_method(cls, _ACCELERATE) and _own_method(_RandomSampler, "torch.utils.data.sampler"))
+            and _own_method(cls, _ACCELERATE) and _own_method(_RandomSampler, "torch.utils.data.sampler")
+            and hasattr(sampler, "initial_seed") and hasattr(sampler, "epoch"))
+
+
+def seedable_order(sampler):
+    """True for any sampler ordered by accelerate's SeedableRandomSampler's
+    own `__iter__` (the class or a subclass that keeps it): its order is a
+    function of `initial_seed + epoch`, which state.py keeps instead of its
+    generator's state."""
+    for cls in type(sampler).__mro__:
+        if cls.__name__ == "SeedableRandomSampler" and cls.__module__ == _ACCELERATE:
+            return (type(sampler).__iter__ is cls.__dict__.get("__iter__")
+                    and hasattr(sampler, "initial_seed") and hasattr(sampler, "epoch"))
+    return False
+
+
+def _accelerate_version():
+    """accelerate's (major, minor), read from the module already imported
+    (a SeedableRandomSampler exists, so accelerate is); (0, 0) if unknown."""
+    try:
+        return tuple(int(p) for p in sys.modules["accelerate"].__version__.split(".")[:2])
+    except (KeyError, AttributeError, ValueError):
+        return (0, 0)
+
+
+def _seedable_generator():
+    """The generator SeedableRandomSampler.__iter__ makes when it has none:
+    on torch's default device from accelerate 1.5, on the CPU before."""
+    if _accelerate_version() >= (1, 5):
+        return torch.Generator(device=torch.get_default_device())
+    return torch.Generator()
+
+
+def accelerate_skip(index_sampler):
+    """The batches accelerate's SkipBatchSampler (skip_first_batches) drops
+    at the epoch's start when `index_sampler` is one (its own `__iter__`),
+    else 0: state.py keeps it, so a state saved in a skipped epoch resumes
+    at the same place in a loader with another skip, or none."""
+    cls = type(index_sampler)
+    if cls.__name__ == "SkipBatchSampler" and cls.__module__ == _ACCELERATE and _own_method(cls, _ACCELERATE):
+        return int(index_sampler.skip_batches)
+    return 0
 
 # accelerate's batch samplers that wrap another one (`self.batch_sampler`),
 # by name, with their methods that iterate: each only iterates
 # `self.batch_sampler`, reads its `batch_size` and the wrapper's own settings
-# (accelerate 0.2x-1.x); `_View` relies on exactly that
+# (accelerate 1.0-1.16 read); `_View` relies on exactly that
 _WRAPPERS = {
     "BatchSamplerShard": ("__iter__", "_iter_with_split", "_iter_with_no_split"),
     "SkipBatchSampler": ("__iter__",),
@@ -269,12 +311,13 @@ def random_batches(index_sampler, at_end=None):
 def seedable_batches(index_sampler):
     """iter(index_sampler) for torch's BatchSampler over accelerate's
     SeedableRandomSampler, its `__iter__` step for step: at the first batch
-    the generator (made on the default device, seeded with initial_seed,
-    when there is none) is seeded with epoch + initial_seed, RandomSampler's
-    batches follow, and the epoch moves on by one when they run out."""
+    the generator (made as accelerate's version makes it, seeded with
+    initial_seed, when there is none) is seeded with epoch + initial_seed,
+    RandomSampler's batches follow, and the epoch moves on by one when they
+    run out."""
     sampler = index_sampler.sampler
     if sampler.generator is None:
-        sampler.generator = torch.Generator(device=torch.get_default_device())
+        sampler.generator = _seedable_generator()
         sampler.generator.manual_seed(sampler.initial_seed)
     sampler.generator.manual_seed(sampler.epoch + sampler.initial_seed)
     yield from random_batches(index_sampler, lambda: sampler.set_epoch(sampler.epoch + 1))

@@ -28,6 +28,10 @@ Python types (it survives torch.save and JSON):
                         initial_seed] at the epoch's start (its order is a
                         function of their sum: its generator's state is
                         not kept), put back before the epoch is drawn again
+        accel_skip      the batches accelerate's SkipBatchSampler
+                        (skip_first_batches) dropped at the epoch's start:
+                        a loader with another skip, or none, draws to the
+                        same place
     drew_seed                      whether the epoch's set-up drew its base
                                    seed (every epoch, or a persistent
                                    iterator's first): drawn again from the
@@ -174,7 +178,7 @@ def _rng_roles(loader, index_sampler):
     if _is_generator(getattr(loader, "generator", None)):
         roles.append(("loader", loader.generator))
     for role, obj in (("index", index_sampler), ("inner", _under(index_sampler))):
-        if obj is None or stateful(obj) or sampling.seedable(obj):
+        if obj is None or stateful(obj) or sampling.seedable_order(obj):
             continue   # keeps its own place, or reseeds from its epoch (state "seedable")
         gen = getattr(obj, "generator", None)
         if _is_generator(gen):
@@ -214,7 +218,7 @@ def _dist_sampler(index_sampler):
 
 def _seedable_sampler(index_sampler):
     for obj in (index_sampler, _under(index_sampler)):
-        if obj is not None and sampling.seedable(obj):
+        if obj is not None and sampling.seedable_order(obj):
             return obj
     return None
 
@@ -222,10 +226,23 @@ def _seedable_sampler(index_sampler):
 def _put_seedable(index_sampler, saved):
     """Puts accelerate's SeedableRandomSampler back at the saved epoch's
     start (its epoch and seed, as accelerate's own save_state / load_state
-    put the pickled sampler back), whatever set_epoch was called with since."""
+    put the pickled sampler back), whatever set_epoch was called with since.
+    True when it did; False when neither the loader nor the state has one;
+    ValueError when only one of them has (a state from before fastloader
+    kept the sampler's epoch could not put it back in place)."""
     sd = _seedable_sampler(index_sampler)
-    if sd is None or saved.get("seedable") is None:
+    if sd is None:
+        if saved.get("seedable") is not None:
+            raise ValueError("fastloader: the state holds the epoch of accelerate's SeedableRandomSampler, but this "
+                             f"loader's sampler is {type(_under(index_sampler) or index_sampler).__name__}: build the "
+                             "loader as the saved one was (use_seedable_sampler as it was)")
         return False
+    if saved.get("seedable") is None:
+        raise ValueError("fastloader: this loader's sampler is accelerate's SeedableRandomSampler, whose order "
+                         "follows its epoch, and the state does not hold that epoch (saved by a loader with another "
+                         "sampler, or by a fastloader that kept only the sampler's generator): it cannot be put "
+                         "back in place; resume with the loader and fastloader that saved it, or from the epoch's "
+                         "start")
     epoch, seed = saved["seedable"]
     sd.set_epoch(int(epoch))
     sd.initial_seed = int(seed)
@@ -376,6 +393,7 @@ class Tracker:
         self.global_rng = None    # torch's global RNG before the sampler's first draw
         self.dist_epoch = None
         self.seedable = None      # [epoch, initial_seed] of accelerate's SeedableRandomSampler
+        self.accel_skip = 0       # batches accelerate's SkipBatchSampler drops at the epoch's start
         self.target = None        # "iter" / "index_sampler" / "sampler" for a Stateful sampler
         self.snaps = {}           # batches drawn -> the Stateful sampler's state then
         self.snap_lo = 0
@@ -473,11 +491,11 @@ class Tracker:
                         s = pending["sampler"] or {}
                         if not stream:   # first: a sampler of another kind is the error to name
                             self._plan_sampler(pending, loader, index_sampler)
+                        _put_seedable(index_sampler, s)   # first: a state it cannot put back is the error to name
                         self._set_rngs(loader, index_sampler, s)
                         dist = _dist_sampler(index_sampler)
                         if dist is not None and s.get("dist_epoch") is not None:
                             dist.set_epoch(s["dist_epoch"])   # the saved epoch's order, set_epoch called or not
-                        _put_seedable(index_sampler, s)
                     # the saved set-up drew its base seed: draw it again from the
                     # restored generator (same value, same generator state after);
                     # never from torch's global RNG, which is the training loop's
@@ -503,7 +521,7 @@ class Tracker:
         self.ds_workers = {int(w): st for w, st in (self._restore.get("dataset_workers") or [])} \
             if self._restore is not None else {}
         self.target, self.pulls, self.global_rng, self.dist_epoch = None, None, None, None
-        self.seedable = None
+        self.seedable, self.accel_skip = None, 0
         self.rngs, self.global_want = [], False
         if not iterable:
             roles, self.global_want = _rng_roles(loader, index_sampler)
@@ -542,7 +560,8 @@ class Tracker:
             raise ValueError(f"fastloader: the state was saved at batch_size={saved_b}, this loader has {b[1]}, and "
                              f"its sampler {type(b[0]).__name__} keeps its own state, counted in its batches; "
                              "resume with the same batch_size")
-        self._rebatch = skip + int(pending["num_yielded"]) * int(saved_b)
+        skipped = int((pending.get("sampler") or {}).get("accel_skip") or 0)   # skip_first_batches' batches
+        self._rebatch = skip + (int(pending["num_yielded"]) + skipped) * int(saved_b)
 
     def _set_rngs(self, loader, index_sampler, saved):
         for roles, enc in saved.get("rngs") or []:
@@ -632,6 +651,7 @@ class Tracker:
         self.dist_epoch = int(dist.epoch) if dist is not None else None
         sd = _seedable_sampler(index_sampler)
         self.seedable = [int(sd.epoch), int(sd.initial_seed)] if sd is not None else None
+        self.accel_skip = sampling.accelerate_skip(index_sampler)
         self.pulls = it._sampler_iter = _Pulls(it._sampler_iter, self, target_obj)
         b = sampling.batching(index_sampler)
         inner = b[0] if b is not None else index_sampler
@@ -695,12 +715,20 @@ class Tracker:
                 pulls._it = elastic.Batches(src, B, drop)
                 pulls.n = 0
                 self.skip = rebatch
-            for i in range(k if rebatch is None else 0):
+            # skip_first_batches: the saved epoch skipped `was` batches, this one skips `now`
+            was, now = int(s.get("accel_skip") or 0), sampling.accelerate_skip(index_sampler)
+            if rebatch is None and was + k < now:
+                raise ValueError(f"fastloader: the state is {k} batches into an epoch that skipped {was} "
+                                 f"(skip_first_batches), and this loader skips {now}: past the saved place; resume "
+                                 f"without skip_first_batches, or skip at most {was + k}")
+            for i in range(was + k - now if rebatch is None else 0):
                 try:
                     next(pulls)
                 except StopIteration:
                     raise ValueError(f"fastloader: the state is {k} batches into the epoch, but this loader's "
                                      f"sampler has only {i}: the dataset or sampler differs from the saved one")
+            if rebatch is None:
+                pulls.n = k   # counted as the saved run counted them
             if cur is not None and pulls._back is None:
                 # the sampler's next draw may still read the global RNG (a
                 # RandomSampler seeds itself at its first draw): make it now
@@ -793,6 +821,7 @@ class Tracker:
                         self.snaps[k] = st
                 sampler = {"rngs": [[list(r), e] for r, e in self.rngs], "global": self.global_rng,
                            "dist_epoch": self.dist_epoch, "seedable": self.seedable,
+                           "accel_skip": self.accel_skip,
                            "target": self.target, "state": st,
                            "dist": None if self.dist is None else list(self.dist)}
             deal = None

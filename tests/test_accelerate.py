@@ -539,7 +539,9 @@ def test_a_skipped_epoch_resumes_from_its_state(seedable, num_workers):
     """skip_first_batches around a prepared shuffled loader (the epoch a
     Trainer resumes in, its order cut from the tensor under accelerate's
     SkipBatchSampler and shard): its state_dict() mid-way, loaded into the
-    same construction afresh, gives the rest of the uninterrupted epoch."""
+    same construction afresh, into one with a smaller skip or into one with
+    none, gives the rest of the uninterrupted epoch (the state counts the
+    skipped batches); one that skips past the saved place is refused."""
     def make():
         torch.manual_seed(0)
         return adl.prepare_data_loader(fastloader.DataLoader(Indices(60), batch_size=4, shuffle=True,
@@ -549,10 +551,13 @@ def test_a_skipped_epoch_resumes_from_its_state(seedable, num_workers):
     full = make()
     ref = [_batches(full) for _ in range(2)]
 
-    def skipped():
+    def skipped(skip=3):
         loader = make()
         _batches(loader)
-        sk = adl.skip_first_batches(loader, 2)
+        if not skip:
+            loader.set_epoch(1)
+            return loader
+        sk = adl.skip_first_batches(loader, skip)
         sk.set_epoch(1)
         assert sampling.compact(sk.base_dataloader.batch_sampler)
         return sk
@@ -562,6 +567,72 @@ def test_a_skipped_epoch_resumes_from_its_state(seedable, num_workers):
     seen = [next(it).tolist() for _ in range(2)]
     state = sk.state_dict()
     del it
-    again = skipped()
+    assert seen == ref[1][3:5]
+    for skip in (3, 1, 0, 5):
+        again = skipped(skip)
+        again.load_state_dict(state)
+        assert seen + _batches(again) == ref[1][3:], skip
+    again = skipped(6)
     again.load_state_dict(state)
-    assert seen + _batches(again) == ref[1][2:]
+    with pytest.raises(ValueError, match=r"2 batches into an epoch that skipped 3 .* this loader skips 6"):
+        _batches(again)
+
+
+def test_a_seedable_subclass_resumes_by_its_epoch():
+    """A subclass of accelerate's SeedableRandomSampler that keeps its
+    `__iter__` is iterated as it is (not cut), and its state is still its
+    epoch and seed: a resume in its second epoch, built afresh, is exact."""
+    class Mine(adl.SeedableRandomSampler):
+        pass
+
+    ds = Indices(30)
+
+    def make():
+        return fastloader.DataLoader(ds, batch_sampler=torch.utils.data.BatchSampler(Mine(ds, data_seed=5), 4, False))
+
+    full = make()
+    ref = [_batches(full) for _ in range(3)]
+    assert not sampling.compact(full.batch_sampler) and sampling.seedable_order(full.batch_sampler.sampler)
+    loader = make()
+    _batches(loader)
+    it = iter(loader)
+    seen = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    assert state["sampler"]["seedable"] == [1, 5] and state["sampler"]["rngs"] == []
+    again = make()
+    again.load_state_dict(state)
+    assert seen + _batches(again) == ref[1] and _batches(again) == ref[2]
+
+
+def test_a_seedable_state_and_loader_must_match():
+    """A state without the seedable sampler's epoch (another sampler's, or
+    one fastloader saved before it kept that epoch) is refused by a loader
+    over that sampler, and a state with it by a loader without it: neither
+    could put the order back in place."""
+    ds = Indices(30)
+
+    def make(seedable):
+        sampler = adl.SeedableRandomSampler(ds, data_seed=5) if seedable else torch.utils.data.RandomSampler(ds)
+        return fastloader.DataLoader(ds, batch_sampler=torch.utils.data.BatchSampler(sampler, 4, False))
+
+    for seedable in (True, False):
+        loader = make(seedable)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        del it
+        again = make(not seedable)
+        again.load_state_dict(state)
+        with pytest.raises(ValueError, match="SeedableRandomSampler"):
+            _batches(again)
+    loader = make(True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    del state["sampler"]["seedable"]   # as a fastloader that kept only the generator saved it
+    again = make(True)
+    again.load_state_dict(state)
+    with pytest.raises(ValueError, match="does not hold that epoch"):
+        _batches(again)

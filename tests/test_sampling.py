@@ -275,9 +275,9 @@ def _shard_epochs(make, pick, epochs=1):
         while not hasattr(inner, "sampler"):   # a skip around a shard
             inner = inner.batch_sampler
         inner = inner.sampler
-        if hasattr(inner, "set_epoch"):
-            inner.set_epoch(e)
-        out.append(list(pick(shard)))
+        if hasattr(inner, "set_epoch") and not sampling.seedable(inner):
+            inner.set_epoch(e)   # a seedable sampler moves its own epoch on, at its order's end
+        out.append((list(pick(shard)), getattr(inner, "epoch", None)))
     return out, (g.get_state().clone() if g is not None else None), torch.get_rng_state().clone()
 
 
@@ -299,6 +299,7 @@ def test_accelerate_shard_is_accelerates_own_iteration(split, even, drop, inner,
                 return shard, g
             want, got = _shard_epochs(make, iter, 2), _shard_epochs(make, sampling.batches, 2)
             assert got[0] == want[0], (n, bs, procs, idx)
+            assert inner != "seedable" or [e for _, e in got[0]] == [1, 2]
             if gen:
                 assert torch.equal(got[1], want[1]), (n, bs, procs, idx)
             assert torch.equal(got[2], want[2]), (n, bs, procs, idx)
@@ -327,7 +328,9 @@ def test_accelerate_skip_is_accelerates_own_iteration(skip, procs, inner, gen):
             if gen:
                 assert torch.equal(got[1], want[1])
             assert torch.equal(got[2], want[2])
-    assert skip < 40 or want[0] == [[], []]
+    assert skip < 40 or [b for b, _ in want[0]] == [[], []]
+    if inner == "seedable":   # its own epoch count, moved on at each epoch's end under the skip and the shard
+        assert [e for _, e in want[0]] == [1, 2]
 
 
 def test_accelerate_shard_reads_its_settings_when_accelerate_does():
@@ -475,3 +478,16 @@ def test_a_seedable_subclass_or_replacement_is_iterated_as_it_is(monkeypatch):
     monkeypatch.setattr(adl.SeedableRandomSampler, "__iter__", lambda self: iter(range(10)))
     assert not sampling.compact(bs)
     assert list(sampling.batches(bs))[0] == [0, 1, 2]
+
+
+def test_a_seedable_generator_is_made_as_accelerates_version_makes_it(monkeypatch):
+    """accelerate 1.0-1.4 make the missing generator on the CPU, 1.5 on
+    torch's default device."""
+    acc = pytest.importorskip("accelerate")
+    made = []
+    monkeypatch.setattr(torch, "get_default_device", lambda: made.append(1) or torch.device("cpu"))
+    for version, default_device in (("1.4.0", False), ("1.5.0", True), ("1.16.0", True)):
+        monkeypatch.setattr(acc, "__version__", version)
+        made.clear()
+        assert sampling._seedable_generator().device.type == "cpu"
+        assert bool(made) is default_device, version
