@@ -40,7 +40,8 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     "torch==2.14.1" "torchvision==0.29.1" "numpy>=1.23" "pillow>=9" "scikit-image>=0.21" "pytest>=7" "pytest-benchmark>=4" "pytest-timeout>=2" \
     "setuptools>=61" wheel \
-    "lmdb>=1.4" "webdataset>=0.2" "datasets>=2.14" "accelerate>=1.0" "lightning>=2.2" "torchdata>=0.11"
+    "lmdb>=1.4" "webdataset>=0.2" "datasets>=2.14" "accelerate>=1.0" "lightning>=2.2" "torchdata>=0.11" \
+    "transformers>=4.46"
 # timm (its transforms in the recipe tests and benchmarks) without its dependencies, so that
 # it does not pull another torch; its small pure-Python needs beside it
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0"
