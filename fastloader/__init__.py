@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import _C
 from ._C import DecodeError
+from .collate import DictCollate
 from .loader import DataLoader, PerformanceWarning, WorkerInfo, get_worker_info, sample_rng
 from .accelerate_hook import install as _install_accelerate_hook
 
@@ -75,6 +76,7 @@ __all__ = [
     "ArrayDataset",
     "DataLoader",
     "DecodeError",
+    "DictCollate",
     "HFImageDataset",
     "ImageFolder",
     "ImageList",

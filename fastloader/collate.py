@@ -25,7 +25,8 @@ try:
 except ImportError:  # pragma: no cover - exercised by tests/test_no_torch.py
     torch = None
 
-__all__ = ["fast_default_collate", "DEFAULT_COLLATES", "batch_nbytes", "batch_len", "collate_into"]
+__all__ = ["fast_default_collate", "DEFAULT_COLLATES", "DictCollate", "default_fields", "batch_nbytes", "batch_len",
+           "collate_into"]
 
 
 class CollateTarget:
@@ -349,6 +350,79 @@ else:
         raise TypeError(f"default_collate: batch must contain arrays, numbers, dicts or lists; found {type(elem)}")
 
     DEFAULT_COLLATES = ()
+
+
+class DictCollate:
+    """collate_fn=DictCollate("pixel_values", "labels"): the default
+    collation, its fields named -- an (image, label) sample's batch becomes
+    {"pixel_values": images, "labels": labels}, what a model called with
+    keyword arguments (transformers' Trainer) takes.  fastloader.DataLoader
+    treats it as the default collation (a native dataset stays on its batch
+    path) and names the finished batch on the consumer thread; anywhere
+    else it is a plain collate function."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, *keys):
+        if not keys:
+            raise ValueError("DictCollate needs the name of each field of a sample, e.g. "
+                             "DictCollate('pixel_values', 'labels')")
+        for k in keys:
+            if not isinstance(k, str):
+                raise TypeError(f"DictCollate: field names are strings, got {k!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"DictCollate: field names repeat: {keys!r}")
+        self.keys = tuple(keys)
+
+    def __call__(self, samples):
+        return self.name(fast_default_collate(samples))
+
+    def name(self, batch):
+        """The collated batch (a tuple or list of fields) as a dict; raises
+        ValueError when it has another number of fields."""
+        if not isinstance(batch, (tuple, list)) or len(batch) != len(self.keys):
+            what = f"{len(batch)} fields" if isinstance(batch, (tuple, list)) else f"a {type(batch).__name__}"
+            raise ValueError(f"DictCollate{self.keys!r} names {len(self.keys)} fields, and the batch is {what}: give "
+                             "one name for each field of the dataset's samples")
+        return dict(zip(self.keys, batch))
+
+    def __reduce__(self):
+        return (DictCollate, self.keys)
+
+    def __eq__(self, other):
+        return type(other) is DictCollate and other.keys == self.keys
+
+    def __hash__(self):
+        return hash((DictCollate, self.keys))
+
+    def __repr__(self):
+        return f"DictCollate({', '.join(map(repr, self.keys))})"
+
+
+_TRANSFORMERS_REMOVE = ("RemoveColumnsCollator", "transformers.trainer_utils")
+
+
+def default_fields(collate_fn, tuple_samples):
+    """How a loader collates with `collate_fn`: (True, None) for torch's
+    default collation, (True, keys) for a DictCollate (the default, its
+    fields named after), else (False, None).  transformers' Trainer wraps
+    its collator in RemoveColumnsCollator, which drops the keys a model
+    does not take from dict samples and passes any other sample as it is:
+    around a DictCollate, over a dataset whose samples are tuples
+    (`tuple_samples`: fastloader's image datasets), it changes nothing and
+    is looked through."""
+    if collate_fn in DEFAULT_COLLATES or collate_fn is fast_default_collate:
+        return True, None
+    if type(collate_fn) is DictCollate:
+        return True, collate_fn.keys
+    cls = type(collate_fn)
+    call = cls.__dict__.get("__call__")
+    if (tuple_samples and (cls.__name__, cls.__module__) == _TRANSFORMERS_REMOVE
+            and getattr(call, "__qualname__", None) == "RemoveColumnsCollator.__call__"):
+        inner = getattr(collate_fn, "data_collator", None)
+        if type(inner) is DictCollate:
+            return True, inner.keys
+    return False, None
 
 
 def batch_nbytes(batch):

@@ -40,7 +40,7 @@ from . import sampling
 from . import state as _state
 from ._worker import Epoch
 from .backends import AGAIN, END, NativeBackend, NativeProcessBackend, ProcessBackend, PythonBackend
-from .collate import DEFAULT_COLLATES, batch_nbytes, fast_default_collate
+from .collate import DictCollate, batch_nbytes, default_fields, fast_default_collate
 from .stats import GilMonitor, PerformanceWarning, iterator_stats
 from .worker_info import WorkerInfo, epoch_context, get_worker_info, patch_torch_worker_info, sample_rng
 
@@ -97,7 +97,7 @@ def _native_workers(loader):
     ds = loader.dataset
     if not _native_dataset(ds) or not loader._auto_collation:
         return False
-    if loader.collate_fn not in DEFAULT_COLLATES + (fast_default_collate,):
+    if not default_fields(loader.collate_fn, True)[0]:   # the default collation, or a DictCollate
         return False
     return getattr(ds, "_fl_stream", False) or not loader._dataset_kind_iterable
 
@@ -203,7 +203,7 @@ class _Iter:
         self._convert = None
         collate_fn = loader.collate_fn
         stream = getattr(loader.dataset, "_fl_stream", False)   # fastloader.WebDataset
-        default = collate_fn in DEFAULT_COLLATES + (fast_default_collate,)
+        default = default_fields(collate_fn, _native_dataset(loader.dataset))[0]
         if stream and not (default and loader._auto_collation):
             raise ValueError("fastloader.WebDataset builds whole batches natively: use the default collate_fn and a "
                              "batch_size (per-sample Python belongs in transform / target_transform)")
@@ -312,9 +312,10 @@ class _Iter:
         epoch = loader._fl_epochs
         loader._fl_epochs += 1
         pin = loader._fl_check_pin_memory()
-        collate_fn = loader.collate_fn
-        if collate_fn in DEFAULT_COLLATES:
-            collate_fn = fast_default_collate
+        # the default collation (also a DictCollate's: its names are put on the finished batch, _deliver)
+        default, keys = default_fields(loader.collate_fn, _native_dataset(loader.dataset))
+        collate_fn = fast_default_collate if default else loader.collate_fn
+        self._namer = DictCollate(*keys) if keys else None
         self._ep = Epoch(
             dataset=loader.dataset, iterable=loader._dataset_kind_iterable, auto_collation=loader._auto_collation,
             batch_size=loader.batch_size, drop_last=loader.drop_last, collate_fn=collate_fn,
@@ -546,13 +547,13 @@ class _Iter:
     def _deliver(self, batch, seq):
         """Hand a finished host batch (number seq of the epoch) to the
         consumer: through the loader's batch_transform, then copied to the
-        GPU when the loader has a device."""
+        GPU when the loader has a device, then its fields named (DictCollate)."""
         stage = self._batch_stage
         if stage is not None:
             with _profile_range("fastloader: batch_transform"):
                 batch = stage(batch, self._ep.native_seed, self._ep.epoch, seq)
         if self._copier is None:
-            return batch
+            return batch if self._namer is None else self._namer.name(batch)
         with _profile_range("fastloader: host-to-device copy"):
             t0 = time.perf_counter()
             out = self._copier.to_device(batch)
@@ -560,7 +561,7 @@ class _Iter:
                 with torch.cuda.stream(torch.cuda.current_stream(self._copier.device)):
                     out = (self._convert(out[0]),) + tuple(out[1:])
             self._h2d_s += time.perf_counter() - t0
-        return out
+        return out if self._namer is None else self._namer.name(out)
 
     # -- memory budget (max_memory) ---------------------------------------------------------
     # Batches in flight cost batch_bytes each.  With a budget the prefetch

@@ -95,3 +95,59 @@ def test_a_checkpoint_resumed_mid_epoch_goes_on_as_the_uninterrupted_run(tmp_pat
     rest, _ = _train(tmp_path / "cut", fastloader.DataLoader, monkeypatch,
                      resume=str(tmp_path / "cut" / "checkpoint-15"), num_workers=num_workers)
     assert rest == full[15:]
+
+
+class LoggedConv(nn.Module):
+    """An image model called as the Trainer calls one (pixel_values=,
+    labels=) that records each batch's labels and pixel sum."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4, 4)
+        self.log = log
+
+    def forward(self, pixel_values, labels):
+        self.log.append((labels.tolist(), round(float(pixel_values.double().sum()), 3)))
+        logits = self.head(self.conv(pixel_values).mean((2, 3)))
+        return {"loss": nn.functional.cross_entropy(logits, labels)}
+
+
+def test_an_image_folder_trains_on_the_native_path(tmp_path, monkeypatch):
+    """fastloader.ImageFolder as the Trainer's train_dataset and
+    DictCollate("pixel_values", "labels") as its data_collator: the Trainer
+    wraps it in RemoveColumnsCollator and hands it to the loader, which
+    stays on the native batch path (no PerformanceWarning) and trains on the
+    batches torch's loader gives over the same dataset."""
+    import warnings
+
+    from fastloader import transforms as FT
+    from fastloader.tools.sample import make_sample
+
+    root = tmp_path / "data"
+    make_sample(str(root), n=32, classes=4, progress=False, processes=1)
+    ds = fastloader.ImageFolder(str(root), transform=FT.Compose([FT.Resize(36), FT.CenterCrop(32), FT.ToTensor(),
+                                                                  FT.Normalize([0.5] * 3, [0.25] * 3)]))
+    runs = {}
+    for loader_cls in (torch.utils.data.DataLoader, fastloader.DataLoader):
+        monkeypatch.setattr(trainer_mod, "DataLoader", loader_cls)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        log = []
+        args = transformers.TrainingArguments(str(tmp_path / loader_cls.__module__), per_device_train_batch_size=8,
+                                              num_train_epochs=2, save_strategy="no", report_to=[], seed=3,
+                                              use_cpu=True, disable_tqdm=True, logging_steps=1000,
+                                              dataloader_num_workers=2 if loader_cls is fastloader.DataLoader else 0)
+        trainer = transformers.Trainer(model=LoggedConv(log), args=args, train_dataset=ds,
+                                       data_collator=fastloader.DictCollate("pixel_values", "labels"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", fastloader.PerformanceWarning)
+            trainer.train()
+        runs[loader_cls] = log
+        if loader_cls is fastloader.DataLoader:
+            base = trainer.get_train_dataloader().base_dataloader
+            assert type(base) is fastloader.DataLoader and type(base.collate_fn).__name__ == "RemoveColumnsCollator"
+            list(base)
+            assert base.stats()["path"] == "native"
+    assert len(runs[fastloader.DataLoader]) == 8
+    assert runs[fastloader.DataLoader] == runs[torch.utils.data.DataLoader]
