@@ -68,3 +68,19 @@ def test_child_reports_what_its_cgroup_holds_by_kind(tmp_path):
     assert set(end) >= {"anon", "page_cache"}, end
     assert 48 <= end["anon"] <= res["cgroup_peak_mib"], res
     assert end["anon"] < 48 + 64, res  # a bare interpreter, not a second copy
+
+
+def test_bench_trainer_runs_both_trainers_and_fastloader_stays_native(tmp_path):
+    """bench_trainer.py: transformers' Trainer as it is and with fastloader
+    (one assignment, ImageFolder + DictCollate) both train; the fastloader
+    Trainer's loader is on the native path."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from fastloader.tools.sample import make_sample
+
+    make_sample(str(tmp_path / "s"), n=64, classes=4, progress=False, processes=1)
+    out = _run("bench_trainer.py", "--sample-dir", str(tmp_path / "s"), "--rounds", "1", "--epochs", "1")
+    row = re.search(r"^\| 2 .*\|\s*([0-9.]+)x \|\s*(\S+) \|$", out, re.M)
+    assert row and row.group(2) == "native" and float(row.group(1)) > 0, out
+    assert "ERROR" not in out, out
