@@ -380,14 +380,17 @@ class DictCollate:
     def name(self, batch):
         """The collated batch (a tuple or list of fields) as a dict; raises
         ValueError when it has another number of fields."""
-        if not isinstance(batch, (tuple, list)) or len(batch) != len(self.keys):
-            what = f"{len(batch)} fields" if isinstance(batch, (tuple, list)) else f"a {type(batch).__name__}"
-            raise ValueError(f"DictCollate{self.keys!r} names {len(self.keys)} fields, and the batch is {what}: give "
-                             "one name for each field of the dataset's samples")
+        if isinstance(batch, (tuple, list)) and len(batch) != len(self.keys):
+            raise ValueError(f"{self!r} names {len(self.keys)} field(s), and the batch has {len(batch)}: give one "
+                             "name for each field of the dataset's samples")
+        if not isinstance(batch, (tuple, list)):
+            raise ValueError(f"{self!r} names the fields of tuple samples, and the collated batch is a "
+                             f"{type(batch).__name__}: samples that are dicts already carry their names (use the "
+                             "default collate_fn)")
         return dict(zip(self.keys, batch))
 
     def __reduce__(self):
-        return (DictCollate, self.keys)
+        return (type(self), self.keys)
 
     def __eq__(self, other):
         return type(other) is DictCollate and other.keys == self.keys

@@ -84,11 +84,21 @@ def resolve_max_memory(value):
 
 
 def _native_dataset(ds):
-    """Whether `ds` is a NativeImageDataset (datasets.py), without importing
-    that module where nothing has: no instance exists before it is imported
-    (fastloader/__init__.py imports the datasets on first use)."""
+    """Whether `ds` is a NativeImageDataset (datasets.py) whose samples are
+    fastloader's own: a subclass that brings its own __getitem__ or
+    __getitems__ is user code, which torch's DataLoader would call, so it
+    runs as a Python dataset (the native batch path would skip it).  Reads
+    the module without importing it where nothing has: no instance exists
+    before it is imported (fastloader/__init__.py imports the datasets on
+    first use)."""
     mod = sys.modules.get("fastloader.datasets")
-    return mod is not None and isinstance(ds, mod.NativeImageDataset)
+    if mod is None or not isinstance(ds, mod.NativeImageDataset):
+        return False
+    for name in ("__getitem__", "__getitems__"):
+        fn = getattr(type(ds), name, None)
+        if fn is not None and not getattr(fn, "__module__", "").startswith("fastloader."):
+            return False
+    return True
 
 
 def _native_workers(loader):

@@ -61,7 +61,7 @@ def test_a_python_dataset_gets_named_batches(num_workers):
 
 def test_the_wrong_number_of_names_is_an_error_that_says_so():
     loader = fastloader.DataLoader(Pairs(), batch_size=4, collate_fn=DictCollate("x", "y", "z"))
-    with pytest.raises(ValueError, match=r"names 3 fields, and the batch is 2 fields"):
+    with pytest.raises(ValueError, match=r"names 3 field\(s\), and the batch has 2"):
         next(iter(loader))
 
 
@@ -100,3 +100,72 @@ def test_transformers_remove_columns_is_looked_through_only_over_tuple_samples(i
     py = fastloader.DataLoader(Pairs(), batch_size=4, collate_fn=trainer_utils.RemoveColumnsCollator(
         DictCollate("x", "y"), ["x", "y"]))
     assert [b["y"].tolist() for b in py][0] == [0, 1, 2, 3]
+
+
+class DictFolder(fastloader.ImageFolder):
+    """A user's ImageFolder whose own __getitem__ returns dicts."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return {"pixel_values": x, "labels": y, "index": i}
+
+
+class TaggedFolder(fastloader.ImageFolder):
+    """A subclass that brings no sample code of its own."""
+
+    tag = "mine"
+
+
+def test_a_subclass_with_its_own_getitem_is_called_as_torch_calls_it(images):
+    """The native batch path would skip a subclass's own __getitem__: such
+    a dataset runs as a Python dataset (its dict samples collated into a
+    dict, as torch's loader gives), and RemoveColumnsCollator is not looked
+    through for it.  A subclass without sample code stays native."""
+    ds = DictFolder(images, transform=VAL)
+    want = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    loader = fastloader.DataLoader(ds, batch_size=4)
+    got = next(iter(loader))
+    assert loader.stats()["path"] != "native"
+    assert list(got) == ["pixel_values", "labels", "index"] and got["index"].tolist() == [0, 1, 2, 3]
+    assert torch.equal(got["pixel_values"], want["pixel_values"])
+    with pytest.raises(ValueError, match="is a dict"):
+        next(iter(fastloader.DataLoader(ds, batch_size=4, collate_fn=DictCollate("pixel_values", "labels"))))
+    plain = fastloader.DataLoader(TaggedFolder(images, transform=VAL), batch_size=4,
+                                  collate_fn=DictCollate("pixel_values", "labels"))
+    next(iter(plain))
+    assert plain.stats()["path"] == "native"
+
+
+class Masked(DictCollate):
+    """A user's DictCollate subclass (its own __call__ would run in worker processes)."""
+
+
+def test_a_subclass_of_dict_collate_pickles_as_itself():
+    assert type(pickle.loads(pickle.dumps(Masked("x", "y")))) is Masked
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_native_epoch_with_named_batches_resumes_exactly(images, num_workers):
+    """Random crops (keyed by seed, epoch and index) under DictCollate: a
+    state taken after two batches, loaded into a loader built afresh, gives
+    the rest of the epoch bit for bit."""
+    train = FT.Compose([FT.RandomResizedCrop(32), FT.RandomHorizontalFlip(), FT.ToTensor()])
+
+    def make():
+        return fastloader.DataLoader(fastloader.ImageFolder(images, transform=train), batch_size=8, shuffle=True,
+                                     num_workers=num_workers, seed=4, generator=torch.Generator().manual_seed(1),
+                                     collate_fn=DictCollate("pixel_values", "labels"))
+
+    ref = list(make())
+    loader = make()
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = loader.state_dict()
+    del it
+    again = make()
+    again.load_state_dict(state)
+    rest = list(again)
+    assert len(rest) == len(ref) - 2
+    for a, b in zip(rest, ref[2:]):
+        assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["labels"], b["labels"])
