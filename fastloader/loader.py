@@ -92,13 +92,28 @@ def _native_dataset(ds):
     before it is imported (fastloader/__init__.py imports the datasets on
     first use)."""
     mod = sys.modules.get("fastloader.datasets")
-    if mod is None or not isinstance(ds, mod.NativeImageDataset):
-        return False
+    return mod is not None and isinstance(ds, mod.NativeImageDataset) and _own_samples(ds)
+
+
+def _own_samples(ds):
+    """Whether `ds`'s sample methods (__getitem__, __getitems__) are fastloader's own."""
     for name in ("__getitem__", "__getitems__"):
         fn = getattr(type(ds), name, None)
         if fn is not None and not getattr(fn, "__module__", "").startswith("fastloader."):
             return False
     return True
+
+
+def _tuple_samples(ds):
+    """Whether every sample of `ds` is a tuple: fastloader's own image and
+    array datasets, their sample methods their own (what
+    collate.default_fields may look through transformers'
+    RemoveColumnsCollator for: it passes samples that are not dicts as they
+    are)."""
+    if _native_dataset(ds):
+        return True
+    mod = sys.modules.get("fastloader.arrays")
+    return mod is not None and isinstance(ds, mod.ArrayDataset) and _own_samples(ds)
 
 
 def _native_workers(loader):
@@ -213,7 +228,7 @@ class _Iter:
         self._convert = None
         collate_fn = loader.collate_fn
         stream = getattr(loader.dataset, "_fl_stream", False)   # fastloader.WebDataset
-        default = default_fields(collate_fn, _native_dataset(loader.dataset))[0]
+        default = default_fields(collate_fn, _tuple_samples(loader.dataset))[0]
         if stream and not (default and loader._auto_collation):
             raise ValueError("fastloader.WebDataset builds whole batches natively: use the default collate_fn and a "
                              "batch_size (per-sample Python belongs in transform / target_transform)")
@@ -323,7 +338,7 @@ class _Iter:
         loader._fl_epochs += 1
         pin = loader._fl_check_pin_memory()
         # the default collation (also a DictCollate's: its names are put on the finished batch, _deliver)
-        default, keys = default_fields(loader.collate_fn, _native_dataset(loader.dataset))
+        default, keys = default_fields(loader.collate_fn, _tuple_samples(loader.dataset))
         collate_fn = fast_default_collate if default else loader.collate_fn
         self._namer = DictCollate(*keys) if keys else None
         self._ep = Epoch(

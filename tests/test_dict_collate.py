@@ -169,3 +169,24 @@ def test_a_native_epoch_with_named_batches_resumes_exactly(images, num_workers):
     assert len(rest) == len(ref) - 2
     for a, b in zip(rest, ref[2:]):
         assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["labels"], b["labels"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_array_dataset_keeps_its_batch_gather_under_the_trainers_wrapper(tmp_path, num_workers):
+    """ArrayDataset's samples are tuples too: DictCollate, bare or inside
+    transformers' RemoveColumnsCollator, keeps its one-call gather of each
+    batch (stats path "batch") and names the batch."""
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.arange(40 * 3, dtype=np.float32).reshape(40, 3))
+    np.save(tmp_path / "y.npy", np.arange(40, dtype=np.int64))
+    ds = fastloader.ArrayDataset(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
+    collates = [DictCollate("x", "labels")]
+    trainer_utils = pytest.importorskip("transformers.trainer_utils")
+    collates.append(trainer_utils.RemoveColumnsCollator(DictCollate("x", "labels"), ["x", "labels"]))
+    for collate_fn in collates:
+        loader = fastloader.DataLoader(ds, batch_size=8, num_workers=num_workers, collate_fn=collate_fn)
+        got = list(loader)
+        assert loader.stats()["path"] == "batch"
+        assert [b["labels"].tolist() for b in got][:2] == [list(range(8)), list(range(8, 16))]
+        assert torch.equal(got[0]["x"], torch.arange(24, dtype=torch.float32).reshape(8, 3))
