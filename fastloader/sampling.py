@@ -130,10 +130,9 @@ def seedable(sampler):
     `__iter__`, its direct base), accelerate 1.x's attributes.  Recognised
     by name: accelerate is never imported here."""
     cls = type(sampler)
-    return (cls.__name__ == "SeedableRandomSampler" and cls.__module__ == _ACCELERATE
-            and _RandomSampler is not None and cls.__bases__ == (_RandomSampler,)
-            and _own_method(cls, _ACCELERATE) and _own_method(_RandomSampler, "torch.utils.data.sampler")
-            and hasattr(sampler, "initial_seed") and hasattr(sampler, "epoch"))
+    return (cls.__name__ == "SeedableRandomSampler" and _RandomSampler is not None
+            and cls.__bases__ == (_RandomSampler,) and seedable_order(sampler)
+            and _own_method(_RandomSampler, "torch.utils.data.sampler"))
 
 
 def seedable_order(sampler):
@@ -143,7 +142,7 @@ def seedable_order(sampler):
     generator's state."""
     for cls in type(sampler).__mro__:
         if cls.__name__ == "SeedableRandomSampler" and cls.__module__ == _ACCELERATE:
-            return (type(sampler).__iter__ is cls.__dict__.get("__iter__")
+            return (_own_method(cls, _ACCELERATE) and type(sampler).__iter__ is cls.__dict__["__iter__"]
                     and hasattr(sampler, "initial_seed") and hasattr(sampler, "epoch"))
     return False
 

@@ -68,6 +68,14 @@ def _batches(loader):
     return [b.tolist() if torch.is_tensor(b) else b for b in loader]
 
 
+def _state_after(loader, k):
+    """The first k batches of a fresh epoch of `loader` and its state_dict()
+    then, the epoch's iterator dropped."""
+    it = iter(loader)
+    seen = [next(it).tolist() for _ in range(k)]
+    return seen, loader.state_dict()
+
+
 def test_accelerate_names_are_wrapped_once():
     """The hook wrapped accelerate.data_loader's functions and every name
     accelerate imported them under, once; install() again changes nothing,
@@ -204,10 +212,7 @@ def test_a_shuffled_shard_resumes_mid_epoch_in_a_later_epoch(sampler, num_worker
         loader = make()
         for _ in range(epoch):
             _batches(loader)
-        it = iter(loader)
-        seen = [next(it).tolist() for _ in range(3)]
-        state = loader.state_dict()
-        del it
+        seen, state = _state_after(loader, 3)
         again = make()
         again.load_state_dict(state)
         assert seen + _batches(again) == ref[epoch], epoch
@@ -478,10 +483,7 @@ def test_a_seedable_sampler_resumes_between_and_within_epochs(num_workers):
         loader = make()
         for _ in range(epoch):
             _batches(loader)
-        it = iter(loader)
-        seen = [next(it).tolist() for _ in range(2)]
-        state = loader.state_dict()
-        del it
+        seen, state = _state_after(loader, 2)
         again = make(seed=99)
         again.load_state_dict(state)
         assert seen + _batches(again) == ref[epoch], epoch
@@ -563,10 +565,7 @@ def test_a_skipped_epoch_resumes_from_its_state(seedable, num_workers):
         return sk
 
     sk = skipped()
-    it = iter(sk)
-    seen = [next(it).tolist() for _ in range(2)]
-    state = sk.state_dict()
-    del it
+    seen, state = _state_after(sk, 2)
     assert seen == ref[1][3:5]
     for skip in (3, 1, 0, 5):
         again = skipped(skip)
@@ -595,10 +594,7 @@ def test_a_seedable_subclass_resumes_by_its_epoch():
     assert not sampling.compact(full.batch_sampler) and sampling.seedable_order(full.batch_sampler.sampler)
     loader = make()
     _batches(loader)
-    it = iter(loader)
-    seen = [next(it).tolist() for _ in range(2)]
-    state = loader.state_dict()
-    del it
+    seen, state = _state_after(loader, 2)
     assert state["sampler"]["seedable"] == [1, 5] and state["sampler"]["rngs"] == []
     again = make()
     again.load_state_dict(state)
@@ -618,19 +614,13 @@ def test_a_seedable_state_and_loader_must_match():
 
     for seedable in (True, False):
         loader = make(seedable)
-        it = iter(loader)
-        next(it)
-        state = loader.state_dict()
-        del it
+        state = _state_after(loader, 1)[1]
         again = make(not seedable)
         again.load_state_dict(state)
         with pytest.raises(ValueError, match="SeedableRandomSampler"):
             _batches(again)
     loader = make(True)
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    del it
+    state = _state_after(loader, 1)[1]
     del state["sampler"]["seedable"]   # as a fastloader that kept only the generator saved it
     again = make(True)
     again.load_state_dict(state)
